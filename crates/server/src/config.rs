@@ -1,0 +1,118 @@
+//! Every setting of `jobq serve`: one flag each, a `JOBQ_*` environment
+//! variable each, and a sane default.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::Args;
+
+use crate::machine::Backoff;
+
+/// The server's configuration (the flags of `jobq serve`).
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "JOBQ_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// Folder holding the sled database (created if missing).
+    #[arg(long, env = "JOBQ_DATA", default_value = "./jobq-data")]
+    pub data: PathBuf,
+
+    /// Lease length when a request does not give one.
+    #[arg(long, env = "JOBQ_DEFAULT_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub default_lease: Duration,
+
+    /// Shortest lease a request may ask for.
+    #[arg(long, env = "JOBQ_MIN_LEASE", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub min_lease: Duration,
+
+    /// Longest lease a request may ask for.
+    #[arg(long, env = "JOBQ_MAX_LEASE", default_value = "12h", value_parser = humantime::parse_duration)]
+    pub max_lease: Duration,
+
+    /// Attempts allowed when an enqueue does not say.
+    #[arg(long, env = "JOBQ_DEFAULT_MAX_ATTEMPTS", default_value_t = 3)]
+    pub default_max_attempts: u32,
+
+    /// Largest max_attempts an enqueue may ask for.
+    #[arg(long, env = "JOBQ_MAX_ATTEMPTS_LIMIT", default_value_t = 1000)]
+    pub max_attempts_limit: u32,
+
+    /// Backoff after the first failed attempt (doubles per attempt, with jitter).
+    #[arg(long, env = "JOBQ_BACKOFF_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub backoff_base: Duration,
+
+    /// Longest backoff between attempts.
+    #[arg(long, env = "JOBQ_BACKOFF_CAP", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub backoff_cap: Duration,
+
+    /// Largest payload, in bytes.
+    #[arg(long, env = "JOBQ_MAX_PAYLOAD", default_value_t = 1024 * 1024)]
+    pub max_payload: usize,
+
+    /// Most jobs in one EnqueueBatch call.
+    #[arg(long, env = "JOBQ_MAX_BATCH", default_value_t = 1000)]
+    pub max_batch: usize,
+
+    /// Longest long-poll `wait` a Dequeue may ask for.
+    #[arg(long, env = "JOBQ_MAX_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub max_wait: Duration,
+
+    /// Largest capacity of one Lease stream.
+    #[arg(long, env = "JOBQ_MAX_CAPACITY", default_value_t = 1000)]
+    pub max_capacity: u32,
+
+    /// How long a dropped Lease stream's jobs stay leased before they are
+    /// reclaimed (a heartbeat within the grace keeps them).
+    #[arg(long, env = "JOBQ_DISCONNECT_GRACE", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub disconnect_grace: Duration,
+
+    /// How long DONE jobs are kept before they are purged.
+    #[arg(long, env = "JOBQ_RETAIN_DONE", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub retain_done: Duration,
+
+    /// How long FAILED jobs are kept (unless retried) before they are purged.
+    #[arg(long, env = "JOBQ_RETAIN_FAILED", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub retain_failed: Duration,
+
+    /// Interval between HTTP/2 keepalive pings to each client, so a silent
+    /// peer (no FIN) is found.
+    #[arg(long, env = "JOBQ_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub keepalive_interval: Duration,
+
+    /// How long to wait for a keepalive ping's answer before dropping the
+    /// connection (and reclaiming its streams' jobs).
+    #[arg(long, env = "JOBQ_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub keepalive_timeout: Duration,
+
+    /// sled's page cache, in bytes.
+    #[arg(long, env = "JOBQ_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub cache_bytes: u64,
+
+    /// How long shutdown waits for in-flight RPCs before giving up.
+    #[arg(long, env = "JOBQ_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+impl Config {
+    /// The defaults, with the given data folder; for tests and embedding.
+    pub fn with_data(data: impl Into<PathBuf>) -> Config {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            config: Config,
+        }
+        // Parsing an empty command line applies every default in one place.
+        // Environment variables are read too, as for the real binary.
+        let mut config = <Wrap as clap::Parser>::try_parse_from(["jobq"])
+            .map(|w| w.config)
+            .unwrap_or_else(|e| panic!("invalid JOBQ_* environment: {e}"));
+        config.data = data.into();
+        config
+    }
+
+    /// The backoff policy.
+    pub fn backoff(&self) -> Backoff {
+        Backoff { base: self.backoff_base, cap: self.backoff_cap }
+    }
+}

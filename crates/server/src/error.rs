@@ -1,0 +1,67 @@
+//! The server's error type, and the one place where errors become gRPC
+//! status codes (DESIGN.md §2).
+
+use tonic::{Code, Status};
+
+use crate::{job::JobId, machine::TransitionError};
+
+/// Everything that can go wrong in the server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Malformed input: names, sizes, ranges, ids.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No job with this id.
+    #[error("job {0} not found")]
+    NotFound(JobId),
+    /// The state machine refused the event.
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// A limit was reached (too many waiters, batch too large, ...).
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// The storage engine failed.
+    #[error("storage failure: {0}")]
+    Storage(#[from] sled::Error),
+    /// A stored record could not be decoded, or an fsync failed.
+    #[error("storage failure: {0}")]
+    Corrupt(String),
+}
+
+/// Shorthand for results in this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The gRPC code this error maps to.
+    pub fn code(&self) -> Code {
+        match self {
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::NotFound(_) => Code::NotFound,
+            Error::Transition(t) => match t {
+                TransitionError::StaleLease { .. } | TransitionError::Expired { .. } => Code::Aborted,
+                TransitionError::NotAllowed { .. }
+                | TransitionError::NotDue { .. }
+                | TransitionError::NotExpired { .. } => Code::FailedPrecondition,
+            },
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::ShuttingDown => Code::Unavailable,
+            Error::Storage(_) | Error::Corrupt(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Status {
+        let code = err.code();
+        if code == Code::Internal {
+            // Storage details are for the operator's log, not for clients.
+            tracing::error!(cause = %err, "internal error");
+            Status::internal("internal storage error; see the server log")
+        } else {
+            Status::new(code, err.to_string())
+        }
+    }
+}

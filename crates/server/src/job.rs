@@ -1,0 +1,232 @@
+//! The job and the values it carries, as the server's domain types.
+//!
+//! These are what the state machine and the stores work on; `convert.rs`
+//! maps them to and from the wire types in `jobq::pb`.
+
+use std::{fmt, str::FromStr, time::Duration, time::SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+/// A job's id: a server-assigned number, unique and never reused.
+///
+/// On the wire it is the decimal string of the number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId(pub u64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// An id that is not a decimal number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed id {0:?}: expected a decimal number")]
+pub struct ParseIdError(pub String);
+
+/// Parses the decimal form of an id: digits only (no sign, no spaces).
+fn parse_id(s: &str) -> Result<u64, ParseIdError> {
+    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ParseIdError(s.chars().take(40).collect()));
+    }
+    s.parse().map_err(|_| ParseIdError(s.to_owned()))
+}
+
+impl FromStr for JobId {
+    type Err = ParseIdError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_id(s).map(JobId)
+    }
+}
+
+/// A lease's fencing token. Every lease gets a fresh one, so a worker whose
+/// lease was taken away cannot complete a job that was leased again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct LeaseId(pub u64);
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl FromStr for LeaseId {
+    type Err = ParseIdError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_id(s).map(LeaseId)
+    }
+}
+
+/// Where a job is in its life (DESIGN.md §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Status {
+    /// Waiting to be taken, not before `run_at`.
+    Pending,
+    /// Leased to a worker.
+    Running,
+    /// Acknowledged; final.
+    Done,
+    /// Attempts exhausted: a dead letter until retried.
+    Failed,
+}
+
+impl Status {
+    /// All statuses, in display order.
+    pub const ALL: [Status; 4] = [Status::Pending, Status::Running, Status::Done, Status::Failed];
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Status::Pending => "PENDING",
+            Status::Running => "RUNNING",
+            Status::Done => "DONE",
+            Status::Failed => "FAILED",
+        })
+    }
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The worker acknowledged the job.
+    Acked,
+    /// The worker reported a failure.
+    Failed,
+    /// The lease ran out.
+    LeaseExpired,
+    /// The worker's Lease stream ended.
+    WorkerDisconnected,
+    /// The lease was taken back by an operator or the server.
+    Revoked,
+}
+
+impl Outcome {
+    /// The `last_error` text for outcomes the server decides on its own.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Outcome::Acked => "acked",
+            Outcome::Failed => "failed",
+            Outcome::LeaseExpired => "lease expired",
+            Outcome::WorkerDisconnected => "worker disconnected",
+            Outcome::Revoked => "revoked",
+        }
+    }
+}
+
+/// One run of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// The lease it ran under; lets the machine tell a repeated ack from a
+    /// stale one.
+    pub lease_id: LeaseId,
+    /// The worker that ran it.
+    pub worker_id: String,
+    /// When the lease began.
+    pub started_at: SystemTime,
+    /// When the attempt ended; `None` while it runs.
+    pub ended_at: Option<SystemTime>,
+    /// How it ended; `None` while it runs.
+    pub outcome: Option<Outcome>,
+    /// The error of an attempt that ended badly.
+    pub error: Option<String>,
+}
+
+/// The lease of a RUNNING job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The fencing token.
+    pub id: LeaseId,
+    /// Who holds it.
+    pub worker_id: String,
+    /// When it began.
+    pub taken_at: SystemTime,
+    /// When it ends unless extended.
+    pub expires_at: SystemTime,
+    /// Its length, reused by heartbeats that do not say how far to extend.
+    pub duration: Duration,
+}
+
+/// A job and everything the queue remembers about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    /// Unique id; also the enqueue order.
+    pub id: JobId,
+    /// The queue it waits in.
+    pub queue: String,
+    /// Which handler runs it.
+    pub kind: String,
+    /// Handler input.
+    pub payload: Vec<u8>,
+    /// Optional domain key, unique per queue among retained jobs.
+    pub key: Option<String>,
+    /// Current status.
+    pub status: Status,
+    /// Runs that ended without an ack.
+    pub attempts: u32,
+    /// Attempts allowed before FAILED.
+    pub max_attempts: u32,
+    /// When it was enqueued.
+    pub enqueued_at: SystemTime,
+    /// Not to be run before this time; with `id`, the delivery order.
+    pub run_at: SystemTime,
+    /// Set exactly while RUNNING.
+    pub lease: Option<Lease>,
+    /// When it became DONE or FAILED.
+    pub finished_at: Option<SystemTime>,
+    /// Why the last attempt ended badly.
+    pub last_error: Option<String>,
+    /// One entry per attempt, oldest first.
+    pub history: Vec<Attempt>,
+}
+
+impl Job {
+    /// The lease's id, if the job is RUNNING.
+    pub fn lease_id(&self) -> Option<LeaseId> {
+        self.lease.as_ref().map(|l| l.id)
+    }
+
+    /// When the lease runs out, if the job is RUNNING.
+    pub fn lease_expires_at(&self) -> Option<SystemTime> {
+        self.lease.as_ref().map(|l| l.expires_at)
+    }
+}
+
+/// A validated request to add a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    /// The queue.
+    pub queue: String,
+    /// The kind.
+    pub kind: String,
+    /// The payload.
+    pub payload: Vec<u8>,
+    /// Optional domain key.
+    pub key: Option<String>,
+    /// Attempts allowed (already defaulted, at least 1).
+    pub max_attempts: u32,
+    /// How long to wait before the first run.
+    pub delay: Duration,
+}
+
+/// A job leased to a worker: what Dequeue and the Lease stream hand out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leased {
+    /// The job, RUNNING.
+    pub job: Job,
+    /// The lease's fencing token.
+    pub lease_id: LeaseId,
+    /// When the lease runs out unless extended.
+    pub expires_at: SystemTime,
+}
+
+impl Leased {
+    /// Builds the lease view of a RUNNING job. `None` if it holds no lease.
+    pub fn of(job: Job) -> Option<Leased> {
+        let lease = job.lease.as_ref()?;
+        let (lease_id, expires_at) = (lease.id, lease.expires_at);
+        Some(Leased { job, lease_id, expires_at })
+    }
+}

@@ -1,0 +1,36 @@
+//! The jobq server.
+//!
+//! Layout:
+//! - [`job`]: the domain types (job, status, attempt, lease, ids).
+//! - [`machine`]: the pure state machine `apply(job, event, now)` that every
+//!   store calls; backoff.
+//! - [`error`]: the error enum and its one mapping to gRPC status codes.
+//! - [`store`]: the `Store` trait (the storage seam) and its sled
+//!   implementation with group-commit flushing.
+//! - [`config`]: every flag of `jobq serve`, with defaults and limits.
+//! - [`validate`]: turns wire requests into validated domain commands.
+//! - [`convert`]: domain types to and from `jobq::pb`.
+//! - [`reaper`]: reclaims expired leases, woken by the nearest deadline;
+//!   purges old DONE/FAILED jobs.
+//! - [`leases`]: the Lease streams: push delivery, capacity, stream-drop
+//!   reclaim and revocation.
+//! - [`service`]: the gRPC glue (`JobQueue` trait impl); no business logic.
+//! - [`server`]: `run`: builds the tonic server with reflection and health,
+//!   and shuts it down on a `CancellationToken`.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod convert;
+pub mod error;
+pub mod job;
+pub mod leases;
+pub mod machine;
+pub mod reaper;
+pub mod server;
+pub mod service;
+pub mod store;
+pub mod validate;
+
+pub use config::Config;
+pub use error::{Error, Result};
+pub use server::{run, serve};

@@ -1,0 +1,290 @@
+//! The job state machine: one pure function, [`apply`], that every store
+//! calls for every change to a job.
+//!
+//! It does no I/O and never reads the clock or a random number generator:
+//! `now`, the new lease id and the backoff jitter all come in as arguments,
+//! so the same inputs always give the same job (DESIGN.md §1).
+
+use std::time::{Duration, SystemTime};
+
+use crate::job::{Attempt, Job, JobId, Lease, LeaseId, NewJob, Outcome, Status};
+
+/// Exponential backoff between failed attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay after the first failure.
+    pub base: Duration,
+    /// The longest delay.
+    pub cap: Duration,
+}
+
+impl Backoff {
+    /// The delay after the `attempts`-th failure: `base * 2^(attempts-1)`,
+    /// capped, then scaled into `[50%, 100%]` by `jitter` (in `[0, 1]`), so
+    /// jobs that failed together do not all come back at the same instant.
+    pub fn delay(&self, attempts: u32, jitter: f64) -> Duration {
+        let exp = attempts.saturating_sub(1).min(32);
+        let full = self.base.saturating_mul(1u32 << exp.min(31)).min(self.cap);
+        full.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+    }
+}
+
+/// Something that happens to an existing job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A worker takes a due PENDING job under a fresh lease.
+    Take {
+        /// The new lease's fencing token (fresh, never used before).
+        lease_id: LeaseId,
+        /// Who takes it.
+        worker_id: String,
+        /// How long the lease lasts.
+        lease: Duration,
+    },
+    /// The lease holder completed the job.
+    Ack {
+        /// The lease presented.
+        lease_id: LeaseId,
+    },
+    /// The lease holder reports a failure.
+    Fail {
+        /// The lease presented.
+        lease_id: LeaseId,
+        /// Why it failed.
+        error: String,
+        /// The worker's own delay before the next attempt; `None` = backoff.
+        retry_delay: Option<Duration>,
+        /// Do not retry: FAILED at once.
+        fatal: bool,
+        /// The server's backoff policy.
+        backoff: Backoff,
+        /// Uniform in `[0, 1]`, drawn by the caller.
+        jitter: f64,
+    },
+    /// The lease holder extends its lease (a heartbeat).
+    Extend {
+        /// The lease presented.
+        lease_id: LeaseId,
+        /// New lease length from now; `None` = the lease's own duration.
+        extend_by: Option<Duration>,
+    },
+    /// The server takes the lease back: it expired, its stream ended, or an
+    /// operator revoked it. The run counts as an attempt.
+    Reclaim {
+        /// The lease being taken back.
+        lease_id: LeaseId,
+        /// `LeaseExpired`, `WorkerDisconnected` or `Revoked`.
+        outcome: Outcome,
+    },
+    /// An operator brings a FAILED job back.
+    Retry,
+}
+
+impl Event {
+    /// A short name for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Take { .. } => "take",
+            Event::Ack { .. } => "ack",
+            Event::Fail { .. } => "fail",
+            Event::Extend { .. } => "extend",
+            Event::Reclaim { .. } => "reclaim",
+            Event::Retry => "retry",
+        }
+    }
+}
+
+/// Why a transition was refused. The job is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    /// The event is not allowed from the job's status.
+    #[error("cannot {event} job {id}: it is {status}")]
+    NotAllowed {
+        /// The job.
+        id: JobId,
+        /// Its status.
+        status: Status,
+        /// The refused event.
+        event: &'static str,
+    },
+    /// The presented lease is not the job's current lease.
+    #[error("lease {lease_id} of job {id} is no longer held (the job was reclaimed or leased again)")]
+    StaleLease {
+        /// The job.
+        id: JobId,
+        /// The presented lease.
+        lease_id: LeaseId,
+    },
+    /// A take of a job whose `run_at` is still in the future.
+    #[error("job {id} is not due yet")]
+    NotDue {
+        /// The job.
+        id: JobId,
+    },
+    /// An extension of a lease that has already run out.
+    #[error("lease {lease_id} of job {id} has expired")]
+    Expired {
+        /// The job.
+        id: JobId,
+        /// The presented lease.
+        lease_id: LeaseId,
+    },
+    /// A reclaim for expiry of a lease that has not run out.
+    #[error("lease {lease_id} of job {id} has not expired")]
+    NotExpired {
+        /// The job.
+        id: JobId,
+        /// The lease.
+        lease_id: LeaseId,
+    },
+}
+
+/// Makes a new PENDING job from a validated request.
+pub fn create(id: JobId, new: NewJob, now: SystemTime) -> Job {
+    Job {
+        id,
+        queue: new.queue,
+        kind: new.kind,
+        payload: new.payload,
+        key: new.key,
+        status: Status::Pending,
+        attempts: 0,
+        max_attempts: new.max_attempts.max(1),
+        enqueued_at: now,
+        run_at: now + new.delay,
+        lease: None,
+        finished_at: None,
+        last_error: None,
+        history: Vec::new(),
+    }
+}
+
+/// Applies `event` to `job` at time `now`: the one place where a job
+/// changes status. On error the job is returned unchanged to nobody: the
+/// caller keeps its copy and stores nothing.
+///
+/// # Errors
+/// [`TransitionError`] when the event is not allowed from the job's status,
+/// or presents a lease the job no longer holds.
+pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, TransitionError> {
+    match event {
+        Event::Take { lease_id, worker_id, lease } => {
+            if job.status != Status::Pending {
+                return Err(not_allowed(&job, "take"));
+            }
+            if job.run_at > now {
+                return Err(TransitionError::NotDue { id: job.id });
+            }
+            job.history.push(Attempt {
+                lease_id,
+                worker_id: worker_id.clone(),
+                started_at: now,
+                ended_at: None,
+                outcome: None,
+                error: None,
+            });
+            job.lease = Some(Lease { id: lease_id, worker_id, taken_at: now, expires_at: now + lease, duration: lease });
+            job.status = Status::Running;
+            Ok(job)
+        }
+        Event::Ack { lease_id } => {
+            held_lease(&job, lease_id, "ack")?;
+            end_attempt(&mut job, Outcome::Acked, None, now);
+            job.status = Status::Done;
+            job.finished_at = Some(now);
+            Ok(job)
+        }
+        Event::Fail { lease_id, error, retry_delay, fatal, backoff, jitter } => {
+            held_lease(&job, lease_id, "fail")?;
+            job.attempts += 1;
+            end_attempt(&mut job, Outcome::Failed, Some(error.clone()), now);
+            job.last_error = Some(error);
+            if fatal || job.attempts >= job.max_attempts {
+                finish_failed(&mut job, now);
+            } else {
+                let delay = retry_delay.unwrap_or_else(|| backoff.delay(job.attempts, jitter));
+                job.status = Status::Pending;
+                job.run_at = now + delay;
+            }
+            Ok(job)
+        }
+        Event::Extend { lease_id, extend_by } => {
+            let (expires_at, duration) = held_lease(&job, lease_id, "extend")?;
+            if expires_at <= now {
+                return Err(TransitionError::Expired { id: job.id, lease_id });
+            }
+            if let Some(lease) = job.lease.as_mut() {
+                lease.expires_at = now + extend_by.unwrap_or(duration);
+            }
+            Ok(job)
+        }
+        Event::Reclaim { lease_id, outcome } => {
+            let (expires_at, _) = held_lease(&job, lease_id, "reclaim")?;
+            if outcome == Outcome::LeaseExpired && expires_at > now {
+                return Err(TransitionError::NotExpired { id: job.id, lease_id });
+            }
+            job.attempts += 1;
+            let reason = outcome.reason().to_owned();
+            end_attempt(&mut job, outcome, Some(reason.clone()), now);
+            job.last_error = Some(reason);
+            if job.attempts >= job.max_attempts {
+                finish_failed(&mut job, now);
+            } else {
+                // Due again at once, behind the jobs that were already due.
+                job.status = Status::Pending;
+                job.run_at = now;
+            }
+            Ok(job)
+        }
+        Event::Retry => {
+            if job.status != Status::Failed {
+                return Err(not_allowed(&job, "retry"));
+            }
+            job.status = Status::Pending;
+            job.attempts = 0;
+            job.run_at = now;
+            job.finished_at = None;
+            Ok(job)
+        }
+    }
+}
+
+fn not_allowed(job: &Job, event: &'static str) -> TransitionError {
+    TransitionError::NotAllowed { id: job.id, status: job.status, event }
+}
+
+/// Checks that `lease_id` is the job's current lease and returns its expiry
+/// and length.
+///
+/// A lease that is not current is stale (ABORTED), with one exception: the
+/// holder of the lease that acked the job repeating itself is told the job
+/// is DONE (FAILED_PRECONDITION), not that it lost something.
+fn held_lease(job: &Job, lease_id: LeaseId, event: &'static str) -> Result<(SystemTime, Duration), TransitionError> {
+    match &job.lease {
+        Some(lease) if lease.id == lease_id => Ok((lease.expires_at, lease.duration)),
+        Some(_) => Err(TransitionError::StaleLease { id: job.id, lease_id }),
+        None => {
+            let last = job.history.last();
+            if job.status == Status::Done && last.is_some_and(|a| a.lease_id == lease_id) {
+                Err(not_allowed(job, event))
+            } else {
+                Err(TransitionError::StaleLease { id: job.id, lease_id })
+            }
+        }
+    }
+}
+
+/// Closes the running attempt (the last history entry) and drops the lease.
+fn end_attempt(job: &mut Job, outcome: Outcome, error: Option<String>, now: SystemTime) {
+    if let Some(attempt) = job.history.last_mut() {
+        attempt.ended_at = Some(now);
+        attempt.outcome = Some(outcome);
+        attempt.error = error;
+    }
+    job.lease = None;
+}
+
+fn finish_failed(job: &mut Job, now: SystemTime) {
+    job.status = Status::Failed;
+    job.finished_at = Some(now);
+}

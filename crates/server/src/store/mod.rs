@@ -1,0 +1,168 @@
+//! The storage seam: one async trait shaped by the transitions, so lease
+//! streams, the reaper and the gRPC glue never know which store they run on.
+//!
+//! Every method that changes a job loads it, calls [`crate::machine::apply`]
+//! and writes the result; methods that promise durability return only once
+//! the change is on disk.
+
+pub mod flusher;
+pub mod sled;
+
+use std::{future::Future, time::Duration, time::SystemTime};
+
+use tokio::sync::watch;
+
+use crate::{
+    error::Result,
+    job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
+};
+
+/// The result of an enqueue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The new job, or the retained job that already had the key.
+    pub job: Job,
+    /// False when the key matched an existing job.
+    pub created: bool,
+}
+
+/// A worker's failure report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailReport {
+    /// The lease presented.
+    pub lease_id: LeaseId,
+    /// Why it failed.
+    pub error: String,
+    /// The worker's own delay; `None` means the server's backoff.
+    pub retry_delay: Option<Duration>,
+    /// Do not retry.
+    pub fatal: bool,
+}
+
+/// Filters and paging for [`Store::list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Only jobs with this key.
+    pub key: Option<String>,
+    /// Only jobs with ids greater than this (the page token).
+    pub after: Option<JobId>,
+    /// Most jobs to return (at least 1).
+    pub limit: usize,
+}
+
+/// One page of [`Store::list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    /// The jobs, by ascending id.
+    pub jobs: Vec<Job>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<JobId>,
+}
+
+/// Counts for one queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// The queue.
+    pub queue: String,
+    /// PENDING jobs.
+    pub pending: u64,
+    /// RUNNING jobs.
+    pub running: u64,
+    /// DONE jobs still retained.
+    pub done: u64,
+    /// FAILED jobs.
+    pub failed: u64,
+    /// Age of the oldest due PENDING job (now - run_at); `None` if none is due.
+    pub oldest_pending_age: Option<Duration>,
+}
+
+/// The outcome of extending one lease in a heartbeat.
+pub type Extended = Result<Job>;
+
+/// Where jobs live. Implementations: [`sled::SledStore`].
+pub trait Store: Send + Sync + 'static {
+    /// Adds a job, or returns the retained job of the same (queue, key).
+    /// Durable on return.
+    fn enqueue(&self, new: NewJob, now: SystemTime) -> impl Future<Output = Result<Enqueued>> + Send;
+
+    /// Adds many jobs with one flush. Keys deduplicate within the batch and
+    /// against the store. Durable on return.
+    fn enqueue_batch(&self, batch: Vec<NewJob>, now: SystemTime) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
+
+    /// Leases the first due job of the first queue (in the given priority
+    /// order) that has one. `Ok(None)` when nothing is due. Durable on return.
+    fn take(
+        &self,
+        queues: &[String],
+        worker_id: &str,
+        lease: Duration,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Option<Leased>>> + Send;
+
+    /// RUNNING -> DONE for the lease holder. Durable on return.
+    fn ack(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> impl Future<Output = Result<Job>> + Send;
+
+    /// RUNNING -> PENDING (backoff) or FAILED. Durable on return.
+    fn fail(&self, id: JobId, report: FailReport, now: SystemTime) -> impl Future<Output = Result<Job>> + Send;
+
+    /// FAILED -> PENDING with attempts reset. Durable on return.
+    fn retry(&self, id: JobId, now: SystemTime) -> impl Future<Output = Result<Job>> + Send;
+
+    /// Extends each held lease; one result per lease, in order (an error
+    /// means the lease is lost or unknown). Durable on return.
+    fn extend(
+        &self,
+        leases: &[(JobId, LeaseId)],
+        extend_by: Option<Duration>,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<Extended>>> + Send;
+
+    /// Takes one lease back (stream ended, revoked, or expired). Durable on
+    /// return.
+    fn reclaim(
+        &self,
+        id: JobId,
+        lease_id: LeaseId,
+        outcome: Outcome,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Job>> + Send;
+
+    /// Reclaims every lease that expired at or before `now`, returning each
+    /// reclaimed job with the lease it lost. Durable on return.
+    fn reclaim_expired(&self, now: SystemTime) -> impl Future<Output = Result<Vec<(Job, LeaseId)>>> + Send;
+
+    /// Deletes DONE jobs finished before `done_before` and FAILED jobs
+    /// finished before `failed_before`; returns how many. Frees their keys.
+    fn purge(&self, done_before: SystemTime, failed_before: SystemTime) -> impl Future<Output = Result<u64>> + Send;
+
+    /// One job.
+    fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
+
+    /// A page of jobs matching the filter, by ascending id.
+    fn list(&self, filter: ListFilter) -> impl Future<Output = Result<Page>> + Send;
+
+    /// Counts per queue (one queue, or all), sorted by queue name.
+    fn stats(&self, queue: Option<&str>, now: SystemTime) -> impl Future<Output = Result<Vec<QueueStats>>> + Send;
+
+    /// The earliest `run_at` among PENDING jobs of these queues, for waiters
+    /// that found nothing due and sleep until the next job becomes due.
+    fn next_run_at(&self, queues: &[String]) -> Option<SystemTime>;
+
+    /// The earliest lease expiry among RUNNING jobs, for the reaper.
+    fn next_lease_expiry(&self) -> Option<SystemTime>;
+
+    /// Bumped whenever a job may have become takeable sooner than before
+    /// (enqueue, retry, fail, reclaim): waiters re-check on change.
+    fn changes(&self) -> watch::Receiver<u64>;
+
+    /// Bumped whenever the earliest lease expiry moves earlier (a take or a
+    /// heartbeat with a short lease): the reaper re-arms its timer.
+    fn lease_changes(&self) -> watch::Receiver<u64>;
+
+    /// Flushes everything and makes it durable (used on shutdown).
+    fn flush(&self) -> impl Future<Output = Result<()>> + Send;
+}

@@ -1,0 +1,3 @@
+//! TODO
+/// Placeholder.
+pub struct SledStore;
