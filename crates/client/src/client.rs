@@ -1,0 +1,316 @@
+//! [`Client`]: one typed method per `JobQueue` RPC.
+
+use std::time::Duration;
+
+use jobq::pb::{self, job_queue_client::JobQueueClient};
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{EnqueueOptions, Error, FailOptions, Result};
+
+/// A cheap-to-clone handle on a jobq server.
+///
+/// Every method is one RPC; errors the server reports keep their gRPC code
+/// ([`Error::code`]). Cloning shares the underlying HTTP/2 connection, which
+/// tonic re-establishes on its own after the server restarts.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: JobQueueClient<Channel>,
+}
+
+/// HTTP/2 keepalive, so a server that vanished without a FIN (power loss,
+/// network partition) is noticed by the open Lease stream instead of it
+/// hanging forever.
+fn endpoint(url: String) -> Result<Endpoint> {
+    Ok(Endpoint::from_shared(url)?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true))
+}
+
+impl Client {
+    /// Connects to the server at `url` (e.g. `http://127.0.0.1:50051`).
+    ///
+    /// # Errors
+    /// [`Error::Transport`] when the URL is malformed or nothing answers.
+    pub async fn connect(url: impl Into<String>) -> Result<Self> {
+        let channel = endpoint(url.into())?.connect().await?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// Like [`connect`](Self::connect), but connects on first use, so it
+    /// succeeds while the server is still down; calls made before it is up
+    /// fail with `UNAVAILABLE`.
+    ///
+    /// # Errors
+    /// [`Error::Transport`] when the URL is malformed.
+    pub fn connect_lazy(url: impl Into<String>) -> Result<Self> {
+        Ok(Self::from_channel(endpoint(url.into())?.connect_lazy()))
+    }
+
+    /// Wraps an existing channel (custom TLS, timeouts, in-process tests).
+    pub fn from_channel(channel: Channel) -> Self {
+        Self {
+            inner: JobQueueClient::new(channel),
+        }
+    }
+
+    /// The raw generated client, for calls this wrapper does not cover.
+    pub fn inner(&self) -> JobQueueClient<Channel> {
+        self.inner.clone()
+    }
+
+    /// Enqueues one job; returns it and whether it was created (`false` when
+    /// `opts.key` matched a retained job, which is then returned instead).
+    /// Replies only after the job is durable.
+    pub async fn enqueue(
+        &self,
+        queue: impl Into<String>,
+        kind: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+        opts: EnqueueOptions,
+    ) -> Result<(pb::Job, bool)> {
+        let req = opts.into_request(queue, kind, payload);
+        let resp = self.inner.clone().enqueue(req).await?.into_inner();
+        Ok((resp.job.ok_or(Error::MissingField("job"))?, resp.created))
+    }
+
+    /// [`enqueue`](Self::enqueue) with `payload` encoded as JSON.
+    ///
+    /// # Errors
+    /// [`Error::Json`] when `payload` cannot be serialized.
+    pub async fn enqueue_json<T: Serialize + ?Sized>(
+        &self,
+        queue: impl Into<String>,
+        kind: impl Into<String>,
+        payload: &T,
+        opts: EnqueueOptions,
+    ) -> Result<(pb::Job, bool)> {
+        let bytes = serde_json::to_vec(payload)?;
+        self.enqueue(queue, kind, bytes, opts).await
+    }
+
+    /// Enqueues many jobs, durable as a unit. One result per request, in
+    /// order; a rejected entry carries `error_code`/`error_message` and does
+    /// not stop the others. Build entries with
+    /// [`EnqueueOptions::into_request`].
+    pub async fn enqueue_batch(
+        &self,
+        jobs: Vec<pb::EnqueueRequest>,
+    ) -> Result<Vec<pb::EnqueueResult>> {
+        let req = pb::EnqueueBatchRequest { jobs };
+        Ok(self
+            .inner
+            .clone()
+            .enqueue_batch(req)
+            .await?
+            .into_inner()
+            .results)
+    }
+
+    /// Takes the next due job from `queues` (in priority order). `None` when
+    /// nothing became due within `wait` (no wait when `None`). `lease` unset
+    /// means the server's default lease.
+    pub async fn dequeue<I, S>(
+        &self,
+        queues: I,
+        worker_id: impl Into<String>,
+        lease: Option<Duration>,
+        wait: Option<Duration>,
+    ) -> Result<Option<pb::LeasedJob>>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let req = pb::DequeueRequest {
+            queues: queues.into_iter().map(Into::into).collect(),
+            worker_id: worker_id.into(),
+            lease_duration: lease.map(pb_duration),
+            wait: wait.map(pb_duration),
+        };
+        Ok(self.inner.clone().dequeue(req).await?.into_inner().leased)
+    }
+
+    /// Completes a RUNNING job held under `lease_id`.
+    ///
+    /// # Errors
+    /// `ABORTED` when the lease is stale (the job was reclaimed or handed to
+    /// someone else), `FAILED_PRECONDITION` when the job is not RUNNING.
+    pub async fn ack(
+        &self,
+        job_id: impl Into<String>,
+        lease_id: impl Into<String>,
+    ) -> Result<pb::Job> {
+        let req = pb::AckRequest {
+            job_id: job_id.into(),
+            lease_id: lease_id.into(),
+        };
+        let resp = self.inner.clone().ack(req).await?.into_inner();
+        resp.job.ok_or(Error::MissingField("job"))
+    }
+
+    /// Ends the attempt held under `lease_id` badly, with `error` kept as the
+    /// job's `last_error`. The job goes back to PENDING (after `opts`'s delay
+    /// or the server's backoff) or to FAILED when attempts are used up or
+    /// `opts.fatal` is set.
+    ///
+    /// # Errors
+    /// `ABORTED` when the lease is stale.
+    pub async fn fail(
+        &self,
+        job_id: impl Into<String>,
+        lease_id: impl Into<String>,
+        error: impl Into<String>,
+        opts: FailOptions,
+    ) -> Result<pb::Job> {
+        let req = pb::FailRequest {
+            job_id: job_id.into(),
+            lease_id: lease_id.into(),
+            error: error.into(),
+            retry_delay: opts.retry_delay.map(pb_duration),
+            fatal: opts.fatal,
+        };
+        let resp = self.inner.clone().fail(req).await?.into_inner();
+        resp.job.ok_or(Error::MissingField("job"))
+    }
+
+    /// Brings a FAILED job back to PENDING with its attempts reset.
+    pub async fn retry(&self, job_id: impl Into<String>) -> Result<pb::Job> {
+        let req = pb::RetryRequest {
+            job_id: job_id.into(),
+        };
+        let resp = self.inner.clone().retry(req).await?.into_inner();
+        resp.job.ok_or(Error::MissingField("job"))
+    }
+
+    /// Extends `leases` by `extend_by` (unset: each lease's own duration) and
+    /// returns the ones the worker no longer holds.
+    pub async fn heartbeat(
+        &self,
+        worker_id: impl Into<String>,
+        leases: Vec<pb::LeaseRef>,
+        extend_by: Option<Duration>,
+    ) -> Result<Vec<pb::LeaseRef>> {
+        self.heartbeat_with(worker_id.into(), leases, extend_by, false)
+            .await
+    }
+
+    /// [`heartbeat`](Self::heartbeat) that also tells the server the worker
+    /// is shutting down gracefully: its open Lease streams push no more jobs,
+    /// so it can finish and ack what it holds and then close them without
+    /// anything being reclaimed.
+    pub async fn heartbeat_draining(
+        &self,
+        worker_id: impl Into<String>,
+        leases: Vec<pb::LeaseRef>,
+        extend_by: Option<Duration>,
+    ) -> Result<Vec<pb::LeaseRef>> {
+        self.heartbeat_with(worker_id.into(), leases, extend_by, true)
+            .await
+    }
+
+    async fn heartbeat_with(
+        &self,
+        worker_id: String,
+        leases: Vec<pb::LeaseRef>,
+        extend_by: Option<Duration>,
+        draining: bool,
+    ) -> Result<Vec<pb::LeaseRef>> {
+        let req = pb::HeartbeatRequest {
+            worker_id,
+            leases,
+            extend_by: extend_by.map(pb_duration),
+            draining,
+        };
+        Ok(self.inner.clone().heartbeat(req).await?.into_inner().lost)
+    }
+
+    /// Opens a Lease stream: the server pushes leased jobs while the stream
+    /// holds fewer than `capacity` unfinished ones, and `revoked` events for
+    /// leases it took back. Dropping the stream gives its unfinished jobs
+    /// back to the server. Most users want [`Worker`](crate::Worker), which
+    /// drives this stream.
+    pub async fn lease<I, S>(
+        &self,
+        queues: I,
+        worker_id: impl Into<String>,
+        capacity: u32,
+        lease: Option<Duration>,
+    ) -> Result<tonic::Streaming<pb::LeaseEvent>>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let req = pb::LeaseRequest {
+            queues: queues.into_iter().map(Into::into).collect(),
+            worker_id: worker_id.into(),
+            capacity,
+            lease_duration: lease.map(pb_duration),
+        };
+        Ok(self.inner.clone().lease(req).await?.into_inner())
+    }
+
+    /// Fetches one job with its attempt history.
+    ///
+    /// # Errors
+    /// `NOT_FOUND` for an unknown id.
+    pub async fn get_job(&self, id: impl Into<String>) -> Result<pb::Job> {
+        let req = pb::GetJobRequest { id: id.into() };
+        Ok(self.inner.clone().get_job(req).await?.into_inner())
+    }
+
+    /// Lists one page of jobs matching `req`'s filters; pass the returned
+    /// `next_page_token` back for the next page.
+    pub async fn list_jobs(&self, req: pb::ListJobsRequest) -> Result<pb::ListJobsResponse> {
+        Ok(self.inner.clone().list_jobs(req).await?.into_inner())
+    }
+
+    /// Counts jobs per status for `queue`, or for every queue when `None`.
+    pub async fn stats(&self, queue: Option<&str>) -> Result<Vec<pb::QueueStats>> {
+        let req = pb::StatsRequest {
+            queue: queue.unwrap_or_default().to_owned(),
+        };
+        Ok(self.inner.clone().stats(req).await?.into_inner().queues)
+    }
+}
+
+/// std → protobuf duration, saturating at protobuf's range (about 10,000
+/// years) rather than failing: no caller means a longer delay than that.
+pub(crate) fn pb_duration(d: Duration) -> prost_types::Duration {
+    const MAX_SECONDS: u64 = 315_576_000_000;
+    if d.as_secs() > MAX_SECONDS {
+        return prost_types::Duration {
+            seconds: MAX_SECONDS as i64,
+            nanos: 0,
+        };
+    }
+    prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_convert_and_saturate() {
+        assert_eq!(
+            pb_duration(Duration::from_millis(250)),
+            prost_types::Duration {
+                seconds: 0,
+                nanos: 250_000_000
+            }
+        );
+        assert_eq!(pb_duration(Duration::MAX).seconds, 315_576_000_000);
+        assert_eq!(pb_duration(Duration::MAX).nanos, 0);
+    }
+
+    #[tokio::test]
+    async fn malformed_url_is_a_transport_error() {
+        let err = Client::connect_lazy("not a url").unwrap_err();
+        assert!(matches!(err, Error::Transport(_)), "{err:?}");
+    }
+}

@@ -1,0 +1,155 @@
+//! Per-call options: [`EnqueueOptions`] (a builder) and [`FailOptions`].
+
+use std::time::Duration;
+
+use jobq::pb;
+
+use crate::client::pb_duration;
+
+/// The optional parts of an enqueue: domain key, attempt limit and delay.
+///
+/// ```
+/// use std::time::Duration;
+/// use jobq_client::EnqueueOptions;
+///
+/// let opts = EnqueueOptions::new()
+///     .key("order-4711")
+///     .max_attempts(5)
+///     .delay(Duration::from_secs(30));
+/// assert_eq!(opts.get_key(), Some("order-4711"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnqueueOptions {
+    key: Option<String>,
+    max_attempts: Option<u32>,
+    delay: Option<Duration>,
+}
+
+impl EnqueueOptions {
+    /// No key, the server's default attempt limit, due at once.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the domain key (e.g. `order-4711`). At most one retained job per
+    /// (queue, key) exists: enqueueing again returns the existing job with
+    /// `created == false`, which makes producer retries safe.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Sets how many attempts the job gets before it is dead-lettered
+    /// (FAILED). Unset means the server default.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+
+    /// Makes the job due no earlier than `delay` from now.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// The key set with [`key`](Self::key), if any.
+    pub fn get_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The attempt limit set with [`max_attempts`](Self::max_attempts), if any.
+    pub fn get_max_attempts(&self) -> Option<u32> {
+        self.max_attempts
+    }
+
+    /// The delay set with [`delay`](Self::delay), if any.
+    pub fn get_delay(&self) -> Option<Duration> {
+        self.delay
+    }
+
+    /// Builds the wire request these options describe; handy for
+    /// [`Client::enqueue_batch`](crate::Client::enqueue_batch).
+    pub fn into_request(
+        self,
+        queue: impl Into<String>,
+        kind: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> pb::EnqueueRequest {
+        pb::EnqueueRequest {
+            queue: queue.into(),
+            kind: kind.into(),
+            payload: payload.into(),
+            key: self.key.unwrap_or_default(),
+            max_attempts: self.max_attempts.unwrap_or(0),
+            delay: self.delay.map(pb_duration),
+        }
+    }
+}
+
+/// How a failed attempt should be retried.
+///
+/// The default leaves the delay to the server's exponential backoff and
+/// allows a retry if attempts are left.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailOptions {
+    /// Wait this long before the next attempt instead of the server's
+    /// backoff; `Some(Duration::ZERO)` makes the job due at once.
+    pub retry_delay: Option<Duration>,
+    /// Do not retry: the job becomes FAILED (a dead letter) at once.
+    pub fatal: bool,
+}
+
+impl FailOptions {
+    /// Retry after the server's backoff (same as `default()`).
+    pub fn retry() -> Self {
+        Self::default()
+    }
+
+    /// Retry after exactly `delay`.
+    pub fn retry_after(delay: Duration) -> Self {
+        Self {
+            retry_delay: Some(delay),
+            fatal: false,
+        }
+    }
+
+    /// Do not retry.
+    pub fn fatal() -> Self {
+        Self {
+            retry_delay: None,
+            fatal: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_map_to_the_wire_defaults() {
+        let req = EnqueueOptions::new().into_request("q", "k", b"p".to_vec());
+        assert_eq!(req.key, "");
+        assert_eq!(req.max_attempts, 0);
+        assert_eq!(req.delay, None);
+        assert_eq!(req.payload, b"p");
+    }
+
+    #[test]
+    fn builder_fields_reach_the_request() {
+        let req = EnqueueOptions::new()
+            .key("order-1")
+            .max_attempts(5)
+            .delay(Duration::from_millis(1500))
+            .into_request("emails", "send-email", "{}");
+        assert_eq!(req.key, "order-1");
+        assert_eq!(req.max_attempts, 5);
+        assert_eq!(
+            req.delay,
+            Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 500_000_000
+            })
+        );
+    }
+}
