@@ -50,6 +50,18 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_PAYLOAD", default_value_t = 1024 * 1024)]
     pub max_payload: usize,
 
+    /// Longest enqueue `delay` or Fail `retry_delay`.
+    #[arg(long, env = "JOBQ_MAX_DELAY", default_value = "365days", value_parser = humantime::parse_duration)]
+    pub max_delay: Duration,
+
+    /// Largest gRPC request message, in bytes (bounds EnqueueBatch).
+    #[arg(long, env = "JOBQ_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_message_bytes: usize,
+
+    /// Longest error text kept from a Fail; longer ones are cut.
+    #[arg(long, env = "JOBQ_MAX_ERROR_BYTES", default_value_t = 4096)]
+    pub max_error_bytes: usize,
+
     /// Most jobs in one EnqueueBatch call.
     #[arg(long, env = "JOBQ_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
@@ -57,6 +69,10 @@ pub struct Config {
     /// Longest long-poll `wait` a Dequeue may ask for.
     #[arg(long, env = "JOBQ_MAX_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub max_wait: Duration,
+
+    /// Most long-polling Dequeue calls and Lease streams at once.
+    #[arg(long, env = "JOBQ_MAX_WAITERS", default_value_t = 10_000)]
+    pub max_waiters: usize,
 
     /// Largest capacity of one Lease stream.
     #[arg(long, env = "JOBQ_MAX_CAPACITY", default_value_t = 1000)]
@@ -113,6 +129,9 @@ impl Config {
 
     /// The backoff policy.
     pub fn backoff(&self) -> Backoff {
-        Backoff { base: self.backoff_base, cap: self.backoff_cap }
+        Backoff {
+            base: self.backoff_base,
+            cap: self.backoff_cap,
+        }
     }
 }

@@ -1,1 +1,160 @@
-//! TODO
+//! Domain types to wire types (`jobq::pb`), in one file.
+//!
+//! Wire to domain goes through [`crate::validate`], because every incoming
+//! value has to be checked before it becomes a domain value.
+
+use std::time::{Duration, SystemTime};
+
+use jobq::pb;
+
+use crate::{
+    job::{Attempt, Job, Leased, Outcome, Status},
+    store::QueueStats,
+};
+
+/// A wall-clock time as a protobuf `Timestamp`.
+pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    prost_types::Timestamp::from(t)
+}
+
+/// A length of time as a protobuf `Duration`.
+pub fn duration(d: Duration) -> prost_types::Duration {
+    // Every duration the server produces is far below i64 seconds.
+    prost_types::Duration::try_from(d).unwrap_or(prost_types::Duration {
+        seconds: i64::MAX,
+        nanos: 0,
+    })
+}
+
+impl From<Status> for pb::JobStatus {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Pending => pb::JobStatus::Pending,
+            Status::Running => pb::JobStatus::Running,
+            Status::Done => pb::JobStatus::Done,
+            Status::Failed => pb::JobStatus::Failed,
+        }
+    }
+}
+
+impl From<Outcome> for pb::AttemptOutcome {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Acked => pb::AttemptOutcome::Acked,
+            Outcome::Failed => pb::AttemptOutcome::Failed,
+            Outcome::LeaseExpired => pb::AttemptOutcome::LeaseExpired,
+            Outcome::WorkerDisconnected => pb::AttemptOutcome::WorkerDisconnected,
+            Outcome::Revoked => pb::AttemptOutcome::Revoked,
+        }
+    }
+}
+
+impl From<Attempt> for pb::Attempt {
+    fn from(a: Attempt) -> Self {
+        pb::Attempt {
+            worker_id: a.worker_id,
+            started_at: Some(timestamp(a.started_at)),
+            ended_at: a.ended_at.map(timestamp),
+            outcome: a
+                .outcome
+                .map_or(pb::AttemptOutcome::Unspecified, pb::AttemptOutcome::from)
+                as i32,
+            error: a.error.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<Job> for pb::Job {
+    fn from(job: Job) -> Self {
+        let (taken_at, lease_expires_at, worker_id) = match job.lease {
+            Some(lease) => (
+                Some(timestamp(lease.taken_at)),
+                Some(timestamp(lease.expires_at)),
+                lease.worker_id,
+            ),
+            None => (None, None, String::new()),
+        };
+        pb::Job {
+            id: job.id.to_string(),
+            queue: job.queue,
+            kind: job.kind,
+            payload: job.payload,
+            key: job.key.unwrap_or_default(),
+            status: pb::JobStatus::from(job.status) as i32,
+            attempts: job.attempts,
+            max_attempts: job.max_attempts,
+            enqueued_at: Some(timestamp(job.enqueued_at)),
+            run_at: Some(timestamp(job.run_at)),
+            taken_at,
+            lease_expires_at,
+            finished_at: job.finished_at.map(timestamp),
+            worker_id,
+            last_error: job.last_error.unwrap_or_default(),
+            history: job.history.into_iter().map(pb::Attempt::from).collect(),
+        }
+    }
+}
+
+impl From<Leased> for pb::LeasedJob {
+    fn from(l: Leased) -> Self {
+        pb::LeasedJob {
+            lease_id: l.lease_id.to_string(),
+            lease_expires_at: Some(timestamp(l.expires_at)),
+            job: Some(l.job.into()),
+        }
+    }
+}
+
+impl From<QueueStats> for pb::QueueStats {
+    fn from(s: QueueStats) -> Self {
+        pb::QueueStats {
+            queue: s.queue,
+            pending: s.pending,
+            running: s.running,
+            done: s.done,
+            failed: s.failed,
+            oldest_pending_age: s.oldest_pending_age.map(duration),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobId, Lease, LeaseId};
+
+    #[test]
+    fn a_running_job_carries_its_lease_on_the_wire() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let job = Job {
+            id: JobId(7),
+            queue: "emails".into(),
+            kind: "send-email".into(),
+            payload: b"{}".to_vec(),
+            key: Some("order-4711".into()),
+            status: Status::Running,
+            attempts: 1,
+            max_attempts: 3,
+            enqueued_at: now,
+            run_at: now,
+            lease: Some(Lease {
+                id: LeaseId(9),
+                worker_id: "w1".into(),
+                taken_at: now,
+                expires_at: now + Duration::from_secs(30),
+                duration: Duration::from_secs(30),
+            }),
+            finished_at: None,
+            last_error: Some("lease expired".into()),
+            history: vec![],
+        };
+        let wire = pb::LeasedJob::from(Leased::of(job).expect("running"));
+        assert_eq!(wire.lease_id, "9");
+        let job = wire.job.expect("job");
+        assert_eq!(job.id, "7");
+        assert_eq!(job.key, "order-4711");
+        assert_eq!(job.status, pb::JobStatus::Running as i32);
+        assert_eq!(job.worker_id, "w1");
+        assert_eq!(job.lease_expires_at.map(|t| t.seconds), Some(1_700_000_030));
+    }
+}

@@ -26,6 +26,9 @@ pub enum Error {
     /// The storage engine failed.
     #[error("storage failure: {0}")]
     Storage(#[from] sled::Error),
+    /// Binding, opening files, or the transport failed.
+    #[error("{0}")]
+    Io(String),
     /// A stored record could not be decoded, or an fsync failed.
     #[error("storage failure: {0}")]
     Corrupt(String),
@@ -41,14 +44,16 @@ impl Error {
             Error::InvalidArgument(_) => Code::InvalidArgument,
             Error::NotFound(_) => Code::NotFound,
             Error::Transition(t) => match t {
-                TransitionError::StaleLease { .. } | TransitionError::Expired { .. } => Code::Aborted,
+                TransitionError::StaleLease { .. } | TransitionError::Expired { .. } => {
+                    Code::Aborted
+                }
                 TransitionError::NotAllowed { .. }
                 | TransitionError::NotDue { .. }
                 | TransitionError::NotExpired { .. } => Code::FailedPrecondition,
             },
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::ShuttingDown => Code::Unavailable,
-            Error::Storage(_) | Error::Corrupt(_) => Code::Internal,
+            Error::Storage(_) | Error::Corrupt(_) | Error::Io(_) => Code::Internal,
         }
     }
 }

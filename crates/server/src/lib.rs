@@ -12,6 +12,7 @@
 //! - [`convert`]: domain types to and from `jobq::pb`.
 //! - [`reaper`]: reclaims expired leases, woken by the nearest deadline;
 //!   purges old DONE/FAILED jobs.
+//! - [`waiter`]: long-poll waiting for a due job, without polling.
 //! - [`leases`]: the Lease streams: push delivery, capacity, stream-drop
 //!   reclaim and revocation.
 //! - [`service`]: the gRPC glue (`JobQueue` trait impl); no business logic.
@@ -30,6 +31,7 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod validate;
+pub mod waiter;
 
 pub use config::Config;
 pub use error::{Error, Result};

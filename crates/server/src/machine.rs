@@ -108,7 +108,9 @@ pub enum TransitionError {
         event: &'static str,
     },
     /// The presented lease is not the job's current lease.
-    #[error("lease {lease_id} of job {id} is no longer held (the job was reclaimed or leased again)")]
+    #[error(
+        "lease {lease_id} of job {id} is no longer held (the job was reclaimed or leased again)"
+    )]
     StaleLease {
         /// The job.
         id: JobId,
@@ -168,7 +170,11 @@ pub fn create(id: JobId, new: NewJob, now: SystemTime) -> Job {
 /// or presents a lease the job no longer holds.
 pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, TransitionError> {
     match event {
-        Event::Take { lease_id, worker_id, lease } => {
+        Event::Take {
+            lease_id,
+            worker_id,
+            lease,
+        } => {
             if job.status != Status::Pending {
                 return Err(not_allowed(&job, "take"));
             }
@@ -183,7 +189,13 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
                 outcome: None,
                 error: None,
             });
-            job.lease = Some(Lease { id: lease_id, worker_id, taken_at: now, expires_at: now + lease, duration: lease });
+            job.lease = Some(Lease {
+                id: lease_id,
+                worker_id,
+                taken_at: now,
+                expires_at: now + lease,
+                duration: lease,
+            });
             job.status = Status::Running;
             Ok(job)
         }
@@ -194,7 +206,14 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             job.finished_at = Some(now);
             Ok(job)
         }
-        Event::Fail { lease_id, error, retry_delay, fatal, backoff, jitter } => {
+        Event::Fail {
+            lease_id,
+            error,
+            retry_delay,
+            fatal,
+            backoff,
+            jitter,
+        } => {
             held_lease(&job, lease_id, "fail")?;
             job.attempts += 1;
             end_attempt(&mut job, Outcome::Failed, Some(error.clone()), now);
@@ -208,10 +227,16 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             }
             Ok(job)
         }
-        Event::Extend { lease_id, extend_by } => {
+        Event::Extend {
+            lease_id,
+            extend_by,
+        } => {
             let (expires_at, duration) = held_lease(&job, lease_id, "extend")?;
             if expires_at <= now {
-                return Err(TransitionError::Expired { id: job.id, lease_id });
+                return Err(TransitionError::Expired {
+                    id: job.id,
+                    lease_id,
+                });
             }
             if let Some(lease) = job.lease.as_mut() {
                 lease.expires_at = now + extend_by.unwrap_or(duration);
@@ -221,7 +246,10 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
         Event::Reclaim { lease_id, outcome } => {
             let (expires_at, _) = held_lease(&job, lease_id, "reclaim")?;
             if outcome == Outcome::LeaseExpired && expires_at > now {
-                return Err(TransitionError::NotExpired { id: job.id, lease_id });
+                return Err(TransitionError::NotExpired {
+                    id: job.id,
+                    lease_id,
+                });
             }
             job.attempts += 1;
             let reason = outcome.reason().to_owned();
@@ -250,7 +278,11 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
 }
 
 fn not_allowed(job: &Job, event: &'static str) -> TransitionError {
-    TransitionError::NotAllowed { id: job.id, status: job.status, event }
+    TransitionError::NotAllowed {
+        id: job.id,
+        status: job.status,
+        event,
+    }
 }
 
 /// Checks that `lease_id` is the job's current lease and returns its expiry
@@ -259,16 +291,26 @@ fn not_allowed(job: &Job, event: &'static str) -> TransitionError {
 /// A lease that is not current is stale (ABORTED), with one exception: the
 /// holder of the lease that acked the job repeating itself is told the job
 /// is DONE (FAILED_PRECONDITION), not that it lost something.
-fn held_lease(job: &Job, lease_id: LeaseId, event: &'static str) -> Result<(SystemTime, Duration), TransitionError> {
+fn held_lease(
+    job: &Job,
+    lease_id: LeaseId,
+    event: &'static str,
+) -> Result<(SystemTime, Duration), TransitionError> {
     match &job.lease {
         Some(lease) if lease.id == lease_id => Ok((lease.expires_at, lease.duration)),
-        Some(_) => Err(TransitionError::StaleLease { id: job.id, lease_id }),
+        Some(_) => Err(TransitionError::StaleLease {
+            id: job.id,
+            lease_id,
+        }),
         None => {
             let last = job.history.last();
             if job.status == Status::Done && last.is_some_and(|a| a.lease_id == lease_id) {
                 Err(not_allowed(job, event))
             } else {
-                Err(TransitionError::StaleLease { id: job.id, lease_id })
+                Err(TransitionError::StaleLease {
+                    id: job.id,
+                    lease_id,
+                })
             }
         }
     }
@@ -288,3 +330,6 @@ fn finish_failed(job: &mut Job, now: SystemTime) {
     job.status = Status::Failed;
     job.finished_at = Some(now);
 }
+
+#[cfg(test)]
+mod tests;

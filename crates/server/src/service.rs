@@ -1,1 +1,249 @@
-//! TODO
+//! The gRPC glue: validate the request, call the store (or the lease hub),
+//! convert the reply. No business logic lives here.
+
+use std::{sync::Arc, time::SystemTime};
+
+use jobq::pb::{self, job_queue_server::JobQueue};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::{
+    config::Config,
+    error::{Error, Result},
+    leases::{LeaseEvents, LeaseHub},
+    store::Store,
+    validate, waiter,
+};
+
+/// The `jobq.v1.JobQueue` service over a store.
+pub struct JobQueueService<S> {
+    store: Arc<S>,
+    hub: Arc<LeaseHub<S>>,
+    config: Arc<Config>,
+    shutdown: CancellationToken,
+    /// Bounds long-polling Dequeues and Lease streams (`--max-waiters`).
+    waiters: Arc<Semaphore>,
+}
+
+impl<S: Store> JobQueueService<S> {
+    /// A service over `store`, pushing through `hub`; `shutdown` ends
+    /// long polls and streams.
+    pub fn new(
+        store: Arc<S>,
+        hub: Arc<LeaseHub<S>>,
+        config: Arc<Config>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let waiters = Arc::new(Semaphore::new(config.max_waiters));
+        JobQueueService {
+            store,
+            hub,
+            config,
+            shutdown,
+            waiters,
+        }
+    }
+
+    fn waiter_permit(&self) -> Result<OwnedSemaphorePermit> {
+        Arc::clone(&self.waiters).try_acquire_owned().map_err(|_| {
+            Error::ResourceExhausted(format!(
+                "too many waiting Dequeue calls and Lease streams (limit {}, --max-waiters)",
+                self.config.max_waiters
+            ))
+        })
+    }
+
+    fn live(&self) -> Result<()> {
+        if self.shutdown.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(())
+    }
+}
+
+fn now() -> SystemTime {
+    SystemTime::now()
+}
+
+#[tonic::async_trait]
+impl<S: Store> JobQueue for JobQueueService<S> {
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue, kind = %req.get_ref().kind, job.id), err)]
+    async fn enqueue(
+        &self,
+        req: Request<pb::EnqueueRequest>,
+    ) -> Result<Response<pb::EnqueueResponse>, Status> {
+        self.live()?;
+        let new = validate::new_job(req.into_inner(), &self.config)?;
+        let enqueued = self.store.enqueue(new, now()).await?;
+        tracing::Span::current().record("job.id", tracing::field::display(enqueued.job.id));
+        Ok(Response::new(pb::EnqueueResponse {
+            job: Some(enqueued.job.into()),
+            created: enqueued.created,
+        }))
+    }
+
+    #[instrument(skip_all, fields(jobs = req.get_ref().jobs.len()), err)]
+    async fn enqueue_batch(
+        &self,
+        req: Request<pb::EnqueueBatchRequest>,
+    ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
+        self.live()?;
+        let checked = validate::batch(req.into_inner().jobs, &self.config)?;
+        let valid: Vec<_> = checked
+            .iter()
+            .filter_map(|r| r.as_ref().ok().cloned())
+            .collect();
+        let mut stored = self.store.enqueue_batch(valid, now()).await?.into_iter();
+        let results = checked
+            .into_iter()
+            .map(|entry| match entry {
+                Ok(_) => match stored.next() {
+                    Some(e) => pb::EnqueueResult {
+                        job: Some(e.job.into()),
+                        created: e.created,
+                        ..Default::default()
+                    },
+                    None => rejected(&Error::Corrupt("batch result missing".into())),
+                },
+                Err(err) => rejected(&err),
+            })
+            .collect();
+        Ok(Response::new(pb::EnqueueBatchResponse { results }))
+    }
+
+    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id, job.id), err)]
+    async fn dequeue(
+        &self,
+        req: Request<pb::DequeueRequest>,
+    ) -> Result<Response<pb::DequeueResponse>, Status> {
+        self.live()?;
+        let (spec, wait) = validate::dequeue(req.into_inner(), &self.config)?;
+        let _permit = if wait.is_zero() {
+            None
+        } else {
+            Some(self.waiter_permit()?)
+        };
+        let leased = waiter::take_waiting(&*self.store, &spec, wait, &self.shutdown).await?;
+        if let Some(l) = &leased {
+            tracing::Span::current().record("job.id", tracing::field::display(l.job.id));
+        }
+        Ok(Response::new(pb::DequeueResponse {
+            leased: leased.map(Into::into),
+        }))
+    }
+
+    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err)]
+    async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+        let (id, lease) = validate::ack(req.into_inner())?;
+        let job = self.store.ack(id, lease, now()).await?;
+        self.hub.released(lease);
+        Ok(Response::new(pb::AckResponse {
+            job: Some(job.into()),
+        }))
+    }
+
+    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err)]
+    async fn fail(
+        &self,
+        req: Request<pb::FailRequest>,
+    ) -> Result<Response<pb::FailResponse>, Status> {
+        let (id, report) = validate::fail(req.into_inner(), &self.config)?;
+        let lease = report.lease_id;
+        let job = self.store.fail(id, report, now()).await?;
+        self.hub.released(lease);
+        Ok(Response::new(pb::FailResponse {
+            job: Some(job.into()),
+        }))
+    }
+
+    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err)]
+    async fn retry(
+        &self,
+        req: Request<pb::RetryRequest>,
+    ) -> Result<Response<pb::RetryResponse>, Status> {
+        self.live()?;
+        let id = validate::job_id("job_id", &req.into_inner().job_id)?;
+        let job = self.store.retry(id, now()).await?;
+        Ok(Response::new(pb::RetryResponse {
+            job: Some(job.into()),
+        }))
+    }
+
+    type LeaseStream = LeaseEvents;
+
+    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id), err)]
+    async fn lease(
+        &self,
+        req: Request<pb::LeaseRequest>,
+    ) -> Result<Response<Self::LeaseStream>, Status> {
+        self.live()?;
+        let (spec, capacity) = validate::lease_stream(req.into_inner(), &self.config)?;
+        let permit = self.waiter_permit()?;
+        Ok(Response::new(self.hub.open(spec, capacity, permit)))
+    }
+
+    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id, leases = req.get_ref().leases.len()), err)]
+    async fn heartbeat(
+        &self,
+        req: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let req = req.into_inner();
+        let (worker_id, draining) = (req.worker_id.clone(), req.draining);
+        let (leases, extend_by) = validate::heartbeat(req, &self.config)?;
+        let results = self.store.extend(&leases, extend_by, now()).await?;
+        let lost = leases
+            .iter()
+            .zip(results)
+            .filter(|(_, r)| r.is_err())
+            .map(|((job, lease), _)| pb::LeaseRef {
+                job_id: job.to_string(),
+                lease_id: lease.to_string(),
+            })
+            .collect();
+        self.hub.heartbeat(&worker_id, &leases, draining);
+        Ok(Response::new(pb::HeartbeatResponse { lost }))
+    }
+
+    #[instrument(skip_all, fields(job.id = %req.get_ref().id), err)]
+    async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let id = validate::job_id("id", &req.into_inner().id)?;
+        Ok(Response::new(self.store.get(id).await?.into()))
+    }
+
+    #[instrument(skip_all, err)]
+    async fn list_jobs(
+        &self,
+        req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let filter = validate::list(req.into_inner())?;
+        let page = self.store.list(filter).await?;
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: page.jobs.into_iter().map(Into::into).collect(),
+            next_page_token: page.next.map(|id| id.to_string()).unwrap_or_default(),
+        }))
+    }
+
+    #[instrument(skip_all, err)]
+    async fn stats(
+        &self,
+        req: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
+        let queue = validate::optional_name("queue", req.into_inner().queue)?;
+        let stats = self.store.stats(queue.as_deref(), now()).await?;
+        Ok(Response::new(pb::StatsResponse {
+            queues: stats.into_iter().map(Into::into).collect(),
+        }))
+    }
+}
+
+/// One rejected entry of a batch; the others go ahead.
+fn rejected(err: &Error) -> pb::EnqueueResult {
+    pb::EnqueueResult {
+        job: None,
+        created: false,
+        error_code: err.code() as i32,
+        error_message: err.to_string(),
+    }
+}

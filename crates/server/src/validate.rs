@@ -1,1 +1,444 @@
-//! TODO
+//! Turns wire requests into validated domain values.
+//!
+//! Every limit of DESIGN.md §2 is checked here, before anything touches the
+//! store, so bad input changes nothing and always gets INVALID_ARGUMENT with
+//! a message that names the field.
+
+use std::time::Duration;
+
+use jobq::pb;
+
+use crate::{
+    config::Config,
+    error::{Error, Result},
+    job::{JobId, LeaseId, NewJob, Status},
+    store::{FailReport, ListFilter},
+};
+
+/// Longest queue, kind, key or worker name.
+pub const MAX_NAME_LEN: usize = 128;
+/// Most queues one Dequeue or Lease may list.
+pub const MAX_QUEUES: usize = 32;
+/// Default ListJobs page size.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// Largest ListJobs page size.
+pub const MAX_PAGE_SIZE: usize = 1000;
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+/// A name (queue, kind, key, worker id): 1..=128 characters of
+/// `[A-Za-z0-9._:-]`.
+pub fn name(field: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field} must not be empty")));
+    }
+    if value.len() > MAX_NAME_LEN {
+        return Err(invalid(format!(
+            "{field} is {} characters long; the limit is {MAX_NAME_LEN}",
+            value.len()
+        )));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+    {
+        return Err(invalid(format!(
+            "{field} contains {c:?}; allowed are A-Z a-z 0-9 . _ : -"
+        )));
+    }
+    Ok(())
+}
+
+/// A job id in its decimal wire form.
+pub fn job_id(field: &str, value: &str) -> Result<JobId> {
+    value.parse().map_err(|e| invalid(format!("{field}: {e}")))
+}
+
+/// A lease id in its decimal wire form.
+pub fn lease_id(value: &str) -> Result<LeaseId> {
+    value.parse().map_err(|e| invalid(format!("lease_id: {e}")))
+}
+
+/// A non-negative protobuf duration as a std one.
+fn duration(field: &str, value: Option<prost_types::Duration>) -> Result<Option<Duration>> {
+    value
+        .map(|d| {
+            if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+                return Err(invalid(format!("{field} must be a non-negative duration")));
+            }
+            Duration::try_from(d).map_err(|_| invalid(format!("{field} is not a valid duration")))
+        })
+        .transpose()
+}
+
+/// A delay (enqueue delay, retry delay), bounded by `--max-delay`.
+fn delay(
+    field: &str,
+    value: Option<prost_types::Duration>,
+    config: &Config,
+) -> Result<Option<Duration>> {
+    let d = duration(field, value)?;
+    if let Some(d) = d {
+        if d > config.max_delay {
+            return Err(invalid(format!(
+                "{field} {} is over the limit of {}",
+                humantime::format_duration(d),
+                humantime::format_duration(config.max_delay)
+            )));
+        }
+    }
+    Ok(d)
+}
+
+/// A lease length: unset means the server default; otherwise within
+/// `--min-lease..=--max-lease`.
+pub fn lease(
+    field: &str,
+    value: Option<prost_types::Duration>,
+    config: &Config,
+) -> Result<Duration> {
+    let Some(d) = duration(field, value)? else {
+        return Ok(config.default_lease);
+    };
+    if d < config.min_lease || d > config.max_lease {
+        return Err(invalid(format!(
+            "{field} {} is out of range {}..={}",
+            humantime::format_duration(d),
+            humantime::format_duration(config.min_lease),
+            humantime::format_duration(config.max_lease)
+        )));
+    }
+    Ok(d)
+}
+
+/// An enqueue request as a new job.
+pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
+    name("queue", &req.queue)?;
+    name("kind", &req.kind)?;
+    let key = if req.key.is_empty() {
+        None
+    } else {
+        name("key", &req.key)?;
+        Some(req.key)
+    };
+    if req.payload.len() > config.max_payload {
+        return Err(invalid(format!(
+            "payload is {} bytes; the limit is {} (--max-payload)",
+            req.payload.len(),
+            config.max_payload
+        )));
+    }
+    let max_attempts = match req.max_attempts {
+        0 => config.default_max_attempts.max(1),
+        n if n > config.max_attempts_limit => {
+            return Err(invalid(format!(
+                "max_attempts {n} is over the limit of {}",
+                config.max_attempts_limit
+            )))
+        }
+        n => n,
+    };
+    let delay = delay("delay", req.delay, config)?.unwrap_or_default();
+    Ok(NewJob {
+        queue: req.queue,
+        kind: req.kind,
+        payload: req.payload,
+        key,
+        max_attempts,
+        delay,
+    })
+}
+
+/// An enqueue batch: its size is bounded by `--max-batch`; each entry is
+/// validated on its own, so one bad entry does not reject the others.
+pub fn batch(reqs: Vec<pb::EnqueueRequest>, config: &Config) -> Result<Vec<Result<NewJob>>> {
+    if reqs.is_empty() {
+        return Err(invalid("jobs must not be empty"));
+    }
+    if reqs.len() > config.max_batch {
+        return Err(invalid(format!(
+            "batch of {} jobs is over the limit of {} (--max-batch)",
+            reqs.len(),
+            config.max_batch
+        )));
+    }
+    Ok(reqs.into_iter().map(|r| new_job(r, config)).collect())
+}
+
+/// What a Dequeue or a Lease stream takes: from which queues, for whom, for
+/// how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeSpec {
+    /// Queues in priority order, without duplicates.
+    pub queues: Vec<String>,
+    /// Who takes.
+    pub worker_id: String,
+    /// Lease length.
+    pub lease: Duration,
+}
+
+fn take_spec(
+    queues: Vec<String>,
+    worker_id: String,
+    lease_duration: Option<prost_types::Duration>,
+    config: &Config,
+) -> Result<TakeSpec> {
+    if queues.is_empty() {
+        return Err(invalid("queues must list at least one queue"));
+    }
+    if queues.len() > MAX_QUEUES {
+        return Err(invalid(format!(
+            "queues lists {} queues; the limit is {MAX_QUEUES}",
+            queues.len()
+        )));
+    }
+    let mut unique: Vec<String> = Vec::with_capacity(queues.len());
+    for q in queues {
+        name("queues[]", &q)?;
+        if !unique.contains(&q) {
+            unique.push(q);
+        }
+    }
+    name("worker_id", &worker_id)?;
+    let lease = lease("lease_duration", lease_duration, config)?;
+    Ok(TakeSpec {
+        queues: unique,
+        worker_id,
+        lease,
+    })
+}
+
+/// A Dequeue: what to take and how long to wait (bounded by `--max-wait`).
+pub fn dequeue(req: pb::DequeueRequest, config: &Config) -> Result<(TakeSpec, Duration)> {
+    let spec = take_spec(req.queues, req.worker_id, req.lease_duration, config)?;
+    let wait = duration("wait", req.wait)?.unwrap_or_default();
+    if wait > config.max_wait {
+        return Err(invalid(format!(
+            "wait {} is over the limit of {} (--max-wait)",
+            humantime::format_duration(wait),
+            humantime::format_duration(config.max_wait)
+        )));
+    }
+    Ok((spec, wait))
+}
+
+/// A Lease stream: what to take and how many jobs at once (0 means 1; at
+/// most `--max-capacity`).
+pub fn lease_stream(req: pb::LeaseRequest, config: &Config) -> Result<(TakeSpec, usize)> {
+    let spec = take_spec(req.queues, req.worker_id, req.lease_duration, config)?;
+    let capacity = match req.capacity {
+        0 => 1,
+        n if n > config.max_capacity => {
+            return Err(invalid(format!(
+                "capacity {n} is over the limit of {} (--max-capacity)",
+                config.max_capacity
+            )))
+        }
+        n => n,
+    };
+    Ok((spec, capacity as usize))
+}
+
+/// An Ack: which job, under which lease.
+pub fn ack(req: pb::AckRequest) -> Result<(JobId, LeaseId)> {
+    Ok((job_id("job_id", &req.job_id)?, lease_id(&req.lease_id)?))
+}
+
+/// A Fail: which job, under which lease, why and when to retry. The error
+/// text is cut to `--max-error-bytes` rather than refused: a handler's
+/// error should never be lost for being long.
+pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)> {
+    let id = job_id("job_id", &req.job_id)?;
+    let lease_id = lease_id(&req.lease_id)?;
+    let retry_delay = delay("retry_delay", req.retry_delay, config)?;
+    let mut error = req.error;
+    if error.len() > config.max_error_bytes {
+        let mut cut = config.max_error_bytes;
+        while !error.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        error.truncate(cut);
+        error.push('…');
+    }
+    if error.is_empty() {
+        error = "failed (no error given)".to_owned();
+    }
+    Ok((
+        id,
+        FailReport {
+            lease_id,
+            error,
+            retry_delay,
+            fatal: req.fatal,
+        },
+    ))
+}
+
+/// A Heartbeat: who, which leases (at most `--max-capacity`), and how far
+/// to extend them.
+pub fn heartbeat(
+    req: pb::HeartbeatRequest,
+    config: &Config,
+) -> Result<(Vec<(JobId, LeaseId)>, Option<Duration>)> {
+    name("worker_id", &req.worker_id)?;
+    if req.leases.len() > config.max_capacity as usize {
+        return Err(invalid(format!(
+            "heartbeat lists {} leases; the limit is {} (--max-capacity)",
+            req.leases.len(),
+            config.max_capacity
+        )));
+    }
+    let leases = req
+        .leases
+        .iter()
+        .map(|l| {
+            Ok((
+                job_id("leases[].job_id", &l.job_id)?,
+                lease_id(&l.lease_id)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let extend_by = match req.extend_by {
+        None => None,
+        some => Some(lease("extend_by", some, config)?),
+    };
+    Ok((leases, extend_by))
+}
+
+/// A status filter: UNSPECIFIED means any.
+pub fn status_filter(value: i32) -> Result<Option<Status>> {
+    match pb::JobStatus::try_from(value) {
+        Ok(pb::JobStatus::Unspecified) => Ok(None),
+        Ok(pb::JobStatus::Pending) => Ok(Some(Status::Pending)),
+        Ok(pb::JobStatus::Running) => Ok(Some(Status::Running)),
+        Ok(pb::JobStatus::Done) => Ok(Some(Status::Done)),
+        Ok(pb::JobStatus::Failed) => Ok(Some(Status::Failed)),
+        Err(_) => Err(invalid(format!("status {value} is not a JobStatus"))),
+    }
+}
+
+/// A ListJobs request as a store filter.
+pub fn list(req: pb::ListJobsRequest) -> Result<ListFilter> {
+    let queue = optional_name("queue", req.queue)?;
+    let key = optional_name("key", req.key)?;
+    let status = status_filter(req.status)?;
+    let after = if req.page_token.is_empty() {
+        None
+    } else {
+        Some(job_id("page_token", &req.page_token)?)
+    };
+    let limit = match req.page_size as usize {
+        0 => DEFAULT_PAGE_SIZE,
+        n => n.min(MAX_PAGE_SIZE),
+    };
+    Ok(ListFilter {
+        queue,
+        status,
+        key,
+        after,
+        limit,
+    })
+}
+
+/// An optional name: empty means "any".
+pub fn optional_name(field: &str, value: String) -> Result<Option<String>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    name(field, &value)?;
+    Ok(Some(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::with_data("unused")
+    }
+
+    #[test]
+    fn names_follow_the_character_rules() {
+        assert!(name("queue", "emails.v2:high-1_x").is_ok());
+        assert!(name("queue", "").is_err());
+        assert!(name("queue", &"q".repeat(129)).is_err());
+        assert!(name("queue", &"q".repeat(128)).is_ok());
+        assert!(name("queue", "with space").is_err());
+        assert!(name("queue", "émails").is_err());
+    }
+
+    #[test]
+    fn ids_are_digits_only() {
+        assert!(job_id("id", "42").is_ok());
+        for bad in ["", "+1", "-1", " 1", "1x", "99999999999999999999999"] {
+            assert!(job_id("id", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn enqueue_limits() {
+        let c = config();
+        let ok = pb::EnqueueRequest {
+            queue: "q".into(),
+            kind: "k".into(),
+            ..Default::default()
+        };
+        assert_eq!(new_job(ok.clone(), &c).expect("valid").max_attempts, 3);
+        let big = pb::EnqueueRequest {
+            payload: vec![0; c.max_payload + 1],
+            ..ok.clone()
+        };
+        assert!(new_job(big, &c).is_err());
+        let attempts = pb::EnqueueRequest {
+            max_attempts: 1001,
+            ..ok.clone()
+        };
+        assert!(new_job(attempts, &c).is_err());
+        let negative = pb::EnqueueRequest {
+            delay: Some(prost_types::Duration {
+                seconds: -1,
+                nanos: 0,
+            }),
+            ..ok.clone()
+        };
+        assert!(new_job(negative, &c).is_err());
+        let forever = pb::EnqueueRequest {
+            delay: Some(prost_types::Duration {
+                seconds: i64::MAX,
+                nanos: 0,
+            }),
+            ..ok
+        };
+        assert!(new_job(forever, &c).is_err());
+    }
+
+    #[test]
+    fn leases_are_bounded() {
+        let c = config();
+        let secs = |s| {
+            Some(prost_types::Duration {
+                seconds: s,
+                nanos: 0,
+            })
+        };
+        assert_eq!(lease("l", None, &c).expect("default"), c.default_lease);
+        assert!(lease("l", secs(0), &c).is_err());
+        assert!(lease("l", secs(12 * 3600 + 1), &c).is_err());
+        assert!(lease("l", secs(1), &c).is_ok());
+    }
+
+    #[test]
+    fn long_errors_are_cut_on_a_char_boundary() {
+        let c = config();
+        let req = pb::FailRequest {
+            job_id: "1".into(),
+            lease_id: "2".into(),
+            error: "é".repeat(5000),
+            ..Default::default()
+        };
+        let (_, report) = fail(req, &c).expect("valid");
+        assert!(report.error.len() <= c.max_error_bytes + '…'.len_utf8());
+    }
+}

@@ -1,0 +1,505 @@
+//! The status machine as a table: every (status, event) pair and its
+//! outcome, plus the seed's worked examples.
+
+use std::time::{Duration, SystemTime};
+
+use super::*;
+use crate::job::{JobId, LeaseId, NewJob, Outcome, Status};
+
+const LEASE: Duration = Duration::from_secs(30);
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    cap: Duration::from_secs(60),
+};
+
+fn t(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+}
+
+fn new_job(max_attempts: u32) -> Job {
+    let new = NewJob {
+        queue: "emails".into(),
+        kind: "send-email".into(),
+        payload: b"order-4711".to_vec(),
+        key: Some("order-4711".into()),
+        max_attempts,
+        delay: Duration::ZERO,
+    };
+    create(JobId(1), new, t(0))
+}
+
+fn take(job: Job, lease: u64, now: SystemTime) -> Result<Job, TransitionError> {
+    apply(
+        job,
+        Event::Take {
+            lease_id: LeaseId(lease),
+            worker_id: "w1".into(),
+            lease: LEASE,
+        },
+        now,
+    )
+}
+
+fn fail(lease: u64) -> Event {
+    fail_with(lease, None, false)
+}
+
+fn fail_with(lease: u64, retry_delay: Option<Duration>, fatal: bool) -> Event {
+    Event::Fail {
+        lease_id: LeaseId(lease),
+        error: "smtp down".into(),
+        retry_delay,
+        fatal,
+        backoff: BACKOFF,
+        jitter: 1.0,
+    }
+}
+
+/// A job in each status, holding lease 7 when RUNNING.
+fn in_status(status: Status) -> Job {
+    let running = take(new_job(3), 7, t(1)).expect("take");
+    match status {
+        Status::Pending => new_job(3),
+        Status::Running => running,
+        Status::Done => apply(
+            running,
+            Event::Ack {
+                lease_id: LeaseId(7),
+            },
+            t(2),
+        )
+        .expect("ack"),
+        Status::Failed => apply(running, fail_with(7, None, true), t(2)).expect("fatal fail"),
+    }
+}
+
+#[test]
+fn the_transition_table() {
+    use Status::*;
+    // (from, event, expected status or error kind)
+    let now = t(10);
+    let table: Vec<(Status, Event, Result<Status, &str>)> = vec![
+        (
+            Pending,
+            Event::Take {
+                lease_id: LeaseId(8),
+                worker_id: "w2".into(),
+                lease: LEASE,
+            },
+            Ok(Running),
+        ),
+        (
+            Running,
+            Event::Take {
+                lease_id: LeaseId(8),
+                worker_id: "w2".into(),
+                lease: LEASE,
+            },
+            Err("not allowed"),
+        ),
+        (
+            Done,
+            Event::Take {
+                lease_id: LeaseId(8),
+                worker_id: "w2".into(),
+                lease: LEASE,
+            },
+            Err("not allowed"),
+        ),
+        (
+            Failed,
+            Event::Take {
+                lease_id: LeaseId(8),
+                worker_id: "w2".into(),
+                lease: LEASE,
+            },
+            Err("not allowed"),
+        ),
+        (
+            Running,
+            Event::Ack {
+                lease_id: LeaseId(7),
+            },
+            Ok(Done),
+        ),
+        (
+            Running,
+            Event::Ack {
+                lease_id: LeaseId(6),
+            },
+            Err("stale"),
+        ),
+        (
+            Pending,
+            Event::Ack {
+                lease_id: LeaseId(7),
+            },
+            Err("stale"),
+        ),
+        (
+            Done,
+            Event::Ack {
+                lease_id: LeaseId(7),
+            },
+            Err("not allowed"),
+        ),
+        (
+            Done,
+            Event::Ack {
+                lease_id: LeaseId(6),
+            },
+            Err("stale"),
+        ),
+        (
+            Failed,
+            Event::Ack {
+                lease_id: LeaseId(7),
+            },
+            Err("stale"),
+        ),
+        (Running, fail(7), Ok(Pending)),
+        (Running, fail(6), Err("stale")),
+        (Pending, fail(7), Err("stale")),
+        (Done, fail(7), Err("not allowed")),
+        (
+            Running,
+            Event::Extend {
+                lease_id: LeaseId(7),
+                extend_by: None,
+            },
+            Ok(Running),
+        ),
+        (
+            Running,
+            Event::Extend {
+                lease_id: LeaseId(6),
+                extend_by: None,
+            },
+            Err("stale"),
+        ),
+        (
+            Pending,
+            Event::Extend {
+                lease_id: LeaseId(7),
+                extend_by: None,
+            },
+            Err("stale"),
+        ),
+        (
+            Running,
+            Event::Reclaim {
+                lease_id: LeaseId(7),
+                outcome: Outcome::WorkerDisconnected,
+            },
+            Ok(Pending),
+        ),
+        (
+            Running,
+            Event::Reclaim {
+                lease_id: LeaseId(7),
+                outcome: Outcome::Revoked,
+            },
+            Ok(Pending),
+        ),
+        (
+            Running,
+            Event::Reclaim {
+                lease_id: LeaseId(7),
+                outcome: Outcome::LeaseExpired,
+            },
+            Err("not expired"),
+        ),
+        (
+            Running,
+            Event::Reclaim {
+                lease_id: LeaseId(6),
+                outcome: Outcome::WorkerDisconnected,
+            },
+            Err("stale"),
+        ),
+        (Pending, Event::Retry, Err("not allowed")),
+        (Running, Event::Retry, Err("not allowed")),
+        (Done, Event::Retry, Err("not allowed")),
+        (Failed, Event::Retry, Ok(Pending)),
+    ];
+    for (from, event, expected) in table {
+        let job = in_status(from);
+        let name = event.name();
+        let got = apply(job.clone(), event, now);
+        match (got, expected) {
+            (Ok(after), Ok(status)) => assert_eq!(after.status, status, "{from} --{name}-->"),
+            (Err(err), Err(kind)) => {
+                let actual = match err {
+                    TransitionError::NotAllowed { .. } => "not allowed",
+                    TransitionError::StaleLease { .. } => "stale",
+                    TransitionError::NotExpired { .. } => "not expired",
+                    TransitionError::NotDue { .. } => "not due",
+                    TransitionError::Expired { .. } => "expired",
+                };
+                assert_eq!(actual, kind, "{from} --{name}--> {err}");
+            }
+            (got, expected) => panic!("{from} --{name}-->: got {got:?}, expected {expected:?}"),
+        }
+    }
+}
+
+#[test]
+fn take_sets_running_with_taken_at_and_a_lease() {
+    let job = take(new_job(3), 7, t(5)).expect("take");
+    assert_eq!(job.status, Status::Running);
+    let lease = job.lease.as_ref().expect("lease");
+    assert_eq!(
+        (lease.id, lease.taken_at, lease.expires_at),
+        (LeaseId(7), t(5), t(5) + LEASE)
+    );
+    assert_eq!(job.history.len(), 1);
+    assert_eq!(job.attempts, 0, "a take is not an attempt that ended");
+}
+
+#[test]
+fn a_job_is_not_taken_before_run_at() {
+    let mut job = new_job(3);
+    job.run_at = t(100);
+    assert!(matches!(
+        take(job, 1, t(99)),
+        Err(TransitionError::NotDue { .. })
+    ));
+}
+
+#[test]
+fn ack_makes_it_done_and_a_second_ack_is_rejected() {
+    let job = apply(
+        in_status(Status::Running),
+        Event::Ack {
+            lease_id: LeaseId(7),
+        },
+        t(3),
+    )
+    .expect("ack");
+    assert_eq!(job.status, Status::Done);
+    assert_eq!(job.finished_at, Some(t(3)));
+    assert!(job.lease.is_none());
+    assert_eq!(job.history[0].outcome, Some(Outcome::Acked));
+    assert!(matches!(
+        apply(
+            job,
+            Event::Ack {
+                lease_id: LeaseId(7)
+            },
+            t(4)
+        ),
+        Err(TransitionError::NotAllowed { .. })
+    ));
+}
+
+#[test]
+fn fail_with_attempts_left_backs_off_and_comes_back() {
+    let job = apply(in_status(Status::Running), fail(7), t(3)).expect("fail");
+    assert_eq!((job.status, job.attempts), (Status::Pending, 1));
+    assert_eq!(job.last_error.as_deref(), Some("smtp down"));
+    assert_eq!(
+        job.run_at,
+        t(3) + Duration::from_secs(1),
+        "first backoff is the base (jitter 1.0)"
+    );
+    assert!(
+        take(job.clone(), 8, t(3)).is_err(),
+        "not due during the backoff"
+    );
+    assert_eq!(
+        take(job, 8, t(4)).expect("due again").status,
+        Status::Running
+    );
+}
+
+#[test]
+fn a_retry_delay_overrides_the_backoff() {
+    let job = apply(
+        in_status(Status::Running),
+        fail_with(7, Some(Duration::ZERO), false),
+        t(3),
+    )
+    .expect("fail");
+    assert_eq!(job.run_at, t(3));
+}
+
+#[test]
+fn the_third_fail_of_three_is_final() {
+    let mut job = new_job(3);
+    for attempt in 1..=3u64 {
+        job = take(job, attempt, t(attempt * 100)).expect("take");
+        job = apply(job, fail(attempt), t(attempt * 100 + 1)).expect("fail");
+    }
+    assert_eq!((job.status, job.attempts), (Status::Failed, 3));
+    assert_eq!(job.last_error.as_deref(), Some("smtp down"));
+    assert!(job.finished_at.is_some());
+    assert!(
+        take(job, 9, t(10_000)).is_err(),
+        "a dead letter is never delivered"
+    );
+}
+
+#[test]
+fn a_fatal_failure_is_final_at_once() {
+    let job = apply(in_status(Status::Running), fail_with(7, None, true), t(3)).expect("fail");
+    assert_eq!((job.status, job.attempts), (Status::Failed, 1));
+}
+
+#[test]
+fn the_seed_crash_example_an_expired_lease_comes_back_with_one_more_attempt() {
+    // job 4711: running, attempts 0, taken at t; the worker dies; the lease runs out.
+    let running = take(new_job(3), 7, t(0)).expect("take");
+    let reclaimed = apply(
+        running,
+        Event::Reclaim {
+            lease_id: LeaseId(7),
+            outcome: Outcome::LeaseExpired,
+        },
+        t(31),
+    )
+    .expect("reclaim");
+    assert_eq!((reclaimed.status, reclaimed.attempts), (Status::Pending, 1));
+    assert!(reclaimed.lease.is_none(), "taken_at: t -> none");
+    assert_eq!(
+        reclaimed.run_at,
+        t(31),
+        "due again at once, behind the jobs already due"
+    );
+    assert_eq!(reclaimed.last_error.as_deref(), Some("lease expired"));
+    assert_eq!(reclaimed.history[0].outcome, Some(Outcome::LeaseExpired));
+    let again = take(reclaimed, 8, t(31)).expect("delivered a second time, as promised");
+    assert_eq!(again.history.len(), 2);
+}
+
+#[test]
+fn reclaim_on_the_last_attempt_is_final() {
+    let running = take(new_job(1), 7, t(0)).expect("take");
+    let job = apply(
+        running,
+        Event::Reclaim {
+            lease_id: LeaseId(7),
+            outcome: Outcome::WorkerDisconnected,
+        },
+        t(1),
+    )
+    .expect("reclaim");
+    assert_eq!((job.status, job.attempts), (Status::Failed, 1));
+    assert_eq!(job.last_error.as_deref(), Some("worker disconnected"));
+}
+
+#[test]
+fn a_stale_lease_cannot_complete_a_job_leased_again() {
+    let running = take(new_job(3), 7, t(0)).expect("take");
+    let reclaimed = apply(
+        running,
+        Event::Reclaim {
+            lease_id: LeaseId(7),
+            outcome: Outcome::LeaseExpired,
+        },
+        t(31),
+    )
+    .expect("reclaim");
+    let again = take(reclaimed, 8, t(32)).expect("take");
+    for event in [
+        Event::Ack {
+            lease_id: LeaseId(7),
+        },
+        fail(7),
+        Event::Extend {
+            lease_id: LeaseId(7),
+            extend_by: None,
+        },
+    ] {
+        assert!(matches!(
+            apply(again.clone(), event, t(33)),
+            Err(TransitionError::StaleLease { .. })
+        ));
+    }
+    assert_eq!(
+        apply(
+            again,
+            Event::Ack {
+                lease_id: LeaseId(8)
+            },
+            t(33)
+        )
+        .expect("holder acks")
+        .status,
+        Status::Done
+    );
+}
+
+#[test]
+fn extend_moves_the_deadline_but_not_past_expiry() {
+    let running = take(new_job(3), 7, t(0)).expect("take");
+    let extended = apply(
+        running.clone(),
+        Event::Extend {
+            lease_id: LeaseId(7),
+            extend_by: Some(Duration::from_secs(5)),
+        },
+        t(20),
+    )
+    .expect("extend");
+    assert_eq!(extended.lease_expires_at(), Some(t(25)));
+    let expired = apply(
+        running,
+        Event::Extend {
+            lease_id: LeaseId(7),
+            extend_by: None,
+        },
+        t(30),
+    );
+    assert!(matches!(expired, Err(TransitionError::Expired { .. })));
+}
+
+#[test]
+fn retry_resets_attempts() {
+    let job = apply(in_status(Status::Failed), Event::Retry, t(50)).expect("retry");
+    assert_eq!(
+        (job.status, job.attempts, job.run_at, job.finished_at),
+        (Status::Pending, 0, t(50), None)
+    );
+}
+
+#[test]
+fn attempts_never_exceed_max_attempts() {
+    // Every way an attempt can end, repeated past the limit.
+    for outcome in [
+        Outcome::LeaseExpired,
+        Outcome::WorkerDisconnected,
+        Outcome::Revoked,
+    ] {
+        let mut job = new_job(2);
+        let mut lease = 0;
+        while job.status != Status::Failed {
+            lease += 1;
+            job = take(job, lease, t(lease * 100)).expect("take");
+            job = apply(
+                job,
+                Event::Reclaim {
+                    lease_id: LeaseId(lease),
+                    outcome,
+                },
+                t(lease * 100 + 31),
+            )
+            .expect("reclaim");
+            assert!(job.attempts <= job.max_attempts);
+        }
+        assert_eq!(job.attempts, 2);
+    }
+}
+
+#[test]
+fn backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() {
+    let b = Backoff {
+        base: Duration::from_secs(1),
+        cap: Duration::from_secs(10),
+    };
+    assert_eq!(b.delay(1, 1.0), Duration::from_secs(1));
+    assert_eq!(b.delay(2, 1.0), Duration::from_secs(2));
+    assert_eq!(b.delay(3, 1.0), Duration::from_secs(4));
+    assert_eq!(b.delay(10, 1.0), Duration::from_secs(10));
+    assert_eq!(b.delay(1000, 1.0), Duration::from_secs(10));
+    assert_eq!(b.delay(3, 0.0), Duration::from_secs(2));
+}

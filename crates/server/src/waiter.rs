@@ -1,0 +1,62 @@
+//! Waiting for a due job without polling: a long-polling Dequeue sleeps
+//! until the store says something changed, or until the earliest delayed
+//! job of its queues becomes due, whichever comes first.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    error::{Error, Result},
+    job::Leased,
+    store::Store,
+    validate::TakeSpec,
+};
+
+/// The tokio instant at which wall-clock time `t` arrives (now if past).
+pub fn instant_at(t: SystemTime) -> Instant {
+    let now = SystemTime::now();
+    Instant::now() + t.duration_since(now).unwrap_or(Duration::ZERO)
+}
+
+/// Takes a due job for `spec`, waiting up to `wait` for one to become due.
+/// `Ok(None)` when the wait runs out.
+///
+/// # Errors
+/// [`Error::ShuttingDown`] when `shutdown` fires while waiting; store errors.
+pub async fn take_waiting<S: Store>(
+    store: &S,
+    spec: &TakeSpec,
+    wait: Duration,
+    shutdown: &CancellationToken,
+) -> Result<Option<Leased>> {
+    let deadline = Instant::now() + wait;
+    let mut changes = store.changes();
+    loop {
+        // Mark the current version seen *before* looking, so a change that
+        // lands between the look and the sleep still wakes us.
+        changes.borrow_and_update();
+        if let Some(leased) = store
+            .take(&spec.queues, &spec.worker_id, spec.lease, SystemTime::now())
+            .await?
+        {
+            return Ok(Some(leased));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        let wake = store
+            .next_run_at(&spec.queues)
+            .map_or(deadline, |t| instant_at(t).min(deadline));
+        tokio::select! {
+            _ = shutdown.cancelled() => return Err(Error::ShuttingDown),
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return Err(Error::ShuttingDown);
+                }
+            }
+            () = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
