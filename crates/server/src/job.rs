@@ -74,7 +74,12 @@ pub enum Status {
 
 impl Status {
     /// All statuses, in display order.
-    pub const ALL: [Status; 4] = [Status::Pending, Status::Running, Status::Done, Status::Failed];
+    pub const ALL: [Status; 4] = [
+        Status::Pending,
+        Status::Running,
+        Status::Done,
+        Status::Failed,
+    ];
 }
 
 impl fmt::Display for Status {
@@ -227,6 +232,10 @@ impl Leased {
     pub fn of(job: Job) -> Option<Leased> {
         let lease = job.lease.as_ref()?;
         let (lease_id, expires_at) = (lease.id, lease.expires_at);
-        Some(Leased { job, lease_id, expires_at })
+        Some(Leased {
+            job,
+            lease_id,
+            expires_at,
+        })
     }
 }
