@@ -1,1 +1,273 @@
-//! TODO
+//! Group commit: one thread makes sled's writes durable for every waiting
+//! writer at once.
+//!
+//! A writer puts its change into sled (in memory, in sled's log buffer),
+//! then awaits [`Flusher::durable`]. That registers for the next flush
+//! *round that starts after the call*: a round that was already running may
+//! have missed the write. The flusher thread runs one round for everybody
+//! registered so far — `db.flush()` writes sled's log buffers, then one
+//! `fdatasync` of the log file makes them stable — and publishes the
+//! round's number. Under load, a round serves every writer that arrived
+//! while the previous one ran, so the number of fsyncs grows with time, not
+//! with the number of jobs.
+//!
+//! Why a std thread and blocking `db.flush()`: sled 0.34.7's `flush_async`
+//! deadlocks with a handful of concurrent callers, and a flush must never
+//! run while the store's state mutex is held.
+//!
+//! Why the extra `fdatasync`: sled writes its log with `sync_file_range`,
+//! which neither flushes the drive's cache nor covers metadata such as a
+//! grown file length. Large values (over a quarter of a segment) go to
+//! `blobs/` files that sled never syncs, so a round syncs new blob files
+//! too.
+//!
+//! A failed round is final: after a failed fsync the kernel may have
+//! dropped the dirty pages, so a later successful fsync proves nothing
+//! about them. Every waiter, then and later, gets [`Error::Corrupt`]; the
+//! operator restarts the server, which recovers from what is on disk.
+
+use std::{
+    collections::HashSet,
+    ffi::OsString,
+    fs::File,
+    future::Future,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Condvar, Mutex, MutexGuard, PoisonError,
+    },
+    thread::JoinHandle,
+};
+
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+
+/// What the flusher has done so far, as seen by async waiters.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    /// The number of the last round that completed successfully.
+    completed: u64,
+    /// Set when a round failed, or the flusher stopped: no later round
+    /// will complete.
+    failed: Option<Arc<str>>,
+}
+
+/// The rounds asked for and begun, shared by writers and the thread.
+#[derive(Debug, Default)]
+struct Rounds {
+    /// The highest round number some writer waits for.
+    requested: u64,
+    /// The number of the last round the thread began.
+    started: u64,
+    /// Set by `Drop`: finish the requested rounds, then stop.
+    shutdown: bool,
+}
+
+struct Shared {
+    rounds: Mutex<Rounds>,
+    wake: Condvar,
+    progress: watch::Sender<Progress>,
+    /// Rounds run so far, for tests and benchmarks.
+    flushes: AtomicU64,
+}
+
+impl Shared {
+    fn rounds(&self) -> MutexGuard<'_, Rounds> {
+        // The thread and writers only do arithmetic under this lock; a
+        // poisoned lock still holds consistent counters.
+        self.rounds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The group-commit flusher of one sled database. Dropping it finishes the
+/// rounds already requested and stops its thread.
+pub struct Flusher {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    /// Starts the flusher thread for `db`, whose folder is `path`.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if sled's log file cannot be opened or the thread
+    /// cannot be started.
+    pub fn start(db: sled::Db, path: &Path) -> Result<Flusher> {
+        // sled 0.34 keeps its whole log in `<path>/db` (config.rs `db_path`).
+        let log = File::options()
+            .read(true)
+            .write(true)
+            .open(path.join("db"))
+            .map_err(|e| Error::Corrupt(format!("cannot open sled's log file for fsync: {e}")))?;
+        let shared = Arc::new(Shared {
+            rounds: Mutex::new(Rounds::default()),
+            wake: Condvar::new(),
+            progress: watch::Sender::new(Progress::default()),
+            flushes: AtomicU64::new(0),
+        });
+        let syncer = Syncer {
+            db,
+            log,
+            blobs: path.join("blobs"),
+            synced_blobs: HashSet::new(),
+        };
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("jobq-flusher".into())
+            .spawn(move || run(&thread_shared, syncer))
+            .map_err(|e| Error::Corrupt(format!("cannot start the flusher thread: {e}")))?;
+        Ok(Flusher {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits until everything written to sled before this call is on disk.
+    ///
+    /// The round is registered when `durable` is called, not when the
+    /// future is first polled, so call it right after the write.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if the round (or an earlier one) failed, or the
+    /// flusher stopped.
+    pub fn durable(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        let target = {
+            let mut rounds = self.shared.rounds();
+            // The running round (number `started`) may have begun before our
+            // write; only a round that starts after this point covers it.
+            let target = rounds.started + 1;
+            rounds.requested = rounds.requested.max(target);
+            target
+        };
+        self.shared.wake.notify_one();
+        let mut progress = self.shared.progress.subscribe();
+        async move {
+            let seen = progress
+                .wait_for(|p| p.completed >= target || p.failed.is_some())
+                .await
+                .map_err(|_| Error::Corrupt("the flusher stopped".into()))?;
+            match &seen.failed {
+                // A round that completed before the failure still counts.
+                Some(_) if seen.completed >= target => Ok(()),
+                Some(cause) => Err(Error::Corrupt(cause.to_string())),
+                None => Ok(()),
+            }
+        }
+    }
+
+    /// How many flush rounds have run so far.
+    pub fn rounds(&self) -> u64 {
+        self.shared.flushes.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.shared.rounds().shutdown = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("the flusher thread panicked");
+            }
+        }
+    }
+}
+
+/// The thread's loop: wait for a request, run a round, publish it.
+fn run(shared: &Shared, mut syncer: Syncer) {
+    // Whatever ends the loop (shutdown, a failed round, a panic), waiters
+    // must not wait forever.
+    struct Stopped<'a>(&'a Shared);
+    impl Drop for Stopped<'_> {
+        fn drop(&mut self) {
+            self.0.progress.send_modify(|p| {
+                p.failed
+                    .get_or_insert_with(|| Arc::from("the flusher stopped"));
+            });
+        }
+    }
+    let _stopped = Stopped(shared);
+
+    loop {
+        let round = {
+            let mut rounds = shared.rounds();
+            while rounds.requested <= rounds.started && !rounds.shutdown {
+                rounds = shared
+                    .wake
+                    .wait(rounds)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if rounds.requested <= rounds.started {
+                return; // shutting down, nothing left to do
+            }
+            rounds.started += 1;
+            rounds.started
+        };
+        let result = syncer.sync();
+        shared.flushes.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok(()) => shared.progress.send_modify(|p| p.completed = round),
+            Err(cause) => {
+                tracing::error!(%cause, round, "flush failed; no further writes will be acknowledged");
+                shared
+                    .progress
+                    .send_modify(|p| p.failed = Some(Arc::from(cause.as_str())));
+                return;
+            }
+        }
+    }
+}
+
+/// What one round does.
+struct Syncer {
+    db: sled::Db,
+    log: File,
+    blobs: PathBuf,
+    /// Blob files already synced; sled never rewrites a blob in place.
+    synced_blobs: HashSet<OsString>,
+}
+
+impl Syncer {
+    fn sync(&mut self) -> Result<(), String> {
+        self.db
+            .flush()
+            .map_err(|e| format!("sled flush failed: {e}"))?;
+        self.sync_blobs()?;
+        self.log
+            .sync_data()
+            .map_err(|e| format!("fsync of sled's log failed: {e}"))
+    }
+
+    /// Syncs blob files written since the last round, and the folder that
+    /// names them. Usually the folder is empty and this is one `readdir`.
+    fn sync_blobs(&mut self) -> Result<(), String> {
+        let entries = match std::fs::read_dir(&self.blobs) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(format!("cannot list sled's blobs: {e}")),
+        };
+        let mut present = HashSet::new();
+        let mut synced_any = false;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("cannot list sled's blobs: {e}"))?;
+            let name = entry.file_name();
+            if !self.synced_blobs.contains(&name) {
+                match File::open(entry.path()).and_then(|f| f.sync_data()) {
+                    Ok(()) => synced_any = true,
+                    // sled removed it meanwhile: nothing left to make durable.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(format!("fsync of a sled blob failed: {e}")),
+                }
+            }
+            present.insert(name);
+        }
+        self.synced_blobs = present;
+        if synced_any {
+            File::open(&self.blobs)
+                .and_then(|dir| dir.sync_all())
+                .map_err(|e| format!("fsync of sled's blob folder failed: {e}"))?;
+        }
+        Ok(())
+    }
+}

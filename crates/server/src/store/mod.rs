@@ -6,6 +6,7 @@
 //! the change is on disk.
 
 pub mod flusher;
+mod index;
 pub mod sled;
 
 use std::{future::Future, time::Duration, time::SystemTime};
@@ -87,11 +88,19 @@ pub type Extended = Result<Job>;
 pub trait Store: Send + Sync + 'static {
     /// Adds a job, or returns the retained job of the same (queue, key).
     /// Durable on return.
-    fn enqueue(&self, new: NewJob, now: SystemTime) -> impl Future<Output = Result<Enqueued>> + Send;
+    fn enqueue(
+        &self,
+        new: NewJob,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Enqueued>> + Send;
 
     /// Adds many jobs with one flush. Keys deduplicate within the batch and
     /// against the store. Durable on return.
-    fn enqueue_batch(&self, batch: Vec<NewJob>, now: SystemTime) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
+    fn enqueue_batch(
+        &self,
+        batch: Vec<NewJob>,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
 
     /// Leases the first due job of the first queue (in the given priority
     /// order) that has one. `Ok(None)` when nothing is due. Durable on return.
@@ -104,10 +113,20 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Leased>>> + Send;
 
     /// RUNNING -> DONE for the lease holder. Durable on return.
-    fn ack(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> impl Future<Output = Result<Job>> + Send;
+    fn ack(
+        &self,
+        id: JobId,
+        lease_id: LeaseId,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Job>> + Send;
 
     /// RUNNING -> PENDING (backoff) or FAILED. Durable on return.
-    fn fail(&self, id: JobId, report: FailReport, now: SystemTime) -> impl Future<Output = Result<Job>> + Send;
+    fn fail(
+        &self,
+        id: JobId,
+        report: FailReport,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Job>> + Send;
 
     /// FAILED -> PENDING with attempts reset. Durable on return.
     fn retry(&self, id: JobId, now: SystemTime) -> impl Future<Output = Result<Job>> + Send;
@@ -133,11 +152,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Reclaims every lease that expired at or before `now`, returning each
     /// reclaimed job with the lease it lost. Durable on return.
-    fn reclaim_expired(&self, now: SystemTime) -> impl Future<Output = Result<Vec<(Job, LeaseId)>>> + Send;
+    fn reclaim_expired(
+        &self,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<(Job, LeaseId)>>> + Send;
 
     /// Deletes DONE jobs finished before `done_before` and FAILED jobs
     /// finished before `failed_before`; returns how many. Frees their keys.
-    fn purge(&self, done_before: SystemTime, failed_before: SystemTime) -> impl Future<Output = Result<u64>> + Send;
+    fn purge(
+        &self,
+        done_before: SystemTime,
+        failed_before: SystemTime,
+    ) -> impl Future<Output = Result<u64>> + Send;
 
     /// One job.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
@@ -146,7 +172,11 @@ pub trait Store: Send + Sync + 'static {
     fn list(&self, filter: ListFilter) -> impl Future<Output = Result<Page>> + Send;
 
     /// Counts per queue (one queue, or all), sorted by queue name.
-    fn stats(&self, queue: Option<&str>, now: SystemTime) -> impl Future<Output = Result<Vec<QueueStats>>> + Send;
+    fn stats(
+        &self,
+        queue: Option<&str>,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<QueueStats>>> + Send;
 
     /// The earliest `run_at` among PENDING jobs of these queues, for waiters
     /// that found nothing due and sleep until the next job becomes due.

@@ -1,0 +1,247 @@
+//! The sled store's in-memory indexes: what must be answered without
+//! reading records (which job is due next, which lease runs out next, who
+//! holds a key, how many jobs each queue has).
+//!
+//! They are derived from the records alone, rebuilt at startup by scanning
+//! them, and changed only together with a record under the store's mutex.
+//! Per job they keep ids and times, never payloads: a PENDING job costs one
+//! `(run_at, id)` set entry (plus its key, if it has one).
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    time::{Duration, SystemTime},
+};
+
+use crate::{
+    job::{Job, JobId, Status},
+    store::QueueStats,
+};
+
+/// One queue's indexes.
+#[derive(Debug, Default)]
+struct QueueIndex {
+    name: Box<str>,
+    /// PENDING jobs in delivery order (DESIGN.md §1 rule 5).
+    pending: BTreeSet<(SystemTime, JobId)>,
+    /// Retained jobs by key: at most one per (queue, key).
+    keys: HashMap<Box<str>, JobId>,
+    /// Jobs per status, indexed like [`Status::ALL`].
+    counts: [u64; 4],
+}
+
+/// Indexes over all records.
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    /// Queues by number; queue names are interned so that per-job entries
+    /// do not repeat them.
+    queues: Vec<QueueIndex>,
+    by_name: HashMap<Box<str>, usize>,
+    /// RUNNING jobs by lease expiry.
+    leases: BTreeSet<(SystemTime, JobId)>,
+}
+
+fn slot(status: Status) -> usize {
+    match status {
+        Status::Pending => 0,
+        Status::Running => 1,
+        Status::Done => 2,
+        Status::Failed => 3,
+    }
+}
+
+impl Index {
+    fn queue(&self, name: &str) -> Option<&QueueIndex> {
+        self.by_name.get(name).and_then(|&q| self.queues.get(q))
+    }
+
+    fn queue_mut(&mut self, name: &str) -> &mut QueueIndex {
+        let q = match self.by_name.get(name) {
+            Some(&q) => q,
+            None => {
+                let q = self.queues.len();
+                self.queues.push(QueueIndex {
+                    name: name.into(),
+                    ..QueueIndex::default()
+                });
+                self.by_name.insert(name.into(), q);
+                q
+            }
+        };
+        &mut self.queues[q]
+    }
+
+    /// Adds a job that was not indexed before (a new or loaded record).
+    pub(crate) fn insert(&mut self, job: &Job) {
+        if let Some(key) = &job.key {
+            self.queue_mut(&job.queue)
+                .keys
+                .insert(key.as_str().into(), job.id);
+        }
+        self.add_state(job);
+    }
+
+    /// Removes a job whose record is deleted (purge): also frees its key.
+    pub(crate) fn remove(&mut self, job: &Job) {
+        self.remove_state(job);
+        if let Some(key) = &job.key {
+            let queue = self.queue_mut(&job.queue);
+            if queue.keys.get(key.as_str()) == Some(&job.id) {
+                queue.keys.remove(key.as_str());
+            }
+        }
+    }
+
+    /// Moves a job from its old record to its new one (same id, queue and
+    /// key; status, times and lease may differ).
+    pub(crate) fn update(&mut self, old: &Job, new: &Job) {
+        self.remove_state(old);
+        self.add_state(new);
+    }
+
+    fn add_state(&mut self, job: &Job) {
+        if let Some(expires_at) = job
+            .lease_expires_at()
+            .filter(|_| job.status == Status::Running)
+        {
+            self.leases.insert((expires_at, job.id));
+        }
+        let queue = self.queue_mut(&job.queue);
+        queue.counts[slot(job.status)] += 1;
+        if job.status == Status::Pending {
+            queue.pending.insert((job.run_at, job.id));
+        }
+    }
+
+    fn remove_state(&mut self, job: &Job) {
+        if let Some(expires_at) = job
+            .lease_expires_at()
+            .filter(|_| job.status == Status::Running)
+        {
+            self.leases.remove(&(expires_at, job.id));
+        }
+        let queue = self.queue_mut(&job.queue);
+        let count = &mut queue.counts[slot(job.status)];
+        *count = count.saturating_sub(1);
+        if job.status == Status::Pending {
+            queue.pending.remove(&(job.run_at, job.id));
+        }
+    }
+
+    /// The retained job holding `key` in `queue`.
+    pub(crate) fn key(&self, queue: &str, key: &str) -> Option<JobId> {
+        self.queue(queue)?.keys.get(key).copied()
+    }
+
+    /// The first job of `queue` in delivery order, if it is due at `now`.
+    pub(crate) fn first_due(&self, queue: &str, now: SystemTime) -> Option<JobId> {
+        let &(run_at, id) = self.queue(queue)?.pending.first()?;
+        (run_at <= now).then_some(id)
+    }
+
+    /// The earliest `run_at` of the PENDING jobs of these queues.
+    pub(crate) fn next_run_at(&self, queues: &[String]) -> Option<SystemTime> {
+        queues
+            .iter()
+            .filter_map(|q| self.queue(q)?.pending.first().map(|&(run_at, _)| run_at))
+            .min()
+    }
+
+    /// The earliest lease expiry of all RUNNING jobs.
+    pub(crate) fn next_lease_expiry(&self) -> Option<SystemTime> {
+        self.leases.first().map(|&(expires_at, _)| expires_at)
+    }
+
+    /// RUNNING jobs whose lease ran out at or before `now`, earliest first.
+    pub(crate) fn expired(&self, now: SystemTime) -> Vec<JobId> {
+        self.leases
+            .range(..=(now, JobId(u64::MAX)))
+            .map(|&(_, id)| id)
+            .collect()
+    }
+
+    /// Counts of one queue (zeros if it is unknown), or of every queue that
+    /// has jobs, sorted by name.
+    pub(crate) fn stats(&self, queue: Option<&str>, now: SystemTime) -> Vec<QueueStats> {
+        let one = |q: &QueueIndex| {
+            let oldest_pending_age = q
+                .pending
+                .first()
+                .filter(|&&(run_at, _)| run_at <= now)
+                .map(|&(run_at, _)| now.duration_since(run_at).unwrap_or(Duration::ZERO));
+            QueueStats {
+                queue: q.name.to_string(),
+                pending: q.counts[0],
+                running: q.counts[1],
+                done: q.counts[2],
+                failed: q.counts[3],
+                oldest_pending_age,
+            }
+        };
+        match queue {
+            Some(name) => {
+                vec![self.queue(name).map(one).unwrap_or_else(|| QueueStats {
+                    queue: name.to_owned(),
+                    ..QueueStats::default()
+                })]
+            }
+            None => {
+                let mut all: Vec<QueueStats> = self
+                    .queues
+                    .iter()
+                    .filter(|q| q.counts.iter().any(|&c| c > 0))
+                    .map(one)
+                    .collect();
+                all.sort_by(|a, b| a.queue.cmp(&b.queue));
+                all
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{job::NewJob, machine};
+
+    fn job(id: u64, queue: &str, key: Option<&str>, at: u64) -> Job {
+        let new = NewJob {
+            queue: queue.into(),
+            kind: "k".into(),
+            payload: vec![],
+            key: key.map(Into::into),
+            max_attempts: 3,
+            delay: Duration::ZERO,
+        };
+        machine::create(
+            JobId(id),
+            new,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(at),
+        )
+    }
+
+    #[test]
+    fn due_order_and_keys() {
+        let mut index = Index::default();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        index.insert(&job(2, "a", Some("x"), 10));
+        index.insert(&job(1, "a", None, 20));
+        index.insert(&job(3, "b", None, 200));
+        assert_eq!(index.first_due("a", now), Some(JobId(2)));
+        assert_eq!(index.first_due("b", now), None);
+        assert_eq!(index.first_due("c", now), None);
+        assert_eq!(index.key("a", "x"), Some(JobId(2)));
+        assert_eq!(index.key("b", "x"), None);
+        assert_eq!(
+            index.next_run_at(&["b".into(), "a".into()]),
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(10))
+        );
+        let stats = index.stats(None, now);
+        assert_eq!(stats.len(), 2);
+        assert_eq!(stats[0].pending, 2);
+        assert_eq!(stats[0].oldest_pending_age, Some(Duration::from_secs(90)));
+        assert_eq!(stats[1].oldest_pending_age, None);
+        index.remove(&job(2, "a", Some("x"), 10));
+        assert_eq!(index.key("a", "x"), None);
+        assert_eq!(index.first_due("a", now), Some(JobId(1)));
+    }
+}
