@@ -1,1 +1,6 @@
-//! e2e
+//! End-to-end tests: real `jobq serve` processes (killed with SIGKILL where
+//! the test is about crashes), in-process servers on 127.0.0.1:0, real
+//! clients and workers. They wait on conditions, never on fixed sleeps.
+
+mod harness;
+mod server;

@@ -20,6 +20,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(cli.default_log_level())),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
         Command::Serve(config) => serve::run(config).await,

@@ -276,12 +276,15 @@ pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)
     ))
 }
 
+/// A (job, lease) pair named by a heartbeat.
+pub type LeaseRef = (JobId, LeaseId);
+
 /// A Heartbeat: who, which leases (at most `--max-capacity`), and how far
 /// to extend them.
 pub fn heartbeat(
     req: pb::HeartbeatRequest,
     config: &Config,
-) -> Result<(Vec<(JobId, LeaseId)>, Option<Duration>)> {
+) -> Result<(Vec<LeaseRef>, Option<Duration>)> {
     name("worker_id", &req.worker_id)?;
     if req.leases.len() > config.max_capacity as usize {
         return Err(invalid(format!(

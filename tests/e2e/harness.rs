@@ -1,0 +1,191 @@
+//! Test servers and processes: a real `jobq serve` child process (for
+//! crashes), an in-process server (for speed), and waiting on conditions.
+
+use std::{
+    future::Future,
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use jobq_client::Client;
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+/// The `jobq` binary under test.
+pub const JOBQ: &str = env!("CARGO_BIN_EXE_jobq");
+
+/// Polls `cond` every 10 ms until it returns `Some`, failing the test after
+/// `limit`. Waits on a condition, never on a fixed sleep.
+pub async fn until<T, F, Fut>(limit: Duration, what: &str, mut cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let poll = async {
+        loop {
+            if let Some(v) = cond().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(limit, poll)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for {what}"))
+}
+
+/// A `jobq serve` child process on 127.0.0.1:0. Killed on drop.
+pub struct ServerProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl ServerProcess {
+    /// Starts `jobq serve --data DATA --listen 127.0.0.1:0 EXTRA...` and
+    /// waits for its "jobq serving" log line to learn the port.
+    pub fn start(data: &Path, extra: &[&str]) -> ServerProcess {
+        let mut child = Command::new(JOBQ)
+            .arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data")
+            .arg(data)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("JOBQ_LISTEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn jobq serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("addr="))
+                {
+                    if let (Some(tx), Ok(addr)) = (tx.take(), addr.parse::<SocketAddr>()) {
+                        let _ = tx.send(addr);
+                    }
+                }
+                // Keep draining so the server never blocks on a full pipe;
+                // echo for failing tests' output.
+                eprintln!("[jobq serve] {line}");
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("jobq serve did not report its address");
+        ServerProcess { child, addr }
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A connected client.
+    pub async fn client(&self) -> Client {
+        Client::connect(self.url()).await.expect("connect")
+    }
+
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        signal(&self.child, libc::SIGTERM);
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `sig` to a child process.
+pub fn signal(child: &Child, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on a pid we spawned and have not reaped.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig})");
+}
+
+/// An in-process server on 127.0.0.1:0 over a temporary sled; stopped and
+/// awaited on drop.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub shutdown: CancellationToken,
+    task: Option<JoinHandle<jobq_server::Result<()>>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestServer {
+    /// A server with default settings except millisecond-friendly leases.
+    pub async fn start() -> TestServer {
+        TestServer::with(|_| {}).await
+    }
+
+    /// A server whose config `tweak` adjusts.
+    pub async fn with(tweak: impl FnOnce(&mut jobq_server::Config)) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = jobq_server::Config::with_data(dir.path().join("data"));
+        config.min_lease = Duration::from_millis(10);
+        tweak(&mut config);
+        TestServer::on(config, Some(dir)).await
+    }
+
+    async fn on(config: jobq_server::Config, dir: Option<tempfile::TempDir>) -> TestServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(jobq_server::serve(config, listener, shutdown.clone()));
+        TestServer {
+            addr,
+            shutdown,
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A connected client.
+    pub async fn client(&self) -> Client {
+        Client::connect(self.url()).await.expect("connect")
+    }
+
+    /// Fires shutdown and waits for the server to finish.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task").expect("server result");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
