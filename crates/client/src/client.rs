@@ -210,7 +210,7 @@ impl Client {
             .await
     }
 
-    async fn heartbeat_with(
+    pub(crate) async fn heartbeat_with(
         &self,
         worker_id: String,
         leases: Vec<pb::LeaseRef>,

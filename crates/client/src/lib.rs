@@ -6,6 +6,13 @@
 //! - [`options`]: [`EnqueueOptions`] (key, attempts, delay) and
 //!   [`FailOptions`] (retry delay, fatal).
 //! - [`error`]: [`enum@Error`], the crate's one error type, and [`Result`].
+//! - [`worker`]: [`Worker`], which holds a Lease stream, reconnects and
+//!   drains; [`builder`]: its options ([`WorkerBuilder`]).
+//! - [`handler`]: [`HandlerError`], how a handler asks for a retry delay or
+//!   rules retries out; [`context`]: [`JobContext`], what a handler gets.
+//! - private: `job` (one job's run: slot, handler, panic, ack/fail),
+//!   `heartbeat` (the batched heartbeat task), `inflight` (the book of held
+//!   leases), `backoff` (jittered exponential backoff).
 //!
 //! # Producing jobs
 //!
@@ -21,13 +28,60 @@
 //! println!("{} created={created}", job.id);
 //! # Ok(()) }
 //! ```
+//!
+//! # Running jobs
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use jobq_client::{HandlerError, JobContext, Worker};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn demo() -> jobq_client::Result<()> {
+//! let shutdown = CancellationToken::new();
+//! let worker = Worker::builder("http://127.0.0.1:50051")
+//!     .queues(["emails"])
+//!     .worker_id("w1")
+//!     .capacity(4)
+//!     .lease(Duration::from_secs(30))
+//!     .drain_timeout(Duration::from_secs(10))
+//!     .shutdown(shutdown.clone())
+//!     .handler("send-email", |ctx: JobContext| async move {
+//!         if ctx.attempt() > 1 {
+//!             // An earlier run may have sent it: check by ctx.key() first.
+//!         }
+//!         let _email: serde_json::Value = ctx.json()?;
+//!         Err(HandlerError::retry_after("smtp busy", Duration::from_secs(60)))
+//!     })
+//!     .build();
+//! tokio::spawn(async move {
+//!     let _ = tokio::signal::ctrl_c().await;
+//!     shutdown.cancel();
+//! });
+//! worker.run().await
+//! # }
+//! ```
+//!
+//! Delivery is at least once: a job whose worker died mid-run is delivered
+//! again, so handlers must be idempotent on the job's domain key.
 #![warn(missing_docs)]
 
+mod backoff;
+pub mod builder;
 pub mod client;
+pub mod context;
 pub mod error;
+pub mod handler;
+mod heartbeat;
+mod inflight;
+mod job;
 pub mod options;
+pub mod worker;
 
+pub use builder::{WorkerBuilder, WorkerTarget};
 pub use client::Client;
+pub use context::JobContext;
 pub use error::{Error, Result};
+pub use handler::{HandlerError, HandlerResult};
 pub use jobq::pb;
 pub use options::{EnqueueOptions, FailOptions};
+pub use worker::Worker;

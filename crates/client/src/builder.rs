@@ -1,0 +1,284 @@
+//! [`WorkerBuilder`]: a [`Worker`]'s options and handlers, checked once.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::{boxed, BoxedHandler, HandlerResult};
+use crate::{Client, Error, JobContext, Result, Worker};
+
+/// Where a [`Worker`] gets its connection: an existing [`Client`], or a URL
+/// it connects to lazily (so a worker may start before its server).
+#[derive(Debug, Clone)]
+pub enum WorkerTarget {
+    /// Share this client's connection.
+    Client(Client),
+    /// Connect to this URL when [`Worker::run`] starts.
+    Url(String),
+}
+
+impl From<Client> for WorkerTarget {
+    fn from(client: Client) -> Self {
+        Self::Client(client)
+    }
+}
+
+impl From<String> for WorkerTarget {
+    fn from(url: String) -> Self {
+        Self::Url(url)
+    }
+}
+
+impl From<&str> for WorkerTarget {
+    fn from(url: &str) -> Self {
+        Self::Url(url.to_owned())
+    }
+}
+
+/// Called each time a Lease stream is established.
+pub(crate) type ReadyHook = Arc<dyn Fn() + Send + Sync>;
+
+/// Everything [`Worker::run`] needs, validated.
+pub(crate) struct Config {
+    pub(crate) client: Client,
+    pub(crate) queues: Vec<String>,
+    pub(crate) worker_id: Arc<str>,
+    pub(crate) capacity: u32,
+    pub(crate) lease: Duration,
+    pub(crate) heartbeat_every: Duration,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) handlers: HashMap<String, BoxedHandler>,
+    pub(crate) on_ready: Option<ReadyHook>,
+}
+
+/// Builds a [`Worker`]; start with [`Worker::builder`].
+///
+/// Defaults: queue `default`, a random `worker-<pid>-<hex>` id, capacity 1,
+/// 30 s leases heartbeated every lease/3, 30 s drain timeout, and a shutdown
+/// token nobody cancels.
+pub struct WorkerBuilder {
+    target: WorkerTarget,
+    queues: Vec<String>,
+    worker_id: Option<String>,
+    capacity: u32,
+    lease: Duration,
+    heartbeat_every: Option<Duration>,
+    drain_timeout: Duration,
+    shutdown: CancellationToken,
+    handlers: HashMap<String, BoxedHandler>,
+    on_ready: Option<ReadyHook>,
+}
+
+impl fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut kinds: Vec<_> = self.handlers.keys().collect();
+        kinds.sort();
+        f.debug_struct("WorkerBuilder")
+            .field("target", &self.target)
+            .field("queues", &self.queues)
+            .field("worker_id", &self.worker_id)
+            .field("capacity", &self.capacity)
+            .field("lease", &self.lease)
+            .field("heartbeat_every", &self.heartbeat_every)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("handlers", &kinds)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerBuilder {
+    pub(crate) fn new(target: WorkerTarget) -> Self {
+        Self {
+            target,
+            queues: vec!["default".to_owned()],
+            worker_id: None,
+            capacity: 1,
+            lease: Duration::from_secs(30),
+            heartbeat_every: None,
+            drain_timeout: Duration::from_secs(30),
+            shutdown: CancellationToken::new(),
+            handlers: HashMap::new(),
+            on_ready: None,
+        }
+    }
+
+    /// The queues to take jobs from, in strict priority order.
+    pub fn queues<I, S>(mut self, queues: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.queues = queues.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The id the server records on jobs this worker runs. Must be unique
+    /// among live workers: the server's drain signal applies to every Lease
+    /// stream opened under it.
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker_id = Some(id.into());
+        self
+    }
+
+    /// How many handlers run at once (and how many jobs the Lease stream
+    /// holds).
+    pub fn capacity(mut self, capacity: u32) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// How long each lease lasts; heartbeats extend it by as much again.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often in-flight leases are heartbeated (one batched call per
+    /// tick). Defaults to lease/3; must be shorter than the lease.
+    pub fn heartbeat_every(mut self, every: Duration) -> Self {
+        self.heartbeat_every = Some(every);
+        self
+    }
+
+    /// How long, after shutdown, in-flight handlers get to finish before
+    /// they are cancelled (and left for the server to reclaim).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// The token whose cancellation starts a graceful shutdown.
+    pub fn shutdown(mut self, token: CancellationToken) -> Self {
+        self.shutdown = token;
+        self
+    }
+
+    /// Runs `handler` for jobs of `kind`, replacing any earlier one.
+    ///
+    /// A job whose kind has no handler is failed (retryably, so a worker
+    /// that has the handler can take it) with the error
+    /// `no handler for kind "<kind>"`.
+    pub fn handler<F, Fut>(mut self, kind: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.handlers.insert(kind.into(), boxed(handler));
+        self
+    }
+
+    /// Calls `hook` each time a Lease stream is established (at start and
+    /// after every reconnect), e.g. to print a readiness line.
+    pub fn on_ready(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_ready = Some(Arc::new(hook));
+        self
+    }
+
+    /// Finishes the builder. Options are checked when the worker runs.
+    pub fn build(self) -> Worker {
+        Worker::from_builder(self)
+    }
+
+    /// The worker id in effect (chosen now if none was set).
+    pub(crate) fn resolved_worker_id(&mut self) -> Arc<str> {
+        let id = self.worker_id.get_or_insert_with(|| {
+            format!(
+                "worker-{}-{:04x}",
+                std::process::id(),
+                rand::random::<u16>()
+            )
+        });
+        Arc::from(id.as_str())
+    }
+
+    /// Checks the options and connects (lazily) when given a URL.
+    pub(crate) fn into_config(mut self) -> Result<Config> {
+        let worker_id = self.resolved_worker_id();
+        let heartbeat_every = self.heartbeat_every.unwrap_or(self.lease / 3);
+        let problem = if self.queues.is_empty() {
+            Some("no queues".to_owned())
+        } else if self.capacity == 0 {
+            Some("capacity must be at least 1".to_owned())
+        } else if self.lease.is_zero() {
+            Some("lease must be positive".to_owned())
+        } else if heartbeat_every.is_zero() || heartbeat_every >= self.lease {
+            Some(format!("heartbeat interval {heartbeat_every:?} must be positive and shorter than the lease {:?}", self.lease))
+        } else if self.handlers.is_empty() {
+            Some("no handlers".to_owned())
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(Error::Config(problem));
+        }
+        let client = match self.target {
+            WorkerTarget::Client(client) => client,
+            WorkerTarget::Url(url) => Client::connect_lazy(url)?,
+        };
+        Ok(Config {
+            client,
+            queues: self.queues,
+            worker_id,
+            capacity: self.capacity,
+            lease: self.lease,
+            heartbeat_every,
+            drain_timeout: self.drain_timeout,
+            shutdown: self.shutdown,
+            handlers: self.handlers,
+            on_ready: self.on_ready,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HandlerError;
+
+    fn builder() -> WorkerBuilder {
+        Worker::builder("http://127.0.0.1:1")
+            .handler("k", |_ctx| async { Ok::<(), HandlerError>(()) })
+    }
+
+    fn problem(b: WorkerBuilder) -> String {
+        match b.into_config() {
+            Err(Error::Config(p)) => p,
+            other => panic!("expected a config error, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    #[tokio::test]
+    async fn defaults_are_valid_and_heartbeat_is_a_third_of_the_lease() {
+        let cfg = builder()
+            .lease(Duration::from_secs(9))
+            .into_config()
+            .unwrap();
+        assert_eq!(cfg.heartbeat_every, Duration::from_secs(3));
+        assert_eq!(cfg.queues, ["default"]);
+        assert!(cfg.worker_id.starts_with("worker-"));
+    }
+
+    #[tokio::test]
+    async fn bad_options_are_refused() {
+        assert_eq!(problem(builder().queues(Vec::<String>::new())), "no queues");
+        assert_eq!(
+            problem(builder().capacity(0)),
+            "capacity must be at least 1"
+        );
+        assert!(problem(
+            builder()
+                .lease(Duration::from_secs(1))
+                .heartbeat_every(Duration::from_secs(1))
+        )
+        .starts_with("heartbeat interval"));
+        assert_eq!(
+            problem(Worker::builder("http://127.0.0.1:1")),
+            "no handlers"
+        );
+    }
+}

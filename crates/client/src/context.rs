@@ -1,0 +1,189 @@
+//! [`JobContext`]: what a handler knows about the job it runs.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use jobq::pb;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::inflight::Deadline;
+use crate::Result;
+
+/// The job a handler runs, under which lease, and a signal for when to stop.
+///
+/// Cheap to clone; clones share the cancellation signal and the lease
+/// deadline (which moves forward with each successful heartbeat).
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    job: pb::Job,
+    lease_id: String,
+    worker_id: Arc<str>,
+    deadline: Deadline,
+    cancel: CancellationToken,
+}
+
+impl JobContext {
+    pub(crate) fn new(
+        job: pb::Job,
+        lease_id: String,
+        worker_id: Arc<str>,
+        deadline: Deadline,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                job,
+                lease_id,
+                worker_id,
+                deadline,
+                cancel,
+            }),
+        }
+    }
+
+    /// The job's id.
+    pub fn id(&self) -> &str {
+        &self.inner.job.id
+    }
+
+    /// The job's kind (which handler runs it).
+    pub fn kind(&self) -> &str {
+        &self.inner.job.kind
+    }
+
+    /// The queue the job came from.
+    pub fn queue(&self) -> &str {
+        &self.inner.job.queue
+    }
+
+    /// The job's domain key (e.g. `order-4711`), if it was enqueued with one.
+    /// Handlers should be idempotent on this, not on [`id`](Self::id).
+    pub fn key(&self) -> Option<&str> {
+        Some(self.inner.job.key.as_str()).filter(|k| !k.is_empty())
+    }
+
+    /// Which run this is, 1-based: 1 on first delivery, 2 after one failed
+    /// or lost attempt, and so on. A value above 1 means an earlier run may
+    /// have had side effects.
+    pub fn attempt(&self) -> u32 {
+        self.inner.job.attempts.saturating_add(1)
+    }
+
+    /// Attempts the job is allowed in total.
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.job.max_attempts
+    }
+
+    /// The raw payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.inner.job.payload
+    }
+
+    /// The payload decoded from JSON.
+    ///
+    /// # Errors
+    /// [`Error::Json`](crate::Error::Json) when the payload is not a `T`.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T> {
+        Ok(serde_json::from_slice(&self.inner.job.payload)?)
+    }
+
+    /// The whole job as the server leased it.
+    pub fn job(&self) -> &pb::Job {
+        &self.inner.job
+    }
+
+    /// The lease's fencing token.
+    pub fn lease_id(&self) -> &str {
+        &self.inner.lease_id
+    }
+
+    /// When the lease ends unless the next heartbeat extends it. Work that
+    /// cannot finish by then risks being done twice.
+    pub fn lease_expires_at(&self) -> SystemTime {
+        *self
+            .inner
+            .deadline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The id of the worker running the job.
+    pub fn worker_id(&self) -> &str {
+        &self.inner.worker_id
+    }
+
+    /// Resolves when the handler should stop: the lease was lost (a
+    /// heartbeat reported it, or the server revoked it) or the worker's
+    /// drain deadline passed. The worker drops the handler's future at that
+    /// point anyway; this is for work the handler spawned elsewhere.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.cancel.cancelled()
+    }
+
+    /// Whether [`cancelled`](Self::cancelled) has fired.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    /// A clone of the cancellation token, to hand to spawned tasks.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.inner.cancel.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    fn ctx(job: pb::Job) -> JobContext {
+        let deadline = Arc::new(Mutex::new(SystemTime::UNIX_EPOCH));
+        JobContext::new(
+            job,
+            "l1".into(),
+            "w1".into(),
+            deadline,
+            CancellationToken::new(),
+        )
+    }
+
+    #[test]
+    fn exposes_the_job() {
+        let c = ctx(pb::Job {
+            id: "j1".into(),
+            kind: "send-email".into(),
+            key: "order-4711".into(),
+            attempts: 2,
+            payload: br#"{"to":"ada@example.com"}"#.to_vec(),
+            ..Default::default()
+        });
+        assert_eq!(
+            (c.id(), c.kind(), c.key(), c.attempt()),
+            ("j1", "send-email", Some("order-4711"), 3)
+        );
+        let v: serde_json::Value = c.json().unwrap();
+        assert_eq!(v["to"], "ada@example.com");
+        assert_eq!((c.lease_id(), c.worker_id()), ("l1", "w1"));
+    }
+
+    #[test]
+    fn empty_key_is_none_and_bad_json_is_an_error() {
+        let c = ctx(pb::Job {
+            payload: b"nope".to_vec(),
+            ..Default::default()
+        });
+        assert_eq!(c.key(), None);
+        assert_eq!(c.attempt(), 1);
+        assert!(matches!(
+            c.json::<serde_json::Value>(),
+            Err(crate::Error::Json(_))
+        ));
+    }
+}

@@ -1,0 +1,71 @@
+//! The heartbeat task: one batched `Heartbeat` call per tick for every
+//! in-flight lease, cancelling the handlers of leases the server says are
+//! lost.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::time::{interval_at, Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::worker::Shared;
+
+/// Heartbeats every `heartbeat_every` until `stop` fires. Runs beside the
+/// Lease stream, not on it, so leases stay extended while the stream is
+/// reconnecting and while the worker drains.
+pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+    let every = shared.cfg.heartbeat_every;
+    let mut ticks = interval_at(Instant::now() + every, every);
+    // A slow heartbeat must not be followed by a burst of catch-up calls.
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => beat(&shared).await,
+        }
+    }
+}
+
+/// One heartbeat. Sent even with no leases while draining, because that call
+/// is what tells the server to push nothing more to this worker's streams.
+pub(crate) async fn beat(shared: &Shared) {
+    let sent = shared.book().snapshot();
+    let draining = shared.draining.load(Ordering::SeqCst);
+    if sent.is_empty() && !draining {
+        return;
+    }
+    let cfg = &shared.cfg;
+    let sent_at = SystemTime::now();
+    let call = cfg.client.heartbeat_with(
+        cfg.worker_id.to_string(),
+        sent.clone(),
+        Some(cfg.lease),
+        draining,
+    );
+    // Bounded by the tick, so a black-holed server cannot stall the task.
+    match tokio::time::timeout(cfg.heartbeat_every, call).await {
+        Ok(Ok(lost)) => {
+            for r in &lost {
+                warn!(job.id = %r.job_id, lease.id = %r.lease_id, "lease lost; cancelling its handler");
+            }
+            let cancelled = shared
+                .book()
+                .apply_heartbeat(&sent, &lost, sent_at + cfg.lease);
+            for token in cancelled {
+                token.cancel();
+            }
+            debug!(
+                leases = sent.len(),
+                lost = lost.len(),
+                draining,
+                "heartbeat"
+            );
+        }
+        // The leases may well still be valid (the server is restarting, or a
+        // packet was lost): keep the handlers running and try next tick.
+        Ok(Err(err)) => warn!(cause = %err, leases = sent.len(), "heartbeat failed"),
+        Err(_) => warn!(leases = sent.len(), "heartbeat timed out"),
+    }
+}

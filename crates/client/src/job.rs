@@ -1,0 +1,134 @@
+//! One leased job's life inside the worker: wait for a slot, run the
+//! handler (catching panics), then ack or fail it, unless the lease was lost.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use futures::FutureExt;
+use tracing::{debug, error, info, warn};
+
+use crate::backoff::Backoff;
+use crate::handler::{panic_message, BoxedHandler, HandlerResult};
+use crate::worker::Shared;
+use crate::{HandlerError, JobContext};
+
+/// Runs `ctx`'s job to the end and takes it out of the in-flight book.
+/// Runs inside the job's tracing span.
+pub(crate) async fn run(shared: Arc<Shared>, ctx: JobContext) {
+    let outcome = match shared.cfg.handlers.get(ctx.kind()).cloned() {
+        // Not fatal: another worker of the same queue may have the handler
+        // (e.g. during a rolling deploy), and attempts still bound the retries.
+        None => Some(Err(HandlerError::retry(format!(
+            "no handler for kind {:?}",
+            ctx.kind()
+        )))),
+        Some(handler) => execute(&shared, handler, &ctx).await,
+    };
+    if let Some(outcome) = outcome {
+        settle(&shared, &ctx, outcome).await;
+    }
+    shared.forget(&ctx);
+}
+
+/// Runs the handler in one of the worker's `capacity` slots. `None` when the
+/// job was cancelled (lease lost, drain deadline) before it finished: the
+/// handler's future is dropped and the job must not be acked or failed.
+async fn execute(
+    shared: &Shared,
+    handler: BoxedHandler,
+    ctx: &JobContext,
+) -> Option<HandlerResult> {
+    // Jobs can outnumber slots briefly after a reconnect (the new stream does
+    // not know about the old one's jobs); the extras wait here, heartbeated.
+    let _slot = tokio::select! {
+        biased;
+        _ = ctx.cancelled() => {
+            warn!("lease lost before the handler started; not acking");
+            return None;
+        }
+        slot = Arc::clone(&shared.slots).acquire_owned() => slot.ok()?,
+    };
+    let started = Instant::now();
+    debug!("handler started");
+    let run = AssertUnwindSafe(handler(ctx.clone())).catch_unwind();
+    let result = tokio::select! {
+        biased;
+        _ = ctx.cancelled() => {
+            warn!("handler cancelled: lease lost or drain deadline passed; not acking");
+            return None;
+        }
+        result = run => result,
+    };
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    Some(match result {
+        Ok(Ok(())) => {
+            debug!(elapsed_ms, "handler succeeded");
+            Ok(())
+        }
+        Ok(Err(err)) => {
+            debug!(elapsed_ms, error = %err, "handler failed");
+            Err(err)
+        }
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            error!(elapsed_ms, panic = %message, "handler panicked");
+            Err(HandlerError::retry(format!("handler panicked: {message}")))
+        }
+    })
+}
+
+/// Acks (`Ok`) or fails (`Err`) the job. Transient errors (server down or
+/// restarting) are retried with backoff while the lease may still be valid:
+/// the server keeps persisted leases across a restart, and heartbeats keep
+/// moving the deadline while it is reachable. ABORTED (stale lease) is final.
+async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
+    let client = &shared.cfg.client;
+    let mut backoff = Backoff::default();
+    loop {
+        if ctx.is_cancelled() {
+            warn!("lease lost before ack/fail; leaving the job to the server");
+            return;
+        }
+        let call = async {
+            match &outcome {
+                Ok(()) => client.ack(ctx.id(), ctx.lease_id()).await.map(drop),
+                Err(err) => client
+                    .fail(ctx.id(), ctx.lease_id(), err.message(), err.fail_options())
+                    .await
+                    .map(drop),
+            }
+        };
+        let result = tokio::select! {
+            biased;
+            _ = ctx.cancelled() => continue,
+            result = call => result,
+        };
+        match (result, &outcome) {
+            (Ok(()), Ok(())) => {
+                info!("acked");
+                return;
+            }
+            (Ok(()), Err(err)) => {
+                warn!(error = %err, fatal = err.is_fatal(), "failed");
+                return;
+            }
+            (Err(err), _) if err.code() == Some(tonic::Code::Aborted) => {
+                warn!(cause = %err, "lease no longer held; ack/fail rejected, not retried");
+                return;
+            }
+            (Err(err), _) if err.is_transient() && SystemTime::now() < ctx.lease_expires_at() => {
+                let delay = backoff.next_delay();
+                warn!(cause = %err, retry_in = ?delay, "ack/fail did not reach the server; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = ctx.cancelled() => {}
+                }
+            }
+            (Err(err), _) => {
+                error!(cause = %err, "could not ack/fail; the server will reclaim the job");
+                return;
+            }
+        }
+    }
+}

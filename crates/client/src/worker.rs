@@ -1,0 +1,374 @@
+//! [`Worker`]: holds a Lease stream, runs handlers, reconnects, drains.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use jobq::pb::{self, lease_event::Event};
+use tokio::sync::Semaphore;
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+use crate::backoff::Backoff;
+use crate::builder::{Config, WorkerBuilder, WorkerTarget};
+use crate::inflight::InFlight;
+use crate::{heartbeat, job, JobContext, Result};
+
+/// After the drain empties, how long to keep reading the stream for a job the
+/// server pushed just before it saw the drain flag (which would otherwise be
+/// reclaimed, costing an attempt, when the stream closes).
+const DRAIN_SETTLE: Duration = Duration::from_millis(100);
+/// How long cancelled handlers get to unwind after the drain deadline.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+type LeaseStream = tonic::Streaming<pb::LeaseEvent>;
+
+/// Runs job handlers for jobs leased from a jobq server.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use jobq_client::{HandlerError, JobContext, Worker};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn demo() -> jobq_client::Result<()> {
+/// let shutdown = CancellationToken::new();
+/// Worker::builder("http://127.0.0.1:50051")
+///     .queues(["emails"])
+///     .capacity(4)
+///     .lease(Duration::from_secs(30))
+///     .shutdown(shutdown.clone())
+///     .handler("send-email", |ctx: JobContext| async move {
+///         let email: serde_json::Value = ctx.json()?;
+///         println!("sending {email} for {:?}", ctx.key());
+///         Ok::<(), HandlerError>(())
+///     })
+///     .build()
+///     .run()
+///     .await
+/// # }
+/// ```
+///
+/// What it does, in order of a job's life:
+/// - holds one `Lease` stream of `capacity`, reopening it with jittered
+///   exponential backoff (100 ms doubling to 5 s) when it ends or fails;
+///   in-flight handlers keep running meanwhile and still ack over unary
+///   calls, since their leases may have survived (a server restart keeps
+///   them);
+/// - runs each leased job's handler as its own task, at most `capacity` at
+///   a time, in a tracing span `job` with `job.id`, `job.kind`,
+///   `job.attempt`, `job.queue`;
+/// - heartbeats all in-flight leases in one call per tick; a lease reported
+///   lost, or revoked on the stream, has its handler dropped and is neither
+///   acked nor failed;
+/// - acks on `Ok`, fails on `Err` (with the [`HandlerError`](crate::HandlerError)'s
+///   retry delay or fatal flag) and on panic (`handler panicked: ...`);
+///   ABORTED replies (the lease was lost meanwhile) are logged, not retried;
+/// - on shutdown, tells the server it is draining (no more jobs), lets
+///   in-flight handlers finish for up to `drain_timeout` and settles them,
+///   cancels the rest (the server reclaims those), closes the stream and
+///   returns.
+pub struct Worker {
+    builder: WorkerBuilder,
+    worker_id: Arc<str>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("builder", &self.builder)
+            .finish()
+    }
+}
+
+/// State shared by the stream loop, the heartbeat task and the job tasks.
+pub(crate) struct Shared {
+    pub(crate) cfg: Config,
+    /// Leases to heartbeat, and their handlers' cancel tokens.
+    inflight: Mutex<InFlight>,
+    /// `capacity` permits: one per running handler.
+    pub(crate) slots: Arc<Semaphore>,
+    /// Parent of every job's cancel token; fired at the drain deadline.
+    hard_stop: CancellationToken,
+    /// Set at shutdown; heartbeats then carry `draining`.
+    pub(crate) draining: AtomicBool,
+}
+
+impl Shared {
+    /// The in-flight book. A poisoned lock is recovered: the book holds no
+    /// invariant a panicking holder could have half-updated.
+    pub(crate) fn book(&self) -> MutexGuard<'_, InFlight> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn forget(&self, ctx: &JobContext) {
+        self.book().remove(ctx.id(), ctx.lease_id());
+    }
+}
+
+impl Worker {
+    /// Starts building a worker on a [`Client`](crate::Client) or a server URL.
+    pub fn builder(target: impl Into<WorkerTarget>) -> WorkerBuilder {
+        WorkerBuilder::new(target.into())
+    }
+
+    pub(crate) fn from_builder(mut builder: WorkerBuilder) -> Self {
+        let worker_id = builder.resolved_worker_id();
+        Self { builder, worker_id }
+    }
+
+    /// The id this worker leases under (generated if none was set).
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// Runs until the shutdown token is cancelled and the drain is over.
+    /// Server outages are retried forever, not returned.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) for unusable options and
+    /// [`Error::Transport`](crate::Error::Transport) for a malformed URL,
+    /// both before any job is taken.
+    pub async fn run(self) -> Result<()> {
+        let cfg = self.builder.into_config()?;
+        let shared = Arc::new(Shared {
+            slots: Arc::new(Semaphore::new(cfg.capacity as usize)),
+            inflight: Mutex::default(),
+            hard_stop: CancellationToken::new(),
+            draining: AtomicBool::new(false),
+            cfg,
+        });
+        let span = info_span!("worker", worker.id = %shared.cfg.worker_id);
+        async move {
+            let stop_heartbeats = CancellationToken::new();
+            let heartbeats = tokio::spawn(
+                heartbeat::run(Arc::clone(&shared), stop_heartbeats.clone()).in_current_span(),
+            );
+            let mut tasks = JoinSet::new();
+            let stream = serve(&shared, &mut tasks).await;
+            drain(&shared, stream, &mut tasks).await;
+            stop_heartbeats.cancel();
+            if let Err(err) = heartbeats.await {
+                error!(cause = %err, "heartbeat task failed");
+            }
+            info!("worker stopped");
+            Ok(())
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// Takes jobs until shutdown; returns the open stream, if any, so the drain
+/// can keep it (closing it would make the server reclaim in-flight jobs).
+async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Option<LeaseStream> {
+    let shutdown = shared.cfg.shutdown.clone();
+    let mut backoff = Backoff::default();
+    let mut stream: Option<LeaseStream> = None;
+    loop {
+        if stream.is_none() {
+            let opened = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return None,
+                opened = open(shared) => opened,
+            };
+            match opened {
+                Ok(s) => {
+                    backoff.reset();
+                    info!(in_flight = shared.book().len(), "lease stream open");
+                    if let Some(hook) = &shared.cfg.on_ready {
+                        hook();
+                    }
+                    stream = Some(s);
+                }
+                Err(err) => {
+                    let delay = backoff.next_delay();
+                    warn!(cause = %err, retry_in = ?delay, "could not open lease stream");
+                    if !pause(delay, &shutdown, tasks).await {
+                        return None;
+                    }
+                }
+            }
+            continue;
+        }
+        let step = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return stream,
+            msg = next_event(&mut stream) => Some(msg),
+            Some(joined) = tasks.join_next() => {
+                log_join(joined);
+                None
+            }
+        };
+        let ended = match step {
+            None => continue,
+            Some(Ok(Some(event))) => {
+                on_event(shared, event, tasks);
+                continue;
+            }
+            Some(Ok(None)) => "lease stream ended by the server".to_owned(),
+            Some(Err(status)) => format!(
+                "lease stream failed: {:?}: {}",
+                status.code(),
+                status.message()
+            ),
+        };
+        stream = None;
+        let delay = backoff.next_delay();
+        warn!(in_flight = shared.book().len(), retry_in = ?delay, "{ended}; reconnecting");
+        if !pause(delay, &shutdown, tasks).await {
+            return None;
+        }
+    }
+}
+
+/// Stops taking jobs and lets in-flight ones finish, up to the deadline.
+async fn drain(shared: &Arc<Shared>, mut stream: Option<LeaseStream>, tasks: &mut JoinSet<()>) {
+    shared.draining.store(true, Ordering::SeqCst);
+    info!(in_flight = tasks.len(), "shutting down; draining");
+    // Tell the server now rather than at the next tick; the stream stays open
+    // so the jobs it holds are not reclaimed while they finish.
+    if stream.is_some() || !tasks.is_empty() {
+        heartbeat::beat(shared).await;
+    }
+    let deadline = Instant::now() + shared.cfg.drain_timeout;
+    loop {
+        if tasks.is_empty() {
+            let Some(s) = stream.as_mut() else { break };
+            match timeout(DRAIN_SETTLE, s.message()).await {
+                Ok(Ok(Some(event))) => on_event(shared, event, tasks),
+                _ => break,
+            }
+            continue;
+        }
+        tokio::select! {
+            biased;
+            _ = sleep_until(deadline) => break,
+            Some(joined) = tasks.join_next() => log_join(joined),
+            msg = next_event(&mut stream) => match msg {
+                Ok(Some(event)) => on_event(shared, event, tasks),
+                // No reconnect while draining: in-flight jobs settle over
+                // unary calls.
+                Ok(None) | Err(_) => stream = None,
+            },
+        }
+    }
+    if !tasks.is_empty() {
+        warn!(
+            in_flight = tasks.len(),
+            "drain deadline passed; cancelling handlers, the server will reclaim their jobs"
+        );
+        shared.hard_stop.cancel();
+        let _ = timeout(ABORT_GRACE, async {
+            while let Some(joined) = tasks.join_next().await {
+                log_join(joined);
+            }
+        })
+        .await;
+        tasks.shutdown().await;
+    }
+    drop(stream);
+}
+
+async fn open(shared: &Shared) -> Result<LeaseStream> {
+    let cfg = &shared.cfg;
+    cfg.client
+        .lease(
+            cfg.queues.iter().cloned(),
+            cfg.worker_id.to_string(),
+            cfg.capacity,
+            Some(cfg.lease),
+        )
+        .await
+}
+
+/// The next stream event; pending forever when there is no stream, so a
+/// `select!` arm on it simply never fires.
+async fn next_event(
+    stream: &mut Option<LeaseStream>,
+) -> std::result::Result<Option<pb::LeaseEvent>, tonic::Status> {
+    match stream {
+        Some(s) => s.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sleeps `delay` while still reaping finished job tasks; `false` when
+/// shutdown came first.
+async fn pause(delay: Duration, shutdown: &CancellationToken, tasks: &mut JoinSet<()>) -> bool {
+    let wake = sleep(delay);
+    tokio::pin!(wake);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return false,
+            _ = &mut wake => return true,
+            Some(joined) = tasks.join_next() => log_join(joined),
+        }
+    }
+}
+
+fn on_event(shared: &Arc<Shared>, event: pb::LeaseEvent, tasks: &mut JoinSet<()>) {
+    match event.event {
+        Some(Event::Leased(leased)) => start(shared, leased, tasks),
+        Some(Event::Revoked(revoked)) => {
+            match shared.book().revoke(&revoked.job_id, &revoked.lease_id) {
+                Some(token) => {
+                    warn!(job.id = %revoked.job_id, reason = %revoked.reason, "lease revoked; cancelling its handler");
+                    token.cancel();
+                }
+                None => debug!(job.id = %revoked.job_id, "revoked a lease not in flight"),
+            }
+        }
+        None => debug!("lease event without a payload"),
+    }
+}
+
+/// Books a leased job and spawns its task.
+fn start(shared: &Arc<Shared>, leased: pb::LeasedJob, tasks: &mut JoinSet<()>) {
+    let Some(job) = leased.job else {
+        error!(lease.id = %leased.lease_id, "leased event without a job; ignoring");
+        return;
+    };
+    let expires = leased
+        .lease_expires_at
+        .and_then(|ts| SystemTime::try_from(ts).ok())
+        .unwrap_or_else(|| SystemTime::now() + shared.cfg.lease);
+    let deadline = Arc::new(Mutex::new(expires));
+    let cancel = shared.hard_stop.child_token();
+    let stale = shared.book().insert(
+        job.id.clone(),
+        leased.lease_id.clone(),
+        cancel.clone(),
+        Arc::clone(&deadline),
+    );
+    if let Some(stale) = stale {
+        warn!(job.id = %job.id, "job leased again; cancelling the run under its old lease");
+        stale.cancel();
+    }
+    let ctx = JobContext::new(
+        job,
+        leased.lease_id,
+        Arc::clone(&shared.cfg.worker_id),
+        deadline,
+        cancel,
+    );
+    let span = info_span!(
+        "job",
+        job.id = %ctx.id(),
+        job.kind = %ctx.kind(),
+        job.attempt = ctx.attempt(),
+        job.queue = %ctx.queue(),
+    );
+    tasks.spawn(job::run(Arc::clone(shared), ctx).instrument(span));
+}
+
+fn log_join(joined: std::result::Result<(), JoinError>) {
+    if let Err(err) = joined {
+        if err.is_panic() {
+            // Handler panics are caught inside the task; this is our own bug.
+            error!(cause = %err, "job task panicked");
+        }
+    }
+}
