@@ -149,6 +149,13 @@ impl TestServer {
         TestServer::on(config, Some(dir)).await
     }
 
+    /// A server over an existing data folder (to restart on the same data).
+    pub async fn at(data: &Path) -> TestServer {
+        let mut config = jobq_server::Config::with_data(data);
+        config.min_lease = Duration::from_millis(10);
+        TestServer::on(config, None).await
+    }
+
     async fn on(config: jobq_server::Config, dir: Option<tempfile::TempDir>) -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");

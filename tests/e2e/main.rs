@@ -3,4 +3,5 @@
 //! clients and workers. They wait on conditions, never on fixed sleeps.
 
 mod harness;
+mod lease;
 mod server;

@@ -1,0 +1,301 @@
+//! The Lease stream, driven with the raw generated client: push delivery,
+//! capacity, stream-drop reclaim, revocation, grace, draining and shutdown.
+
+use std::{collections::HashSet, time::Duration};
+
+use jobq::pb::{self, lease_event::Event};
+use jobq_client::{Client, EnqueueOptions};
+use tonic::Streaming;
+
+use crate::harness::{until, TestServer};
+
+async fn open(
+    c: &Client,
+    queues: &[&str],
+    worker: &str,
+    capacity: u32,
+    lease: Duration,
+) -> Streaming<pb::LeaseEvent> {
+    let req = pb::LeaseRequest {
+        queues: queues.iter().map(|q| q.to_string()).collect(),
+        worker_id: worker.into(),
+        capacity,
+        lease_duration: Some(lease.try_into().expect("duration")),
+    };
+    c.inner().lease(req).await.expect("lease").into_inner()
+}
+
+/// The next event, failing the test after 5 s.
+async fn next(stream: &mut Streaming<pb::LeaseEvent>) -> Event {
+    tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("an event within 5s")
+        .expect("stream ok")
+        .expect("stream open")
+        .event
+        .expect("event set")
+}
+
+async fn next_leased(stream: &mut Streaming<pb::LeaseEvent>) -> pb::LeasedJob {
+    match next(stream).await {
+        Event::Leased(l) => l,
+        other => panic!("expected a leased job, got {other:?}"),
+    }
+}
+
+/// True when nothing arrives on the stream for `quiet`.
+async fn silent(stream: &mut Streaming<pb::LeaseEvent>, quiet: Duration) -> bool {
+    tokio::time::timeout(quiet, stream.message()).await.is_err()
+}
+
+async fn enqueue_n(c: &Client, queue: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(
+            c.enqueue(queue, "k", format!("{i}"), EnqueueOptions::new())
+                .await
+                .expect("enqueue")
+                .0
+                .id,
+        );
+    }
+    ids
+}
+
+async fn status_of(c: &Client, id: &str) -> pb::Job {
+    c.get_job(id.to_owned()).await.expect("get")
+}
+
+#[tokio::test]
+async fn jobs_are_pushed_up_to_capacity_and_a_slot_frees_on_ack() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    enqueue_n(&c, "q", 5).await;
+    let mut stream = open(&c, &["q"], "w1", 2, Duration::from_secs(30)).await;
+    let a = next_leased(&mut stream).await;
+    let _b = next_leased(&mut stream).await;
+    assert!(
+        silent(&mut stream, Duration::from_millis(300)).await,
+        "never more than capacity unfinished jobs"
+    );
+    c.ack(a.job.expect("job").id, a.lease_id)
+        .await
+        .expect("ack");
+    let _c = next_leased(&mut stream).await;
+    assert!(silent(&mut stream, Duration::from_millis(200)).await);
+}
+
+#[tokio::test]
+async fn a_job_is_pushed_the_moment_it_is_enqueued() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let mut stream = open(&c, &["q"], "w1", 1, Duration::from_secs(30)).await;
+    assert!(silent(&mut stream, Duration::from_millis(100)).await);
+    let (job, _) = c
+        .enqueue("q", "k", "x", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    assert_eq!(next_leased(&mut stream).await.job.expect("job").id, job.id);
+}
+
+#[tokio::test]
+async fn queues_are_served_in_strict_priority_order() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let low = enqueue_n(&c, "low", 2).await;
+    let high = enqueue_n(&c, "high", 2).await;
+    let mut stream = open(&c, &["high", "low"], "w1", 1, Duration::from_secs(30)).await;
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let l = next_leased(&mut stream).await;
+        let id = l.job.expect("job").id;
+        c.ack(id.clone(), l.lease_id).await.expect("ack");
+        order.push(id);
+    }
+    assert_eq!(order, [high, low].concat());
+}
+
+#[tokio::test]
+async fn a_dropped_stream_gives_its_jobs_back_at_once() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let ids = enqueue_n(&c, "q", 2).await;
+    let mut stream = open(&c, &["q"], "w1", 2, Duration::from_secs(600)).await;
+    next_leased(&mut stream).await;
+    next_leased(&mut stream).await;
+    drop(stream);
+    for id in &ids {
+        let job = until(
+            Duration::from_secs(1),
+            "reclaim within 1s of the drop",
+            || async {
+                let j = status_of(&c, id).await;
+                (j.status == pb::JobStatus::Pending as i32).then_some(j)
+            },
+        )
+        .await;
+        assert_eq!(job.attempts, 1);
+        assert_eq!(job.last_error, "worker disconnected");
+        assert_eq!(
+            job.history[0].outcome,
+            pb::AttemptOutcome::WorkerDisconnected as i32
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_hung_worker_loses_its_lease_and_is_told() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let ids = enqueue_n(&c, "q", 1).await;
+    let mut stream = open(&c, &["q"], "w1", 1, Duration::from_millis(200)).await;
+    let leased = next_leased(&mut stream).await;
+    // No heartbeat: the lease expires and the stream is told.
+    match next(&mut stream).await {
+        Event::Revoked(r) => {
+            assert_eq!(
+                (r.job_id.as_str(), r.lease_id.as_str()),
+                (ids[0].as_str(), leased.lease_id.as_str())
+            );
+            assert_eq!(r.reason, "lease expired");
+        }
+        other => panic!("expected revoked, got {other:?}"),
+    }
+    // The slot is free again, and the same job comes back under a new lease.
+    let again = next_leased(&mut stream).await;
+    assert_ne!(again.lease_id, leased.lease_id);
+    let err = c
+        .ack(ids[0].clone(), leased.lease_id)
+        .await
+        .expect_err("stale");
+    assert_eq!(err.code(), Some(tonic::Code::Aborted));
+}
+
+#[tokio::test]
+async fn a_heartbeat_within_the_grace_keeps_the_lease() {
+    let server = TestServer::with(|c| c.disconnect_grace = Duration::from_millis(500)).await;
+    let c = server.client().await;
+    let ids = enqueue_n(&c, "q", 2).await;
+    let mut stream = open(&c, &["q"], "w1", 2, Duration::from_secs(60)).await;
+    let a = next_leased(&mut stream).await;
+    let _b = next_leased(&mut stream).await;
+    drop(stream);
+    let kept = pb::LeaseRef {
+        job_id: a.job.clone().expect("job").id,
+        lease_id: a.lease_id.clone(),
+    };
+    assert!(c
+        .heartbeat("w1", vec![kept], None)
+        .await
+        .expect("heartbeat")
+        .is_empty());
+    let other = if ids[0] == a.job.clone().expect("job").id {
+        &ids[1]
+    } else {
+        &ids[0]
+    };
+    until(
+        Duration::from_secs(3),
+        "the unheartbeated job to be reclaimed after the grace",
+        || async {
+            (status_of(&c, other).await.status == pb::JobStatus::Pending as i32).then_some(())
+        },
+    )
+    .await;
+    let job = status_of(&c, &a.job.expect("job").id).await;
+    assert_eq!(
+        job.status,
+        pb::JobStatus::Running as i32,
+        "the heartbeated job stays leased"
+    );
+    c.ack(job.id, a.lease_id).await.expect("ack");
+}
+
+#[tokio::test]
+async fn a_draining_worker_gets_no_new_jobs_and_loses_nothing_when_it_closes() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    enqueue_n(&c, "q", 3).await;
+    let mut stream = open(&c, &["q"], "w1", 1, Duration::from_secs(60)).await;
+    let a = next_leased(&mut stream).await;
+    let lease = pb::LeaseRef {
+        job_id: a.job.clone().expect("job").id,
+        lease_id: a.lease_id.clone(),
+    };
+    c.heartbeat_draining("w1", vec![lease], None)
+        .await
+        .expect("heartbeat");
+    c.ack(lease_job(&a), a.lease_id.clone()).await.expect("ack");
+    assert!(
+        silent(&mut stream, Duration::from_millis(300)).await,
+        "nothing new while draining"
+    );
+    drop(stream);
+    let stats = c.stats(Some("q")).await.expect("stats");
+    assert_eq!(
+        (stats[0].pending, stats[0].running, stats[0].done),
+        (2, 0, 1)
+    );
+    let jobs = c
+        .list_jobs(pb::ListJobsRequest {
+            queue: "q".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .jobs;
+    assert!(
+        jobs.iter().all(|j| j.attempts == 0),
+        "closing after a drain reclaims nothing"
+    );
+}
+
+fn lease_job(l: &pb::LeasedJob) -> String {
+    l.job.as_ref().expect("job").id.clone()
+}
+
+#[tokio::test]
+async fn streams_share_a_queue_and_none_starves() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let mut a = open(&c, &["q"], "wa", 2, Duration::from_secs(60)).await;
+    let mut b = open(&c, &["q"], "wb", 2, Duration::from_secs(60)).await;
+    enqueue_n(&c, "q", 4).await;
+    let mut seen = HashSet::new();
+    for _ in 0..2 {
+        assert!(seen.insert(lease_job(&next_leased(&mut a).await)));
+        assert!(seen.insert(lease_job(&next_leased(&mut b).await)));
+    }
+    assert_eq!(seen.len(), 4, "four distinct jobs, two per stream");
+}
+
+#[tokio::test]
+async fn server_shutdown_ends_streams_without_reclaiming() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::at(dir.path()).await;
+    let c = server.client().await;
+    let ids = enqueue_n(&c, "q", 1).await;
+    let mut stream = open(&c, &["q"], "w1", 1, Duration::from_secs(60)).await;
+    let leased = next_leased(&mut stream).await;
+    let stopping = tokio::spawn(server.stop());
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("the stream ends");
+    assert!(
+        !matches!(end, Ok(Some(_))),
+        "no more events after shutdown: {end:?}"
+    );
+    drop(stream);
+    stopping.await.expect("server stopped");
+    // Shutdown is not worker death: the lease is kept across the restart.
+    let server = TestServer::at(dir.path()).await;
+    let c = server.client().await;
+    let job = status_of(&c, &ids[0]).await;
+    assert_eq!(
+        (job.status, job.attempts),
+        (pb::JobStatus::Running as i32, 0)
+    );
+    c.ack(ids[0].clone(), leased.lease_id)
+        .await
+        .expect("the old lease still acks");
+}
