@@ -17,4 +17,5 @@ pub mod pb {
 
 /// The encoded `google.protobuf.FileDescriptorSet` of `jobq/v1/jobq.proto`
 /// and its imports.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/jobq_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/jobq_descriptor.bin"));
