@@ -47,13 +47,11 @@ pub(crate) async fn beat(shared: &Shared) {
     // Bounded by the tick, so a black-holed server cannot stall the task.
     match tokio::time::timeout(cfg.heartbeat_every, call).await {
         Ok(Ok(lost)) => {
-            for r in &lost {
-                warn!(job.id = %r.job_id, lease.id = %r.lease_id, "lease lost; cancelling its handler");
-            }
             let cancelled = shared
                 .book()
                 .apply_heartbeat(&sent, &lost, sent_at + cfg.lease);
-            for token in cancelled {
+            for (r, token) in cancelled {
+                warn!(job.id = %r.job_id, lease.id = %r.lease_id, "lease lost; cancelling its handler");
                 token.cancel();
             }
             debug!(

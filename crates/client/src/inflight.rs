@@ -82,8 +82,9 @@ impl InFlight {
     }
 
     /// Applies a heartbeat reply. `sent` is what the request carried, `lost`
-    /// what the server said the worker no longer holds. Lost leases leave
-    /// the book and their tokens are returned for cancelling; the others
+    /// what the server said the worker no longer holds. Lost leases still in
+    /// the book leave it and are returned with their tokens for cancelling
+    /// (one that already left, e.g. revoked meanwhile, is skipped); the others
     /// that are still in the book get `new_deadline`. A lease that finished
     /// while the heartbeat was in flight is left alone.
     pub(crate) fn apply_heartbeat(
@@ -91,11 +92,11 @@ impl InFlight {
         sent: &[pb::LeaseRef],
         lost: &[pb::LeaseRef],
         new_deadline: SystemTime,
-    ) -> Vec<CancellationToken> {
+    ) -> Vec<(pb::LeaseRef, CancellationToken)> {
         let mut cancelled = Vec::new();
         for r in lost {
             if let Some(token) = self.take(&r.job_id, &r.lease_id) {
-                cancelled.push(token);
+                cancelled.push((r.clone(), token));
             }
         }
         for r in sent {
@@ -176,7 +177,8 @@ mod tests {
         let later = SystemTime::UNIX_EPOCH + Duration::from_secs(60);
         let cancelled = book.apply_heartbeat(&sent, &[lease("j1", "l1")], later);
         assert_eq!(cancelled.len(), 1);
-        cancelled[0].cancel();
+        assert_eq!(cancelled[0].0, lease("j1", "l1"));
+        cancelled[0].1.cancel();
         assert!(handles[0].0.is_cancelled());
         assert!(!handles[1].0.is_cancelled());
         assert_eq!(book.snapshot(), vec![lease("j2", "l2")]);
