@@ -1371,3 +1371,77 @@ proptest! {
         });
     }
 }
+
+/// Rough numbers for the report: `cargo test -p jobq-server --release
+/// --test store throughput -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement, not a test"]
+async fn throughput() {
+    let (_dir, store) = fresh();
+    let store = Arc::new(store);
+    let start = std::time::Instant::now();
+    for i in 0..500 {
+        store.enqueue(new_job("seq", None, 0), at(i)).await.unwrap();
+    }
+    let seq = start.elapsed();
+    println!("sequential enqueue: {:.0}/s", 500.0 / seq.as_secs_f64());
+
+    for writers in [16u64, 64] {
+        let (rounds, start) = (store.flush_rounds(), std::time::Instant::now());
+        let per = 10_000 / writers;
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..writers {
+            let store = store.clone();
+            tasks.spawn(async move {
+                for i in 0..per {
+                    store.enqueue(new_job("con", None, 0), at(i)).await.unwrap();
+                }
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+        let took = start.elapsed();
+        println!(
+            "{writers} concurrent writers: {:.0} enqueues/s, {} flush rounds for {} enqueues",
+            (per * writers) as f64 / took.as_secs_f64(),
+            store.flush_rounds() - rounds,
+            per * writers
+        );
+    }
+
+    let start = std::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..16 {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let mut n = 0u64;
+            let worker = format!("w{w}");
+            while let Some(l) = store
+                .take(
+                    &qs(&["con"]),
+                    &worker,
+                    Duration::from_secs(60),
+                    at(1_000_000),
+                )
+                .await
+                .unwrap()
+            {
+                store
+                    .ack(l.job.id, l.lease_id, at(1_000_001))
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        });
+    }
+    let mut n = 0;
+    while let Some(r) = tasks.join_next().await {
+        n += r.unwrap();
+    }
+    println!(
+        "16 workers take+ack: {:.0} jobs/s",
+        n as f64 / start.elapsed().as_secs_f64()
+    );
+}

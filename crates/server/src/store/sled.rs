@@ -10,9 +10,12 @@
 //! Every change follows one pattern: lock the state, load the record, call
 //! [`machine::apply`], write the record, update the indexes, unlock — then
 //! wait for the [`Flusher`]'s next round, then reply. The mutex is a std
-//! one because it is never held across an `.await` (and sled calls under
-//! it never block on I/O, except sled's rare id-counter persist); the fsync
-//! happens outside it, shared by every writer of the round.
+//! one because it is never held across an `.await`, and what runs under it
+//! is short: sled writes go to its in-memory log buffers (a full buffer may
+//! be written out inline, and the id generator persists its counter once
+//! per million ids). The fsync happens outside it, shared by every writer
+//! of the round, so the mutex orders changes without serializing disk
+//! waits.
 
 use std::{
     collections::HashMap,
@@ -317,6 +320,9 @@ impl SledStore {
                 Err(e) => out.push(Err(e.into())),
             }
         }
+        if changed.is_empty() {
+            return Ok(out);
+        }
         let mut writes = sled::Batch::default();
         for (id, (_, new)) in &changed {
             writes.insert(&record_key(*id), encode(new)?);
@@ -352,6 +358,9 @@ impl SledStore {
             )?;
             writes.insert(&record_key(id), encode(&new)?);
             changed.push((old, new, lease_id));
+        }
+        if changed.is_empty() {
+            return Ok(Vec::new());
         }
         self.jobs.apply_batch(writes)?;
         Ok(changed
@@ -538,7 +547,9 @@ impl Store for SledStore {
         now: SystemTime,
     ) -> Result<Vec<Extended>> {
         let out = self.extend_locked(leases, extend_by, now)?;
-        self.flusher.durable().await?;
+        if out.iter().any(Result::is_ok) {
+            self.flusher.durable().await?;
+        }
         Ok(out)
     }
 
