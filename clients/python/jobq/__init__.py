@@ -1,0 +1,435 @@
+"""A small Python client for jobq, over stubs generated from the proto.
+
+    from jobq import Client, Worker
+
+    with Client("127.0.0.1:50051") as client:          # the producer side
+        job, created = client.enqueue("email", "send-email", b'{"order": 4711}',
+                                      key="order-4711")
+
+    def send_email(job):                               # the worker side
+        ...                      # raise to fail the attempt; return to ack it
+
+    Worker(Client("127.0.0.1:50051"), ["email"], {"send-email": send_email},
+           capacity=5).run()
+
+The generated stubs live in `jobq.v1` (run clients/python/generate.sh first).
+Delivery is at least once: a handler may see the same job twice (a worker that
+died before it acked), so make it idempotent on the job's domain key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+from google.protobuf import duration_pb2
+
+try:
+    from jobq.v1 import jobq_pb2 as pb
+    from jobq.v1 import jobq_pb2_grpc as pb_grpc
+except ImportError as e:  # pragma: no cover - a setup error, said plainly
+    raise ImportError(
+        "jobq's generated stubs are missing: run clients/python/generate.sh"
+    ) from e
+
+__all__ = ["Client", "Worker", "Fatal", "JobLost", "pb", "pb_grpc", "STATUS_NAMES"]
+
+log = logging.getLogger("jobq")
+
+Seconds = Union[int, float, timedelta]
+
+#: JobStatus number -> short name ("PENDING", "RUNNING", "DONE", "FAILED").
+STATUS_NAMES = {
+    v.number: v.name.replace("JOB_STATUS_", "")
+    for v in pb.JobStatus.DESCRIPTOR.values
+}
+
+
+def _duration(value: Optional[Seconds]) -> Optional[duration_pb2.Duration]:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(value * 1e9)))
+    return d
+
+
+class Fatal(Exception):
+    """Raise from a handler to fail the job without retrying it (it becomes FAILED)."""
+
+
+class JobLost(Exception):
+    """Ack or Fail was refused because this worker no longer holds the lease."""
+
+
+class Client:
+    """Every JobQueue RPC, with Python arguments. Thread-safe (one channel)."""
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        channel: Optional[grpc.Channel] = None,
+        timeout: float = 30.0,
+    ):
+        self.target = target
+        self.timeout = timeout
+        # Keepalive pings let both sides find a silent peer (the server
+        # reclaims a dead worker's jobs when its stream drops).
+        self.channel = channel or grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ],
+        )
+        self.stub = pb_grpc.JobQueueStub(self.channel)
+
+    # -- lifecycle ---------------------------------------------------------
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Blocks until the channel is connected (raises grpc.FutureTimeoutError)."""
+        grpc.channel_ready_future(self.channel).result(timeout=timeout)
+
+    # -- producer ----------------------------------------------------------
+    def enqueue(
+        self,
+        queue: str,
+        kind: str,
+        payload: bytes = b"",
+        *,
+        key: str = "",
+        max_attempts: int = 0,
+        delay: Optional[Seconds] = None,
+    ) -> Tuple[pb.Job, bool]:
+        """Adds a job; returns (job, created). With a known key, returns the
+        existing job and created=False, so retrying an enqueue is safe."""
+        req = pb.EnqueueRequest(
+            queue=queue, kind=kind, payload=payload, key=key,
+            max_attempts=max_attempts, delay=_duration(delay),
+        )
+        resp = self.stub.Enqueue(req, timeout=self.timeout)
+        return resp.job, resp.created
+
+    def enqueue_batch(self, requests: Sequence[pb.EnqueueRequest]) -> list:
+        """Adds many jobs with one flush; one EnqueueResult per request."""
+        resp = self.stub.EnqueueBatch(
+            pb.EnqueueBatchRequest(jobs=list(requests)), timeout=self.timeout
+        )
+        return list(resp.results)
+
+    # -- worker (one job at a time; Worker below is the usual way) ---------
+    def dequeue(
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        *,
+        lease: Optional[Seconds] = None,
+        wait: Optional[Seconds] = None,
+    ) -> Optional[pb.LeasedJob]:
+        """Leases the next due job, or returns None when nothing is due."""
+        req = pb.DequeueRequest(
+            queues=list(queues), worker_id=worker_id,
+            lease_duration=_duration(lease), wait=_duration(wait),
+        )
+        timeout = self.timeout + (_seconds(wait) if wait is not None else 0)
+        resp = self.stub.Dequeue(req, timeout=timeout)
+        return resp.leased if resp.HasField("leased") else None
+
+    def ack(self, job_id: str, lease_id: str) -> pb.Job:
+        return self._lease_call(
+            self.stub.Ack, pb.AckRequest(job_id=job_id, lease_id=lease_id)
+        ).job
+
+    def fail(
+        self,
+        job_id: str,
+        lease_id: str,
+        error: str,
+        *,
+        retry_delay: Optional[Seconds] = None,
+        fatal: bool = False,
+    ) -> pb.Job:
+        req = pb.FailRequest(
+            job_id=job_id, lease_id=lease_id, error=error,
+            retry_delay=_duration(retry_delay), fatal=fatal,
+        )
+        return self._lease_call(self.stub.Fail, req).job
+
+    def heartbeat(
+        self,
+        worker_id: str,
+        leases: Sequence[Tuple[str, str]],
+        *,
+        extend_by: Optional[Seconds] = None,
+        draining: bool = False,
+    ) -> list:
+        """Extends leases [(job_id, lease_id)]; returns the ones lost, same shape."""
+        req = pb.HeartbeatRequest(
+            worker_id=worker_id,
+            leases=[pb.LeaseRef(job_id=j, lease_id=l) for j, l in leases],
+            extend_by=_duration(extend_by), draining=draining,
+        )
+        resp = self.stub.Heartbeat(req, timeout=self.timeout)
+        return [(r.job_id, r.lease_id) for r in resp.lost]
+
+    # -- operator ----------------------------------------------------------
+    def retry(self, job_id: str) -> pb.Job:
+        return self.stub.Retry(pb.RetryRequest(job_id=job_id), timeout=self.timeout).job
+
+    def get_job(self, job_id: str) -> pb.Job:
+        return self.stub.GetJob(pb.GetJobRequest(id=job_id), timeout=self.timeout)
+
+    def list_jobs(
+        self, queue: str = "", status: Union[int, str] = 0, key: str = "",
+        page_size: int = 0,
+    ) -> Iterator[pb.Job]:
+        """Every matching job, following next_page_token. status: a JobStatus
+        number or a name ("DONE" or "JOB_STATUS_DONE")."""
+        if isinstance(status, str):
+            name = status if status.startswith("JOB_STATUS_") else "JOB_STATUS_" + status
+            status = pb.JobStatus.Value(name)
+        token = ""
+        while True:
+            resp = self.stub.ListJobs(
+                pb.ListJobsRequest(queue=queue, status=status, key=key,
+                                   page_size=page_size, page_token=token),
+                timeout=self.timeout,
+            )
+            yield from resp.jobs
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def stats(self, queue: str = "") -> dict:
+        """{queue: {"pending": n, "running": n, "done": n, "failed": n}}."""
+        resp = self.stub.Stats(pb.StatsRequest(queue=queue), timeout=self.timeout)
+        return {
+            q.queue: {"pending": q.pending, "running": q.running,
+                      "done": q.done, "failed": q.failed}
+            for q in resp.queues
+        }
+
+    def _lease_call(self, method, req):
+        try:
+            return method(req, timeout=self.timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.ABORTED:
+                raise JobLost(e.details()) from e
+            raise
+
+
+def _seconds(value: Seconds) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+Handler = Callable[[pb.Job], None]
+
+
+@dataclass
+class _InFlight:
+    job: pb.Job
+    lease_id: str
+    lost: bool = False
+
+
+class Worker:
+    """Runs handlers for jobs pushed on a Lease stream.
+
+    - holds one Lease stream with `capacity`; runs up to `capacity` handlers
+      at once in threads;
+    - a handler that returns acks the job; one that raises fails it (the
+      server retries it after its backoff), `Fatal` fails it for good;
+    - heartbeats every in-flight lease each lease/3 and forgets jobs the
+      server says are lost (or revoked on the stream): their result is not
+      acked, since someone else may hold them now;
+    - reconnects with backoff when the stream drops;
+    - `stop()` (e.g. from a signal handler) drains: no new jobs, in-flight
+      ones finish and are acked, then the stream closes.
+
+    `handlers` is one callable for every kind, or {kind: callable}.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        queues: Sequence[str],
+        handlers: Union[Handler, Mapping[str, Handler]],
+        *,
+        worker_id: Optional[str] = None,
+        capacity: int = 1,
+        lease: Seconds = 30.0,
+        heartbeat_every: Optional[Seconds] = None,
+    ):
+        self.client = client
+        self.queues = list(queues)
+        self.handlers = handlers
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.capacity = max(1, capacity)
+        self.lease = _seconds(lease)
+        self.heartbeat_every = (
+            _seconds(heartbeat_every) if heartbeat_every is not None else self.lease / 3
+        )
+        self._lock = threading.Lock()
+        self._inflight: dict = {}  # job_id -> _InFlight
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()  # run() has returned: heartbeats end
+        self._call = None
+        self._pool = ThreadPoolExecutor(max_workers=self.capacity,
+                                        thread_name_prefix="jobq-handler")
+
+    # -- public ------------------------------------------------------------
+    def run(self) -> None:
+        """Blocks until stop(); returns after draining in-flight jobs."""
+        hb = threading.Thread(target=self._heartbeat_loop, name="jobq-heartbeat",
+                              daemon=True)
+        hb.start()
+        backoff = 0.1
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._stream_once()
+                    backoff = 0.1
+                except grpc.RpcError as e:
+                    if self._stopping.is_set():
+                        break
+                    log.warning("lease stream ended: %s %s", e.code(), e.details())
+                if self._stopping.is_set():
+                    break
+                # The stream ended: its unfinished jobs were reclaimed by the
+                # server, so results still running here can no longer be acked.
+                with self._lock:
+                    for f in self._inflight.values():
+                        f.lost = True
+                time.sleep(backoff * (0.5 + random.random() / 2))
+                backoff = min(backoff * 2, 5.0)
+        finally:
+            self._pool.shutdown(wait=True)
+            self._close_stream()
+            self._stopped.set()
+
+    def stop(self, drain_timeout: float = 30.0) -> None:
+        """Asks run() to finish: no new jobs, in-flight ones complete. Returns at once."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        threading.Thread(target=self._drain, args=(drain_timeout,),
+                         name="jobq-drain", daemon=True).start()
+
+    # -- internals ---------------------------------------------------------
+    def _stream_once(self) -> None:
+        req = pb.LeaseRequest(
+            queues=self.queues, worker_id=self.worker_id,
+            capacity=self.capacity, lease_duration=_duration(self.lease),
+        )
+        self._call = self.client.stub.Lease(req)
+        for event in self._call:
+            which = event.WhichOneof("event")
+            if which == "leased":
+                leased = event.leased
+                f = _InFlight(job=leased.job, lease_id=leased.lease_id)
+                with self._lock:
+                    self._inflight[leased.job.id] = f
+                self._pool.submit(self._run_one, f)
+            elif which == "revoked":
+                self._mark_lost(event.revoked.job_id, event.revoked.lease_id,
+                                event.revoked.reason)
+
+    def _handler_for(self, kind: str) -> Optional[Handler]:
+        if callable(self.handlers):
+            return self.handlers
+        return self.handlers.get(kind)
+
+    def _run_one(self, f: _InFlight) -> None:
+        job = f.job
+        handler = self._handler_for(job.kind)
+        try:
+            if handler is None:
+                raise Fatal(f"no handler for kind {job.kind!r}")
+            handler(job)
+        except Exception as e:  # noqa: BLE001 - every handler error fails the job
+            self._finish(f, error=e)
+        else:
+            self._finish(f, error=None)
+
+    def _finish(self, f: _InFlight, error: Optional[BaseException]) -> None:
+        with self._lock:
+            self._inflight.pop(f.job.id, None)
+            lost = f.lost
+        if lost:
+            log.info("job %s: lease lost, result dropped", f.job.id)
+            return
+        try:
+            if error is None:
+                self.client.ack(f.job.id, f.lease_id)
+            else:
+                msg = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+                self.client.fail(f.job.id, f.lease_id, msg, fatal=isinstance(error, Fatal))
+        except JobLost as e:
+            log.info("job %s: lease lost before %s: %s", f.job.id,
+                     "ack" if error is None else "fail", e)
+        except grpc.RpcError as e:
+            # The server will reclaim the job when the lease ends or the
+            # stream drops; nothing else to do here.
+            log.warning("job %s: could not report result: %s %s", f.job.id,
+                        e.code(), e.details())
+
+    def _mark_lost(self, job_id: str, lease_id: str, reason: str) -> None:
+        with self._lock:
+            f = self._inflight.get(job_id)
+            if f is not None and f.lease_id == lease_id:
+                f.lost = True
+        log.info("job %s: lease %s lost (%s)", job_id, lease_id, reason)
+
+    def _heartbeat_loop(self) -> None:
+        # Goes on while draining, so long jobs keep their leases until acked.
+        while not self._stopped.wait(self.heartbeat_every):
+            self._heartbeat(draining=self._stopping.is_set())
+
+    def _heartbeat(self, draining: bool) -> None:
+        with self._lock:
+            leases = [(j, f.lease_id) for j, f in self._inflight.items() if not f.lost]
+        if not leases and not draining:
+            return
+        try:
+            lost = self.client.heartbeat(self.worker_id, leases, draining=draining)
+        except grpc.RpcError as e:
+            log.warning("heartbeat failed: %s %s", e.code(), e.details())
+            return
+        for job_id, lease_id in lost:
+            self._mark_lost(job_id, lease_id, "reported lost by heartbeat")
+
+    def _drain(self, timeout: float) -> None:
+        # Tell the server to stop pushing, let in-flight jobs finish and ack,
+        # then close the stream (which then reclaims nothing).
+        self._heartbeat(draining=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._inflight:
+                    break
+            time.sleep(0.05)
+        self._close_stream()
+
+    def _close_stream(self) -> None:
+        call = self._call
+        if call is not None:
+            call.cancel()

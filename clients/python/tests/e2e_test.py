@@ -1,0 +1,245 @@
+"""End-to-end test of the Python client against a real `jobq serve`.
+
+Run from the repo root with the venv's Python (after clients/python/generate.sh
+and `cargo build -p jobq-cli`):
+
+    .venv/bin/python clients/python/tests/e2e_test.py
+
+Every producer and worker is a separate Python process, so one can be
+SIGKILLed. Prints `python e2e: N passed, M failed` and exits non-zero on a
+failure. JOBQ_BIN overrides the server binary (default target/debug/jobq).
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYCLIENT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(PYCLIENT))
+sys.path.insert(0, PYCLIENT)
+
+from jobq import Client, pb  # noqa: E402
+
+JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "jobq"))
+EXAMPLES = os.path.join(PYCLIENT, "examples")
+
+
+class Server:
+    """A `jobq serve` on a free port with its own data folder."""
+
+    def __init__(self, tmp):
+        self.log_path = os.path.join(tmp, "server.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [JOBQ_BIN, "serve", "--listen", "127.0.0.1:0",
+             "--data", os.path.join(tmp, "data")],
+            stdout=self.log, stderr=self.log,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = re.search(r"jobq serving addr=(\S+)", open(self.log_path).read())
+            if m:
+                self.addr = m.group(1)
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("jobq serve did not start:\n" + open(self.log_path).read())
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def start_worker(tmp, addr, name, *extra):
+    log = os.path.join(tmp, f"{name}.jobs")
+    out = open(os.path.join(tmp, f"{name}.out"), "w")
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(EXAMPLES, "worker.py"), "--target", addr,
+         "--worker-id", name, "--log", log, *extra],
+        stdout=out, stderr=subprocess.STDOUT,
+    )
+    return proc, log
+
+
+def lines(path):
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def outcomes(job):
+    return [pb.AttemptOutcome.Name(a.outcome) for a in job.history]
+
+
+def kill_one_worker(tmp, client, addr):
+    """100 jobs, two workers with capacity 5 and a 60 s lease; one is
+    SIGKILLed mid-way. All 100 end DONE well before any lease could expire,
+    so the killed worker's jobs came back because its stream dropped."""
+    subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "producer.py"), "--target", addr,
+         "--count", "100"],
+        check=True, timeout=60,
+    )
+    stats = client.stats("email")["email"]
+    assert stats["pending"] == 100, stats
+
+    common = ["--capacity", "5", "--lease", "60", "--work", "0.2",
+              "--fail-first-attempt-every", "10"]
+    victim, victim_log = start_worker(tmp, addr, "py-worker-1", *common)
+    survivor, survivor_log = start_worker(tmp, addr, "py-worker-2", *common)
+    procs = [victim, survivor]
+    try:
+        wait_for(lambda: len(lines(victim_log)) >= 15, 30, "py-worker-1 to handle 15 jobs")
+        held = [j.id for j in client.list_jobs("email", "RUNNING")
+                if j.worker_id == "py-worker-1"]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        killed_at = time.monotonic()
+
+        wait_for(lambda: client.stats("email")["email"]["done"] == 100, 20,
+                 "all 100 jobs DONE within 20s of the kill (lease is 60s)")
+        took = time.monotonic() - killed_at
+        assert survivor.poll() is None, "the surviving worker exited"
+
+        jobs = list(client.list_jobs("email"))
+        assert len(jobs) == 100, len(jobs)
+        not_done = [j.id for j in jobs if j.status != pb.JOB_STATUS_DONE]
+        assert not not_done, f"not DONE: {not_done}"
+        stats = client.stats("email")["email"]
+        assert stats == {"pending": 0, "running": 0, "done": 100, "failed": 0}, stats
+
+        disconnected = [j for j in jobs if "ATTEMPT_OUTCOME_WORKER_DISCONNECTED" in outcomes(j)]
+        assert disconnected, "no job was reclaimed from the killed worker"
+        for j in disconnected:
+            assert j.history[0].worker_id == "py-worker-1", (j.id, j.history[0].worker_id)
+            assert j.history[-1].worker_id == "py-worker-2", (j.id, j.history[-1].worker_id)
+        assert held, "py-worker-1 held no job when it was killed"
+        assert not [j.id for j in jobs if "ATTEMPT_OUTCOME_LEASE_EXPIRED" in outcomes(j)]
+
+        # Orders 10, 20, ... fail their first attempt (unless that attempt
+        # was on the killed worker), are retried after the backoff, and acked.
+        failed_once = [j for j in jobs if "ATTEMPT_OUTCOME_FAILED" in outcomes(j)]
+        for j in jobs:
+            order = int(j.key.removeprefix("order-"))
+            want_first = ("ATTEMPT_OUTCOME_FAILED", "ATTEMPT_OUTCOME_WORKER_DISCONNECTED")
+            if order % 10 == 0:
+                assert outcomes(j)[0] in want_first, (j.key, outcomes(j))
+            else:
+                assert "ATTEMPT_OUTCOME_FAILED" not in outcomes(j), (j.key, outcomes(j))
+            assert outcomes(j)[-1] == "ATTEMPT_OUTCOME_ACKED", (j.key, outcomes(j))
+        assert len(failed_once) >= 5, [j.key for j in failed_once]
+        for j in failed_once:
+            failed = [a for a in j.history if a.outcome == pb.ATTEMPT_OUTCOME_FAILED]
+            assert failed[0].error.startswith("RuntimeError: mail server busy"), failed[0].error
+        print(f"  100 DONE {took:.1f}s after the kill; {len(disconnected)} reclaimed "
+              f"from the killed worker, {len(failed_once)} failed once and retried")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def heartbeat_keeps_lease(tmp, client, addr):
+    """A 6 s job under a 1.5 s lease stays with its worker: heartbeats every
+    lease/3 extend it, so it is DONE on its first attempt."""
+    job, created = client.enqueue("slow", "send-email", b'{"order": 1}', key="order-1")
+    assert created
+    w, log = start_worker(tmp, addr, "py-slow", "--queue", "slow", "--capacity", "1",
+                          "--lease", "1.5", "--work", "6")
+    try:
+        wait_for(lambda: client.get_job(job.id).status == pb.JOB_STATUS_DONE, 20,
+                 "the slow job to be DONE")
+        j = client.get_job(job.id)
+        assert j.attempts == 0, j
+        assert outcomes(j) == ["ATTEMPT_OUTCOME_ACKED"], outcomes(j)
+        assert lines(log) == [f"{job.id} 1"], lines(log)
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+
+
+def sigterm_drains(tmp, client, addr):
+    """SIGTERM: the worker takes no new job, finishes and acks what it holds,
+    then exits 0; nothing is reclaimed."""
+    ids = [client.enqueue("drain", "send-email", f'{{"order": {i}}}'.encode())[0].id
+           for i in range(1, 6)]
+    w, log = start_worker(tmp, addr, "py-drain", "--queue", "drain", "--capacity", "3",
+                          "--lease", "30", "--work", "1.5")
+    try:
+        wait_for(lambda: client.stats("drain")["drain"]["running"] == 3, 20,
+                 "3 jobs RUNNING")
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(15) == 0, "worker did not exit 0 after SIGTERM"
+        st = client.stats("drain")["drain"]
+        assert st == {"pending": 2, "running": 0, "done": 3, "failed": 0}, st
+        for jid in ids:
+            j = client.get_job(jid)
+            assert j.attempts == 0, (jid, outcomes(j))
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+
+
+TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains]
+
+
+def main():
+    passed = failed = 0
+    with tempfile.TemporaryDirectory(prefix="jobq-py-e2e-") as tmp:
+        server = Server(tmp)
+        client = Client(server.addr)
+        try:
+            client.wait_ready()
+            for test in TESTS:
+                t0 = time.monotonic()
+                try:
+                    test(tmp, client, server.addr)
+                except Exception:  # noqa: BLE001
+                    failed += 1
+                    print(f"FAIL {test.__name__} ({time.monotonic() - t0:.1f}s)")
+                    traceback.print_exc()
+                    for name in sorted(os.listdir(tmp)):
+                        if name.endswith(".out"):
+                            print(f"--- {name}:\n" + open(os.path.join(tmp, name)).read()[-3000:])
+                else:
+                    passed += 1
+                    print(f"ok   {test.__name__} ({time.monotonic() - t0:.1f}s)")
+        finally:
+            client.close()
+            server.stop()
+            if failed:
+                print("--- server log (tail):\n" + open(server.log_path).read()[-3000:])
+    print(f"python e2e: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
