@@ -1,15 +1,32 @@
 //! The `jobq` binary: parses the command line, sets up logging, and hands
 //! off to one subcommand module.
+//!
+//! Layout:
+//! - `cli`: the clap [`Cli`] (global `--server`, `--json`) and dispatch.
+//! - `exit`: errors to exit codes and stderr text (0 ok, 1 failed call,
+//!   2 usage).
+//! - `output`: tables, JSON rendering of jobs, readable enum names.
+//! - one module per subcommand: `serve`, `enqueue`, `get`, `list`, `retry`,
+//!   `stats`, `work`.
+//! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 
 mod cli;
+mod enqueue;
+mod exit;
+mod get;
+mod list;
+mod output;
+mod retry;
 mod serve;
 mod shutdown;
+mod stats;
+mod work;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
+use crate::cli::Cli;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -22,14 +39,8 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let result = match cli.command {
-        Command::Serve(config) => serve::run(config).await,
-    };
-    match result {
+    match cli.run().await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
+        Err(err) => exit::report(&err),
     }
 }

@@ -1,0 +1,277 @@
+//! `jobq enqueue`: add one job, or many from a JSON-lines file.
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use jobq_client::{pb, Client, EnqueueOptions};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::exit::{code_name, usage};
+use crate::output::{job_json, status_name, Out, Table};
+
+/// Most entries per EnqueueBatch call (the server's default `--max-batch`).
+const BATCH_CHUNK: usize = 1000;
+
+/// Options of `jobq enqueue`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The queue to add the job to.
+    #[arg(required_unless_present = "batch_file")]
+    queue: Option<String>,
+
+    /// The job's kind (which handler runs it).
+    #[arg(required_unless_present = "batch_file")]
+    kind: Option<String>,
+
+    /// The payload, as given. Without --payload or --payload-file the
+    /// payload is read from stdin when stdin is not a terminal, and is empty
+    /// otherwise.
+    #[arg(long, conflicts_with = "payload_file")]
+    payload: Option<String>,
+
+    /// Read the payload from FILE.
+    #[arg(long, value_name = "FILE")]
+    payload_file: Option<PathBuf>,
+
+    /// Domain key: when a retained job in the queue has it, that job is
+    /// returned and nothing is added.
+    #[arg(long)]
+    key: Option<String>,
+
+    /// Attempts before the job is dead-lettered (default: the server's).
+    #[arg(long, value_name = "N")]
+    max_attempts: Option<u32>,
+
+    /// Run no earlier than this from now (30s, 5m, 2h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+
+    /// Enqueue every line of FILE ("-" for stdin), JSON objects with
+    /// "queue", "kind" and optional "payload" (a string), "key",
+    /// "max_attempts", "delay" ("30s"). Sent with EnqueueBatch, 1000 per
+    /// call; prints one result per line.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "delay"]
+    )]
+    batch_file: Option<PathBuf>,
+}
+
+/// Runs `jobq enqueue`.
+pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
+    if let Some(path) = &args.batch_file {
+        return batch(client, out, path).await;
+    }
+    let (Some(queue), Some(kind)) = (args.queue, args.kind) else {
+        return Err(usage("QUEUE and KIND are required without --batch-file"));
+    };
+    let payload = read_payload(args.payload, args.payload_file.as_deref())?;
+    let mut opts = EnqueueOptions::new();
+    if let Some(key) = args.key {
+        opts = opts.key(key);
+    }
+    if let Some(n) = args.max_attempts {
+        opts = opts.max_attempts(n);
+    }
+    if let Some(delay) = args.delay {
+        opts = opts.delay(delay);
+    }
+    let (job, created) = client.enqueue(queue, kind, payload, opts).await?;
+    if out.json {
+        out.json(&json!({ "created": created, "job": job_json(&job) }))?;
+        return Ok(());
+    }
+    // The id alone on stdout, so `ID=$(jobq enqueue ...)` works either way.
+    out.line(&job.id)?;
+    if !created {
+        eprintln!(
+            "existing job: key {:?} already names job {} ({}) in queue {}; nothing was enqueued",
+            job.key,
+            job.id,
+            status_name(job.status),
+            job.queue
+        );
+    }
+    Ok(())
+}
+
+/// The payload from `--payload`, `--payload-file`, or a piped stdin.
+fn read_payload(payload: Option<String>, file: Option<&Path>) -> anyhow::Result<Vec<u8>> {
+    if let Some(text) = payload {
+        return Ok(text.into_bytes());
+    }
+    if let Some(path) = file {
+        return std::fs::read(path).with_context(|| format!("read {}", path.display()));
+    }
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Ok(Vec::new());
+    }
+    let mut buf = Vec::new();
+    stdin
+        .lock()
+        .read_to_end(&mut buf)
+        .context("read payload from stdin")?;
+    Ok(buf)
+}
+
+/// One line of a `--batch-file`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchLine {
+    queue: String,
+    kind: String,
+    #[serde(default)]
+    payload: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+    #[serde(default)]
+    delay: Option<String>,
+}
+
+impl BatchLine {
+    fn into_request(self) -> anyhow::Result<pb::EnqueueRequest> {
+        let mut opts = EnqueueOptions::new();
+        if let Some(key) = self.key.filter(|k| !k.is_empty()) {
+            opts = opts.key(key);
+        }
+        if let Some(n) = self.max_attempts {
+            opts = opts.max_attempts(n);
+        }
+        if let Some(delay) = self.delay {
+            let delay =
+                humantime::parse_duration(&delay).with_context(|| format!("delay {delay:?}"))?;
+            opts = opts.delay(delay);
+        }
+        Ok(opts.into_request(self.queue, self.kind, self.payload))
+    }
+}
+
+/// Parses the whole file first, so a malformed line sends nothing.
+fn parse_batch(text: &str) -> anyhow::Result<Vec<(usize, pb::EnqueueRequest)>> {
+    let mut entries = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed: BatchLine =
+            serde_json::from_str(line).with_context(|| format!("line {n}: not a job"))?;
+        entries.push((
+            n,
+            parsed.into_request().with_context(|| format!("line {n}"))?,
+        ));
+    }
+    Ok(entries)
+}
+
+async fn batch(client: &Client, out: Out, path: &Path) -> anyhow::Result<()> {
+    let text = if path == Path::new("-") {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("read batch from stdin")?;
+        s
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?
+    };
+    let entries = parse_batch(&text).with_context(|| format!("{}", path.display()))?;
+    let total = entries.len();
+    let mut table = Table::new(["LINE", "ID", "RESULT"]);
+    let mut rejected = 0usize;
+    let mut sent = 0usize;
+    let mut failure = None;
+    let mut entries = entries.into_iter().peekable();
+    while entries.peek().is_some() {
+        let chunk: Vec<_> = entries.by_ref().take(BATCH_CHUNK).collect();
+        let (lines, reqs): (Vec<usize>, Vec<_>) = chunk.into_iter().unzip();
+        let results = match client.enqueue_batch(reqs).await {
+            Ok(results) => results,
+            Err(err) => {
+                failure = Some((lines[0], err));
+                break;
+            }
+        };
+        sent += lines.len();
+        for (line, result) in lines.into_iter().zip(results) {
+            match (&result.job, result.error_code) {
+                (Some(job), 0) => {
+                    if out.json {
+                        out.json(
+                            &json!({"line": line, "created": result.created, "job": job_json(job)}),
+                        )?;
+                    } else {
+                        let what = if result.created {
+                            "created"
+                        } else {
+                            "existing"
+                        };
+                        table.row([line.to_string(), job.id.clone(), what.to_owned()]);
+                    }
+                }
+                _ => {
+                    rejected += 1;
+                    let code = code_name(tonic::Code::from(result.error_code));
+                    if out.json {
+                        out.json(&json!({"line": line, "error": {"code": code, "message": result.error_message}}))?;
+                    } else {
+                        table.row([
+                            line.to_string(),
+                            "-".to_owned(),
+                            format!("error: {code}: {}", result.error_message),
+                        ]);
+                    }
+                }
+            }
+        }
+    }
+    if !out.json && !table.is_empty() {
+        out.table(&table)?;
+    }
+    if let Some((line, err)) = failure {
+        return Err(anyhow::Error::from(err).context(format!(
+            "batch from line {line} not sent ({sent} of {total} entries were sent before it)"
+        )));
+    }
+    if rejected > 0 {
+        bail!("{rejected} of {total} entries were rejected");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_lines_become_requests() {
+        let text = r#"{"queue":"q","kind":"k","payload":"p","key":"o-1","max_attempts":2,"delay":"5m"}
+
+{"queue":"q","kind":"k"}"#;
+        let entries = parse_batch(text).unwrap();
+        assert_eq!(entries.len(), 2);
+        let (line, req) = &entries[0];
+        assert_eq!(*line, 1);
+        assert_eq!(
+            (req.key.as_str(), req.max_attempts, req.payload.as_slice()),
+            ("o-1", 2, &b"p"[..])
+        );
+        assert_eq!(req.delay.map(|d| d.seconds), Some(300));
+        assert_eq!(entries[1].0, 3);
+        assert_eq!(entries[1].1.payload, b"");
+    }
+
+    #[test]
+    fn malformed_lines_name_their_number() {
+        let err = parse_batch("{\"queue\":\"q\",\"kind\":\"k\"}\n{\"queue\":1}").unwrap_err();
+        assert!(format!("{err:#}").starts_with("line 2"), "{err:#}");
+        let err = parse_batch(r#"{"queue":"q","kind":"k","delay":"soon"}"#).unwrap_err();
+        assert!(format!("{err:#}").contains("delay"), "{err:#}");
+    }
+}

@@ -1,0 +1,122 @@
+//! The one place errors become exit codes and stderr text.
+//!
+//! - 0: success, and also a closed stdout (`jobq list | head`).
+//! - 1: a failed call. A gRPC refusal prints `error: <CODE>: <message>`
+//!   (`error: NOT_FOUND: job 42 not found`); anything else prints the
+//!   error's chain.
+//! - 2: a usage error. clap exits with 2 itself while parsing; checks made
+//!   after parsing return [`usage`] errors, which land here.
+
+use std::process::ExitCode;
+
+use clap::CommandFactory;
+
+use crate::cli::Cli;
+
+/// A usage error found after parsing (e.g. a flag combination clap cannot
+/// express); reported like clap's own, with exit code 2.
+pub fn usage(message: impl std::fmt::Display) -> anyhow::Error {
+    Cli::command()
+        .error(clap::error::ErrorKind::ArgumentConflict, message)
+        .into()
+}
+
+/// Prints `err` to stderr and picks the exit code.
+pub fn report(err: &anyhow::Error) -> ExitCode {
+    if let Some(clap_err) = err.downcast_ref::<clap::Error>() {
+        let _ = clap_err.print();
+        return ExitCode::from(u8::try_from(clap_err.exit_code()).unwrap_or(2));
+    }
+    if is_broken_pipe(err) {
+        return ExitCode::SUCCESS;
+    }
+    match status_of(err) {
+        Some(status) => eprintln!("error: {}", status_text(status)),
+        None => eprintln!("error: {err:#}"),
+    }
+    ExitCode::FAILURE
+}
+
+/// `<CODE>: <message>` for a gRPC status.
+pub fn status_text(status: &tonic::Status) -> String {
+    format!("{}: {}", code_name(status.code()), status.message())
+}
+
+/// `<CODE>: <message>` when `err` is a gRPC refusal, else its chain.
+pub fn client_error_text(err: &jobq_client::Error) -> String {
+    match err {
+        jobq_client::Error::Status(status) => status_text(status),
+        other => other.to_string(),
+    }
+}
+
+/// The gRPC status inside `err`, if a call failed with one.
+fn status_of(err: &anyhow::Error) -> Option<&tonic::Status> {
+    err.chain().find_map(|cause| {
+        if let Some(jobq_client::Error::Status(status)) = cause.downcast_ref() {
+            return Some(status);
+        }
+        cause.downcast_ref::<tonic::Status>()
+    })
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The canonical upper-case name of a gRPC code (`NOT_FOUND`), as grpcurl
+/// and the other gRPC tools print it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_errors_print_their_code() {
+        let err = anyhow::Error::from(jobq_client::Error::from(tonic::Status::not_found(
+            "job 9 not found",
+        )));
+        assert_eq!(
+            status_of(&err).map(status_text).as_deref(),
+            Some("NOT_FOUND: job 9 not found")
+        );
+    }
+
+    #[test]
+    fn usage_errors_exit_2() {
+        let err = usage("pick one");
+        assert_eq!(err.downcast_ref::<clap::Error>().unwrap().exit_code(), 2);
+    }
+
+    #[test]
+    fn broken_pipe_is_quiet() {
+        let err = anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(is_broken_pipe(&err));
+    }
+}

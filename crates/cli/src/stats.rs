@@ -1,0 +1,99 @@
+//! `jobq stats`: per queue, the count in each status and how long the oldest
+//! due job has waited; `--watch` refreshes until Ctrl-C.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use jobq_client::{pb, Client};
+use serde_json::json;
+
+use crate::output::{duration_text, std_duration, Out, Table};
+
+/// Options of `jobq stats`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Only this queue.
+    #[arg(long)]
+    queue: Option<String>,
+
+    /// Refresh every INTERVAL (default 2s) until Ctrl-C. With --json, one
+    /// JSON document per refresh, one per line.
+    #[arg(
+        long,
+        value_name = "INTERVAL",
+        num_args = 0..=1,
+        default_missing_value = "2s",
+        value_parser = humantime::parse_duration
+    )]
+    watch: Option<Duration>,
+}
+
+/// Runs `jobq stats`.
+pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
+    let Some(every) = args.watch else {
+        return show(client, out, args.queue.as_deref(), false).await;
+    };
+    let every = every.max(Duration::from_millis(100));
+    let shutdown = crate::shutdown::on_signal();
+    let clear = !out.json && std::io::stdout().is_terminal();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        show(client, out, args.queue.as_deref(), clear).await?;
+    }
+}
+
+async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> anyhow::Result<()> {
+    let stats = client.stats(queue).await?;
+    if out.json {
+        out.json(&stats_json(&stats))?;
+        return Ok(());
+    }
+    if clear {
+        // Clear the screen and home the cursor, like `watch`.
+        print!("\x1b[2J\x1b[H");
+    }
+    let mut t = Table::new([
+        "QUEUE",
+        "PENDING",
+        "RUNNING",
+        "DONE",
+        "FAILED",
+        "OLDEST_PENDING",
+    ]);
+    for q in &stats {
+        t.row([
+            q.queue.clone(),
+            q.pending.to_string(),
+            q.running.to_string(),
+            q.done.to_string(),
+            q.failed.to_string(),
+            duration_text(std_duration(q.oldest_pending_age.as_ref())),
+        ]);
+    }
+    out.table(&t)?;
+    Ok(())
+}
+
+/// `[{"queue", "pending", "running", "done", "failed",
+/// "oldest_pending_age_secs" (a number, or null when nothing is due)}]`.
+fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
+    stats
+        .iter()
+        .map(|q| {
+            json!({
+                "queue": q.queue,
+                "pending": q.pending,
+                "running": q.running,
+                "done": q.done,
+                "failed": q.failed,
+                "oldest_pending_age_secs":
+                    std_duration(q.oldest_pending_age.as_ref()).map(|d| d.as_secs_f64()),
+            })
+        })
+        .collect()
+}

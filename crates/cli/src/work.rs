@@ -1,0 +1,246 @@
+//! `jobq work -- CMD ARGS...`: a worker that runs a command per job, so any
+//! language can be a worker without a client library.
+//!
+//! Leasing, heartbeats, reconnects and graceful drain are the client crate's
+//! [`Worker`]; this module only turns a job into a child process and its
+//! exit status into an ack or a fail:
+//! - the payload goes to the child's stdin; the job's id, kind, key,
+//!   attempt and queue go into `JOBQ_JOB_*` environment variables;
+//! - exit 0 acks; anything else fails the job (retryably) with the exit
+//!   status and the last [`STDERR_TAIL`] bytes of stderr as its error;
+//! - the child runs in its own process group, so a Ctrl-C at the terminal
+//!   reaches only `jobq work` (which drains) and not the running jobs; when
+//!   a job's lease is lost, or the drain deadline passes, the Worker drops
+//!   the job's future and [`KillOnDrop`] SIGKILLs the whole group.
+
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use jobq_client::{HandlerError, HandlerResult, JobContext, Worker};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// How much of the child's stderr becomes the job's error.
+const STDERR_TAIL: usize = 2048;
+
+/// Options of `jobq work`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Queue to take jobs from; repeat for several, in priority order.
+    #[arg(long = "queue", value_name = "QUEUE", required = true)]
+    queues: Vec<String>,
+
+    /// Job kind to run; repeat for several. Required: the client's Worker
+    /// dispatches by kind and has no catch-all handler, and a job of
+    /// another kind that reaches this worker is failed (retryably) with
+    /// "no handler for kind". Give each kind of CLI job its own queue.
+    #[arg(long = "kind", value_name = "KIND", required = true)]
+    kinds: Vec<String>,
+
+    /// How many jobs run at once.
+    #[arg(long, default_value_t = 1)]
+    capacity: u32,
+
+    /// Lease per job; heartbeats renew it every third of it while the
+    /// command runs.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    lease: Duration,
+
+    /// The id the server records on the jobs (default: worker-<pid>-<hex>).
+    #[arg(long)]
+    worker_id: Option<String>,
+
+    /// On SIGINT/SIGTERM, how long running commands get to finish before
+    /// they are killed (and their jobs left for the server to reclaim).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
+
+    /// The command to run for each job, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+/// Runs `jobq work` until SIGINT/SIGTERM and the drain are over.
+pub async fn run(server: &str, args: Args) -> anyhow::Result<()> {
+    let command: Arc<[String]> = args.command.into();
+    let mut builder = Worker::builder(server)
+        .queues(args.queues)
+        .capacity(args.capacity)
+        .lease(args.lease)
+        .drain_timeout(args.drain_timeout)
+        .shutdown(crate::shutdown::on_signal());
+    if let Some(id) = args.worker_id {
+        builder = builder.worker_id(id);
+    }
+    for kind in args.kinds {
+        let command = Arc::clone(&command);
+        builder = builder.handler(kind, move |ctx: JobContext| {
+            let command = Arc::clone(&command);
+            async move { run_job(&command, ctx).await }
+        });
+    }
+    let worker = builder.build();
+    tracing::info!(worker.id = worker.worker_id(), command = ?command, "jobq work starting");
+    worker.run().await.context("jobq work")
+}
+
+/// Runs `command` for one job and maps its exit to ack (Ok) or fail (Err).
+async fn run_job(command: &[String], ctx: JobContext) -> HandlerResult {
+    let (program, rest) = command
+        .split_first()
+        .ok_or_else(|| HandlerError::fatal("no command"))?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(rest)
+        .env("JOBQ_JOB_ID", ctx.id())
+        .env("JOBQ_JOB_KIND", ctx.kind())
+        .env("JOBQ_JOB_KEY", ctx.key().unwrap_or_default())
+        .env("JOBQ_JOB_ATTEMPT", ctx.attempt().to_string())
+        .env("JOBQ_JOB_MAX_ATTEMPTS", ctx.max_attempts().to_string())
+        .env("JOBQ_JOB_QUEUE", ctx.queue())
+        .env("JOBQ_WORKER_ID", ctx.worker_id())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    #[cfg(unix)]
+    cmd.process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|err| HandlerError::retry(format!("cannot start {program:?}: {err}")))?;
+    let mut guard = KillOnDrop(child.id());
+    let stdin = child.stdin.take();
+    let stderr = child.stderr.take();
+    let payload = ctx.payload();
+    let feed = async move {
+        if let Some(mut stdin) = stdin {
+            // A child that does not read its stdin closes the pipe: not an
+            // error. Dropping `stdin` closes it, so the child sees EOF.
+            let _ = stdin.write_all(payload).await;
+        }
+    };
+    let run = async {
+        let (_, tail, status) = tokio::join!(feed, tee_tail(stderr), child.wait());
+        (tail, status)
+    };
+    let (tail, status) = tokio::select! {
+        // The Worker drops this future when the lease is lost anyway; the
+        // explicit arm makes the kill visible here and in the logs.
+        _ = ctx.cancelled() => {
+            tracing::warn!(job.id = ctx.id(), "lease lost or drain deadline passed; killing the command");
+            return Err(HandlerError::retry("cancelled: lease lost"));
+        }
+        done = run => done,
+    };
+    let status =
+        status.map_err(|err| HandlerError::retry(format!("wait for {program:?}: {err}")))?;
+    guard.disarm();
+    if status.success() {
+        return Ok(());
+    }
+    let tail = tail_text(&tail);
+    let reason = describe(status);
+    Err(HandlerError::retry(if tail.is_empty() {
+        reason
+    } else {
+        format!("{reason}: {tail}")
+    }))
+}
+
+/// Copies the child's stderr to ours as it comes and returns its last
+/// [`STDERR_TAIL`] bytes.
+async fn tee_tail(stderr: Option<impl AsyncRead + Unpin>) -> Vec<u8> {
+    let Some(mut stderr) = stderr else {
+        return Vec::new();
+    };
+    let mut tail = Vec::with_capacity(2 * STDERR_TAIL);
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Blocking, but stderr is unbuffered and the chunk small.
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), &buf[..n]);
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > STDERR_TAIL {
+            tail.drain(..tail.len() - STDERR_TAIL);
+        }
+    }
+    tail
+}
+
+/// The tail as trimmed text, starting at a character boundary.
+fn tail_text(tail: &[u8]) -> String {
+    // The cut may have split a UTF-8 sequence: skip continuation bytes.
+    let start = tail
+        .iter()
+        .position(|b| b & 0xC0 != 0x80)
+        .unwrap_or(tail.len());
+    String::from_utf8_lossy(&tail[start..]).trim().to_owned()
+}
+
+/// `exit status 3`, `killed by signal 9`.
+fn describe(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exit status {code}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return format!("killed by signal {signal}");
+        }
+    }
+    status.to_string()
+}
+
+/// SIGKILLs a child's process group (the child and anything it started)
+/// when dropped before [`disarm`](Self::disarm): the job's future was
+/// dropped because its lease was lost, the drain deadline passed, or the
+/// process is exiting.
+struct KillOnDrop(Option<u32>);
+
+impl KillOnDrop {
+    /// The child was reaped: its pid, and so its group id, may be reused.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let Some(pid) = self.0 else { return };
+        tracing::warn!(pid, "job cancelled; killing its command");
+        #[cfg(unix)]
+        if let Ok(pgid) = libc::pid_t::try_from(pid) {
+            // SAFETY: kill(2) with a negative pid signals the process group
+            // our unreaped child leads (process_group(0) made its pgid its
+            // pid); no memory is involved.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+        // Elsewhere, tokio's kill_on_drop kills the child itself.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_starts_at_a_char_boundary() {
+        let text = "é boom\n".as_bytes();
+        assert_eq!(tail_text(&text[1..]), "boom");
+        assert_eq!(tail_text(b""), "");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn exit_statuses_read_well() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "exit status 3");
+        assert_eq!(describe(ExitStatus::from_raw(9)), "killed by signal 9");
+    }
+}
