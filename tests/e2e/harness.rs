@@ -48,10 +48,16 @@ impl ServerProcess {
     /// Starts `jobq serve --data DATA --listen 127.0.0.1:0 EXTRA...` and
     /// waits for its "jobq serving" log line to learn the port.
     pub fn start(data: &Path, extra: &[&str]) -> ServerProcess {
+        ServerProcess::start_at(data, "127.0.0.1:0", extra)
+    }
+
+    /// Like [`start`](Self::start) on a given address (to restart a server
+    /// where its clients will reconnect).
+    pub fn start_at(data: &Path, listen: &str, extra: &[&str]) -> ServerProcess {
         let mut child = Command::new(JOBQ)
             .arg("serve")
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(listen)
             .arg("--data")
             .arg(data)
             .args(extra)

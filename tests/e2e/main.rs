@@ -5,3 +5,4 @@
 mod harness;
 mod lease;
 mod server;
+mod worker;
