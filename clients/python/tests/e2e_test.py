@@ -6,7 +6,7 @@ and `cargo build -p jobq-cli`):
     .venv/bin/python clients/python/tests/e2e_test.py
 
 Every producer and worker is a separate Python process, so one can be
-SIGKILLed. Prints `python e2e: N passed, M failed` and exits non-zero on a
+SIGKILLed. Prints `python-e2e: N passed, M failed` and exits non-zero on a
 failure. JOBQ_BIN overrides the server binary (default target/debug/jobq).
 """
 
@@ -237,7 +237,7 @@ def main():
             server.stop()
             if failed:
                 print("--- server log (tail):\n" + open(server.log_path).read()[-3000:])
-    print(f"python e2e: {passed} passed, {failed} failed")
+    print(f"python-e2e: {passed} passed, {failed} failed")
     return 1 if failed else 0
 
 
