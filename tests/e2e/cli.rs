@@ -1,0 +1,663 @@
+//! The `jobq` client commands against an in-process server: output, paging,
+//! exit codes, and `jobq work` running shell commands as jobs.
+//!
+//! The binary runs through `tokio::process`, so the test's runtime keeps
+//! serving the in-process server while the CLI waits on it.
+
+use std::{process::Stdio, time::Duration};
+
+use jobq::pb;
+use jobq_client::{Client, EnqueueOptions, FailOptions};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::harness::{until, TestServer, JOBQ};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// What one `jobq` run printed and how it exited.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn ok(self) -> Self {
+        assert_eq!(
+            self.code, 0,
+            "stdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+}
+
+fn command(url: &str, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(JOBQ);
+    cmd.arg("--server")
+        .arg(url)
+        .args(args)
+        .env_remove("JOBQ_SERVER")
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Runs `jobq --server URL ARGS...` with `stdin` (closed when `None`).
+async fn jobq_in(url: &str, args: &[&str], stdin: Option<&[u8]>) -> Run {
+    let mut child = command(url, args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn jobq");
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(bytes).await.expect("write stdin");
+    }
+    let out = tokio::time::timeout(LIMIT, child.wait_with_output())
+        .await
+        .expect("jobq finished in time")
+        .expect("jobq output");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn jobq(url: &str, args: &[&str]) -> Run {
+    jobq_in(url, args, None).await
+}
+
+fn signal(child: &tokio::process::Child, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id().expect("running")).expect("pid");
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+}
+
+/// Whether `pid` runs. A zombie counts as dead: once `jobq work` exits, its
+/// killed child may wait for a reaper that a container's init never runs.
+fn alive(pid: libc::pid_t) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z')),
+        Err(_) if std::path::Path::new("/proc/self/stat").exists() => false,
+        // SAFETY: signal 0 only checks that the process exists.
+        Err(_) => unsafe { libc::kill(pid, 0) == 0 },
+    }
+}
+
+/// Leases the next job of `queue` and fails it for good (a dead letter).
+async fn dead_letter(client: &Client, queue: &str) -> pb::Job {
+    let leased = client
+        .dequeue([queue], "test", None, None)
+        .await
+        .expect("dequeue")
+        .expect("a job is due");
+    let job = leased.job.expect("job");
+    client
+        .fail(&job.id, &leased.lease_id, "broken", FailOptions::fatal())
+        .await
+        .expect("fail")
+}
+
+#[tokio::test]
+async fn enqueue_takes_the_payload_from_flag_file_or_stdin() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+
+    let id = jobq(&url, &["enqueue", "q", "k", "--payload", "from-flag"])
+        .await
+        .ok()
+        .stdout;
+    let job = client.get_job(id.trim()).await.unwrap();
+    assert_eq!(job.payload, b"from-flag");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payload.bin");
+    std::fs::write(&file, b"from-file").unwrap();
+    let id = jobq(
+        &url,
+        &[
+            "enqueue",
+            "q",
+            "k",
+            "--payload-file",
+            file.to_str().unwrap(),
+        ],
+    )
+    .await
+    .ok()
+    .stdout;
+    assert_eq!(
+        client.get_job(id.trim()).await.unwrap().payload,
+        b"from-file"
+    );
+
+    let id = jobq_in(&url, &["enqueue", "q", "k"], Some(b"from-stdin\n"))
+        .await
+        .ok()
+        .stdout;
+    assert_eq!(
+        client.get_job(id.trim()).await.unwrap().payload,
+        b"from-stdin\n"
+    );
+
+    let id = jobq(&url, &["enqueue", "q", "k"]).await.ok().stdout;
+    assert!(client.get_job(id.trim()).await.unwrap().payload.is_empty());
+
+    let run = jobq(
+        &url,
+        &[
+            "enqueue",
+            "q",
+            "k",
+            "--max-attempts",
+            "7",
+            "--delay",
+            "5m",
+            "--json",
+        ],
+    )
+    .await
+    .ok();
+    let v = run.json();
+    assert_eq!(v["created"], true);
+    assert_eq!(v["job"]["max_attempts"], 7);
+    assert_eq!(v["job"]["status"], "PENDING");
+    let job = client
+        .get_job(v["job"]["id"].as_str().unwrap())
+        .await
+        .unwrap();
+    let wait = job.run_at.unwrap().seconds - job.enqueued_at.unwrap().seconds;
+    assert!((299..=301).contains(&wait), "delay of {wait}s");
+}
+
+#[tokio::test]
+async fn enqueue_with_a_known_key_says_so() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let first = jobq(
+        &url,
+        &["enqueue", "q", "k", "--key", "order-1", "--payload", "a"],
+    )
+    .await
+    .ok();
+    assert!(!first.stderr.contains("existing"), "{}", first.stderr);
+    let again = jobq(
+        &url,
+        &["enqueue", "q", "k", "--key", "order-1", "--payload", "b"],
+    )
+    .await
+    .ok();
+    assert_eq!(again.stdout, first.stdout, "same job id");
+    assert!(again.stderr.contains("existing job"), "{}", again.stderr);
+    let json = jobq(&url, &["enqueue", "q", "k", "--key", "order-1", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(json["created"], false);
+    assert_eq!(json["job"]["payload"], "a");
+}
+
+#[tokio::test]
+async fn get_prints_the_job_with_its_history() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    let (job, _) = client
+        .enqueue("q", "k", "p", EnqueueOptions::new().key("order-9"))
+        .await
+        .unwrap();
+    let leased = client
+        .dequeue(["q"], "w1", None, None)
+        .await
+        .unwrap()
+        .unwrap();
+    client
+        .fail(
+            &job.id,
+            &leased.lease_id,
+            "smtp down",
+            FailOptions::retry_after(Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    let leased = client
+        .dequeue(["q"], "w2", None, None)
+        .await
+        .unwrap()
+        .unwrap();
+    client.ack(&job.id, &leased.lease_id).await.unwrap();
+
+    let text = jobq(&url, &["get", &job.id]).await.ok().stdout;
+    for needle in [
+        "order-9",
+        "DONE",
+        "smtp down",
+        "w1",
+        "w2",
+        "ACKED",
+        "FAILED",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    let v = jobq(&url, &["get", &job.id, "--json"]).await.ok().json();
+    assert_eq!(v["status"], "DONE");
+    assert_eq!(v["key"], "order-9");
+    assert_eq!(v["attempts"], 1);
+    let outcomes: Vec<&str> = v["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["FAILED", "ACKED"]);
+    assert_eq!(v["history"][0]["error"], "smtp down");
+    assert!(
+        v["finished_at"].as_str().unwrap().ends_with('Z'),
+        "RFC 3339: {v}"
+    );
+}
+
+#[tokio::test]
+async fn batch_file_and_list_page_through_every_result() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    // More than one EnqueueBatch chunk (1000) and more than one list page.
+    let lines: String = (0..1205)
+        .map(|i| {
+            format!(
+                "{{\"queue\":\"many\",\"kind\":\"k\",\"payload\":\"{i}\",\"key\":\"key-{i}\"}}\n"
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    let batch = jobq(&url, &["enqueue", "--batch-file", file.to_str().unwrap()])
+        .await
+        .ok();
+    assert_eq!(
+        batch.stdout.lines().count(),
+        1 + 1205,
+        "a header and one line per entry"
+    );
+    assert!(batch.stdout.lines().nth(1205).unwrap().ends_with("created"));
+    client
+        .enqueue("other", "k", "x", EnqueueOptions::new())
+        .await
+        .unwrap();
+    dead_letter(&client, "many").await;
+
+    let list = |args: &'static [&'static str]| {
+        let url = url.clone();
+        async move {
+            let mut all = vec!["list", "--json"];
+            all.extend_from_slice(args);
+            jobq(&url, &all).await.ok().json().as_array().unwrap().len()
+        }
+    };
+    assert_eq!(list(&["--queue", "many", "--limit", "0"]).await, 1205);
+    assert_eq!(list(&["--limit", "0"]).await, 1206);
+    assert_eq!(list(&[]).await, 100, "default limit");
+    assert_eq!(list(&["--queue", "many", "--limit", "1100"]).await, 1100);
+    assert_eq!(
+        list(&["--queue", "many", "--status", "PENDING", "--limit", "0"]).await,
+        1204
+    );
+    assert_eq!(list(&["--queue", "many", "--status", "failed"]).await, 1);
+    assert_eq!(list(&["--queue", "other", "--status", "Done"]).await, 0);
+
+    let one = jobq(
+        &url,
+        &["list", "--queue", "many", "--key", "key-7", "--json"],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(one.as_array().unwrap().len(), 1);
+    assert_eq!(one[0]["payload"], "7");
+
+    let table = jobq(&url, &["list", "--queue", "other"]).await.ok().stdout;
+    let rows: Vec<&str> = table.lines().collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(
+        rows[0].starts_with("ID") && rows[1].contains("PENDING"),
+        "{table}"
+    );
+    // Aligned: the STATUS column starts at the same offset in every row.
+    let col = rows[0].find("STATUS").unwrap();
+    assert_eq!(&rows[1][col..col + 7], "PENDING", "{table}");
+}
+
+#[tokio::test]
+async fn batch_entries_that_are_rejected_fail_the_command() {
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(
+        &file,
+        "{\"queue\":\"q\",\"kind\":\"k\"}\n{\"queue\":\"q\",\"kind\":\"bad kind\"}\n",
+    )
+    .unwrap();
+    let run = jobq(
+        &server.url(),
+        &["enqueue", "--batch-file", file.to_str().unwrap(), "--json"],
+    )
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let results: Vec<Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(results[0]["created"], true);
+    assert_eq!(results[1]["error"]["code"], "INVALID_ARGUMENT");
+}
+
+#[tokio::test]
+async fn retry_by_id_and_all_dead_letters_of_a_queue() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    for _ in 0..3 {
+        client
+            .enqueue("dlq", "k", "p", EnqueueOptions::new())
+            .await
+            .unwrap();
+    }
+    let first = dead_letter(&client, "dlq").await;
+    dead_letter(&client, "dlq").await;
+    dead_letter(&client, "dlq").await;
+
+    let run = jobq(&url, &["retry", &first.id]).await.ok();
+    assert!(run.stdout.contains("PENDING"), "{}", run.stdout);
+    assert_eq!(
+        client.get_job(&first.id).await.unwrap().status,
+        pb::JobStatus::Pending as i32
+    );
+
+    let run = jobq(&url, &["retry", "--queue", "dlq", "--all-failed"])
+        .await
+        .ok();
+    assert!(run.stdout.contains("retried 2 of 2"), "{}", run.stdout);
+    let failed = jobq(
+        &url,
+        &["list", "--queue", "dlq", "--status", "failed", "--json"],
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(failed.as_array().unwrap().len(), 0);
+
+    let nothing = jobq(&url, &["retry", "--queue", "dlq", "--all-failed", "--json"])
+        .await
+        .ok();
+    assert_eq!(nothing.json()["found"], 0);
+
+    // Not FAILED any more: the server refuses, and the code reaches stderr.
+    let again = jobq(&url, &["retry", &first.id]).await;
+    assert_eq!(again.code, 1);
+    assert!(
+        again.stderr.contains("FAILED_PRECONDITION"),
+        "{}",
+        again.stderr
+    );
+}
+
+#[tokio::test]
+async fn stats_counts_per_queue_and_watch_stops_on_ctrl_c() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    for _ in 0..3 {
+        client
+            .enqueue("s1", "k", "p", EnqueueOptions::new())
+            .await
+            .unwrap();
+    }
+    client
+        .enqueue("s2", "k", "p", EnqueueOptions::new())
+        .await
+        .unwrap();
+    dead_letter(&client, "s1").await;
+
+    let v = jobq(&url, &["stats", "--json"]).await.ok().json();
+    let s1 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "s1")
+        .expect("s1");
+    assert_eq!(
+        (s1["pending"].as_u64(), s1["failed"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(
+        (s1["running"].as_u64(), s1["done"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert!(s1["oldest_pending_age_secs"].as_f64().unwrap() >= 0.0);
+    let only = jobq(&url, &["stats", "--queue", "s2", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(only.as_array().unwrap().len(), 1);
+    let table = jobq(&url, &["stats"]).await.ok().stdout;
+    assert!(
+        table.starts_with("QUEUE") && table.contains("s2"),
+        "{table}"
+    );
+
+    let mut watch = command(&url, &["stats", "--watch", "50ms", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    for _ in 0..2 {
+        let line = tokio::time::timeout(LIMIT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(line.starts_with('['), "{line}");
+    }
+    signal(&watch, libc::SIGINT);
+    let status = tokio::time::timeout(LIMIT, watch.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn exit_codes_say_what_went_wrong() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let missing = jobq(&url, &["get", "424242"]).await;
+    assert_eq!(missing.code, 1);
+    assert!(
+        missing.stderr.starts_with("error: NOT_FOUND: "),
+        "{}",
+        missing.stderr
+    );
+    assert!(missing.stdout.is_empty());
+
+    for usage in [
+        &["list", "--status", "bogus"][..],
+        &["enqueue", "q"],
+        &["retry", "--all-failed"],
+        &["enqueue", "q", "k", "--delay", "soon"],
+        &["work", "--queue", "q", "--kind", "k"],
+        &["frobnicate"],
+    ] {
+        let run = jobq(&url, usage).await;
+        assert_eq!(run.code, 2, "{usage:?}: {}", run.stderr);
+    }
+
+    let down = jobq("http://127.0.0.1:1", &["stats"]).await;
+    assert_eq!(down.code, 1);
+    assert!(down.stderr.contains("UNAVAILABLE"), "{}", down.stderr);
+}
+
+/// A job's shell command: acks when its stdin is "ok"; otherwise prints 3000
+/// bytes of noise and then its environment to stderr, and exits 3.
+const SCRIPT: &str = r#"p=$(cat); [ "$p" = ok ] && exit 0; head -c 3000 /dev/zero | tr '\0' x >&2; echo >&2; echo "boom key=$JOBQ_JOB_KEY attempt=$JOBQ_JOB_ATTEMPT queue=$JOBQ_JOB_QUEUE kind=$JOBQ_JOB_KIND" >&2; exit 3"#;
+
+#[tokio::test]
+async fn work_runs_a_command_per_job() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    let (good, _) = client
+        .enqueue("wq", "shell", "ok", EnqueueOptions::new())
+        .await
+        .unwrap();
+    let (bad, _) = client
+        .enqueue(
+            "wq",
+            "shell",
+            "nope",
+            EnqueueOptions::new().key("order-3").max_attempts(1),
+        )
+        .await
+        .unwrap();
+
+    let mut worker = command(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "wq",
+            "--kind",
+            "shell",
+            "--capacity",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            SCRIPT,
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+
+    let status_of = |id: String| {
+        let client = client.clone();
+        async move {
+            let job = client.get_job(id).await.unwrap();
+            (job.status != pb::JobStatus::Pending as i32
+                && job.status != pb::JobStatus::Running as i32)
+                .then_some(job)
+        }
+    };
+    let done = until(LIMIT, "the ok job to finish", || status_of(good.id.clone())).await;
+    assert_eq!(done.status, pb::JobStatus::Done as i32, "{done:?}");
+    let failed = until(LIMIT, "the failing job to finish", || {
+        status_of(bad.id.clone())
+    })
+    .await;
+    assert_eq!(failed.status, pb::JobStatus::Failed as i32, "{failed:?}");
+    assert!(
+        failed.last_error.starts_with("exit status 3: "),
+        "{}",
+        failed.last_error
+    );
+    assert!(
+        failed
+            .last_error
+            .contains("boom key=order-3 attempt=1 queue=wq kind=shell"),
+        "{}",
+        failed.last_error
+    );
+    assert!(
+        failed.last_error.len() < 2100,
+        "only the tail: {}",
+        failed.last_error.len()
+    );
+
+    // SIGTERM: graceful drain with nothing in flight, exit 0.
+    signal(&worker, libc::SIGTERM);
+    let status = tokio::time::timeout(LIMIT, worker.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn work_kills_a_command_that_outlives_the_drain() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    let (job, _) = client
+        .enqueue("slow", "shell", "", EnqueueOptions::new())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // A grandchild: only killing the whole process group reaches it.
+    let script = format!("sleep 600 & echo $! > {}; wait", pidfile.display());
+    let mut worker = command(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "slow",
+            "--kind",
+            "shell",
+            "--drain-timeout",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let pid: libc::pid_t = until(LIMIT, "the command to start", || {
+        let read = std::fs::read_to_string(&pidfile).ok();
+        async move { read.and_then(|s| s.trim().parse().ok()) }
+    })
+    .await;
+
+    signal(&worker, libc::SIGTERM);
+    let status = tokio::time::timeout(LIMIT, worker.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    until(LIMIT, "the command to be killed", || async move {
+        (!alive(pid)).then_some(())
+    })
+    .await;
+    // Neither acked nor failed: the server took it back when the stream closed.
+    let back = until(LIMIT, "the job to be reclaimed", || {
+        let client = client.clone();
+        let id = job.id.clone();
+        async move {
+            let job = client.get_job(id).await.unwrap();
+            (job.status == pb::JobStatus::Pending as i32).then_some(job)
+        }
+    })
+    .await;
+    assert_eq!(back.attempts, 1);
+}
