@@ -96,3 +96,25 @@ async fn connect(server: &str) -> anyhow::Result<Client> {
         Err(err) => Err(err).with_context(|| format!("cannot connect to {server}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// clap's own consistency checks (duplicate flags, bad defaults,
+    /// conflicting globals), which otherwise only run when a flag is used.
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn globals_work_after_the_subcommand() {
+        let cli =
+            Cli::try_parse_from(["jobq", "list", "--json", "--server", "http://h:1"]).unwrap();
+        assert!(cli.json);
+        assert_eq!(cli.server, "http://h:1");
+    }
+}
