@@ -314,11 +314,9 @@ class Worker:
                     log.warning("lease stream ended: %s %s", e.code(), e.details())
                 if self._stopping.is_set():
                     break
-                # The stream ended: its unfinished jobs were reclaimed by the
-                # server, so results still running here can no longer be acked.
-                with self._lock:
-                    for f in self._inflight.values():
-                        f.lost = True
+                # Jobs still running keep their leases in our books: if the
+                # server reclaimed them (stream dropped) their ack is refused
+                # as stale (JobLost); if it only restarted, the ack succeeds.
                 time.sleep(backoff * (0.5 + random.random() / 2))
                 backoff = min(backoff * 2, 5.0)
         finally:
