@@ -541,8 +541,6 @@ async fn work_runs_a_command_per_job() {
             "work",
             "--queue",
             "wq",
-            "--kind",
-            "shell",
             "--capacity",
             "2",
             "--",

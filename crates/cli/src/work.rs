@@ -31,11 +31,11 @@ pub struct Args {
     #[arg(long = "queue", value_name = "QUEUE", required = true)]
     queues: Vec<String>,
 
-    /// Job kind to run; repeat for several. Required: the client's Worker
-    /// dispatches by kind and has no catch-all handler, and a job of
-    /// another kind that reaches this worker is failed (retryably) with
-    /// "no handler for kind". Give each kind of CLI job its own queue.
-    #[arg(long = "kind", value_name = "KIND", required = true)]
+    /// Only run jobs of this kind; repeat for several. Without it, every
+    /// job of the queues runs the command (its kind is in JOBQ_JOB_KIND).
+    /// With it, a job of another kind is failed (retryably) with
+    /// "no handler for kind".
+    #[arg(long = "kind", value_name = "KIND")]
     kinds: Vec<String>,
 
     /// How many jobs run at once.
@@ -72,6 +72,13 @@ pub async fn run(server: &str, args: Args) -> anyhow::Result<()> {
         .shutdown(crate::shutdown::on_signal());
     if let Some(id) = args.worker_id {
         builder = builder.worker_id(id);
+    }
+    if args.kinds.is_empty() {
+        let command = Arc::clone(&command);
+        builder = builder.fallback(move |ctx: JobContext| {
+            let command = Arc::clone(&command);
+            async move { run_job(&command, ctx).await }
+        });
     }
     for kind in args.kinds {
         let command = Arc::clone(&command);

@@ -53,6 +53,7 @@ pub(crate) struct Config {
     pub(crate) drain_timeout: Duration,
     pub(crate) shutdown: CancellationToken,
     pub(crate) handlers: HashMap<String, BoxedHandler>,
+    pub(crate) fallback: Option<BoxedHandler>,
     pub(crate) on_ready: Option<ReadyHook>,
 }
 
@@ -71,6 +72,7 @@ pub struct WorkerBuilder {
     drain_timeout: Duration,
     shutdown: CancellationToken,
     handlers: HashMap<String, BoxedHandler>,
+    fallback: Option<BoxedHandler>,
     on_ready: Option<ReadyHook>,
 }
 
@@ -87,6 +89,7 @@ impl fmt::Debug for WorkerBuilder {
             .field("heartbeat_every", &self.heartbeat_every)
             .field("drain_timeout", &self.drain_timeout)
             .field("handlers", &kinds)
+            .field("fallback", &self.fallback.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -103,6 +106,7 @@ impl WorkerBuilder {
             drain_timeout: Duration::from_secs(30),
             shutdown: CancellationToken::new(),
             handlers: HashMap::new(),
+            fallback: None,
             on_ready: None,
         }
     }
@@ -172,6 +176,19 @@ impl WorkerBuilder {
         self
     }
 
+    /// Runs `handler` for jobs of every kind that has no handler of its own
+    /// (a catch-all, e.g. for a generic worker that hands every job to an
+    /// external command). Without one, such jobs fail with
+    /// `no handler for kind "<kind>"`.
+    pub fn fallback<F, Fut>(mut self, handler: F) -> Self
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.fallback = Some(boxed(handler));
+        self
+    }
+
     /// Calls `hook` each time a Lease stream is established (at start and
     /// after every reconnect), e.g. to print a readiness line.
     pub fn on_ready(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
@@ -208,7 +225,7 @@ impl WorkerBuilder {
             Some("lease must be positive".to_owned())
         } else if heartbeat_every.is_zero() || heartbeat_every >= self.lease {
             Some(format!("heartbeat interval {heartbeat_every:?} must be positive and shorter than the lease {:?}", self.lease))
-        } else if self.handlers.is_empty() {
+        } else if self.handlers.is_empty() && self.fallback.is_none() {
             Some("no handlers".to_owned())
         } else {
             None
@@ -230,6 +247,7 @@ impl WorkerBuilder {
             drain_timeout: self.drain_timeout,
             shutdown: self.shutdown,
             handlers: self.handlers,
+            fallback: self.fallback,
             on_ready: self.on_ready,
         })
     }

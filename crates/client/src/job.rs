@@ -16,7 +16,12 @@ use crate::{HandlerError, JobContext};
 /// Runs `ctx`'s job to the end and takes it out of the in-flight book.
 /// Runs inside the job's tracing span.
 pub(crate) async fn run(shared: Arc<Shared>, ctx: JobContext) {
-    let outcome = match shared.cfg.handlers.get(ctx.kind()).cloned() {
+    let handler = shared
+        .cfg
+        .handlers
+        .get(ctx.kind())
+        .or(shared.cfg.fallback.as_ref());
+    let outcome = match handler.cloned() {
         // Not fatal: another worker of the same queue may have the handler
         // (e.g. during a rolling deploy), and attempts still bound the retries.
         None => Some(Err(HandlerError::retry(format!(

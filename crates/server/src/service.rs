@@ -69,7 +69,7 @@ fn now() -> SystemTime {
 
 #[tonic::async_trait]
 impl<S: Store> JobQueue for JobQueueService<S> {
-    #[instrument(skip_all, fields(queue = %req.get_ref().queue, kind = %req.get_ref().kind, job.id), err)]
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue, kind = %req.get_ref().kind, job.id), err(level = "debug"))]
     async fn enqueue(
         &self,
         req: Request<pb::EnqueueRequest>,
@@ -84,7 +84,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         }))
     }
 
-    #[instrument(skip_all, fields(jobs = req.get_ref().jobs.len()), err)]
+    #[instrument(skip_all, fields(jobs = req.get_ref().jobs.len()), err(level = "debug"))]
     async fn enqueue_batch(
         &self,
         req: Request<pb::EnqueueBatchRequest>,
@@ -113,7 +113,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         Ok(Response::new(pb::EnqueueBatchResponse { results }))
     }
 
-    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id, job.id), err)]
+    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id, job.id), err(level = "debug"))]
     async fn dequeue(
         &self,
         req: Request<pb::DequeueRequest>,
@@ -134,7 +134,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         }))
     }
 
-    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err)]
+    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err(level = "debug"))]
     async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
         let (id, lease) = validate::ack(req.into_inner())?;
         let job = self.store.ack(id, lease, now()).await?;
@@ -144,7 +144,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         }))
     }
 
-    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err)]
+    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err(level = "debug"))]
     async fn fail(
         &self,
         req: Request<pb::FailRequest>,
@@ -158,7 +158,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         }))
     }
 
-    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err)]
+    #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err(level = "debug"))]
     async fn retry(
         &self,
         req: Request<pb::RetryRequest>,
@@ -173,7 +173,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
 
     type LeaseStream = LeaseEvents;
 
-    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id), err)]
+    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id), err(level = "debug"))]
     async fn lease(
         &self,
         req: Request<pb::LeaseRequest>,
@@ -184,7 +184,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         Ok(Response::new(self.hub.open(spec, capacity, permit)))
     }
 
-    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id, leases = req.get_ref().leases.len()), err)]
+    #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id, leases = req.get_ref().leases.len()), err(level = "debug"))]
     async fn heartbeat(
         &self,
         req: Request<pb::HeartbeatRequest>,
@@ -206,13 +206,13 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         Ok(Response::new(pb::HeartbeatResponse { lost }))
     }
 
-    #[instrument(skip_all, fields(job.id = %req.get_ref().id), err)]
+    #[instrument(skip_all, fields(job.id = %req.get_ref().id), err(level = "debug"))]
     async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
         let id = validate::job_id("id", &req.into_inner().id)?;
         Ok(Response::new(self.store.get(id).await?.into()))
     }
 
-    #[instrument(skip_all, err)]
+    #[instrument(skip_all, err(level = "debug"))]
     async fn list_jobs(
         &self,
         req: Request<pb::ListJobsRequest>,
@@ -225,7 +225,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         }))
     }
 
-    #[instrument(skip_all, err)]
+    #[instrument(skip_all, err(level = "debug"))]
     async fn stats(
         &self,
         req: Request<pb::StatsRequest>,
