@@ -2,6 +2,7 @@
 //! the test is about crashes), in-process servers on 127.0.0.1:0, real
 //! clients and workers. They wait on conditions, never on fixed sleeps.
 
+mod bench;
 mod cli;
 mod harness;
 mod lease;

@@ -50,6 +50,8 @@ pub enum Command {
     Stats(stats::Args),
     /// Run a command for each job of a queue: a worker in any language.
     Work(work::Args),
+    /// Measure throughput and latency (durable replies) on this machine.
+    Bench(jobq_bench::BenchArgs),
 }
 
 impl Cli {
@@ -74,6 +76,7 @@ impl Cli {
             Command::List(args) => list::run(&connect(&self.server).await?, out, args).await,
             Command::Retry(args) => retry::run(&connect(&self.server).await?, out, args).await,
             Command::Stats(args) => stats::run(&connect(&self.server).await?, out, args).await,
+            Command::Bench(args) => jobq_bench::run(args).await,
         }
     }
 }

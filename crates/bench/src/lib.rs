@@ -1,0 +1,357 @@
+//! `jobq bench`: how fast is jobq on this machine, with every reply durable?
+//!
+//! One command starts a server (or drives `--server URL`), runs a set of
+//! workloads with a progress bar, and prints a table of throughput and
+//! latency percentiles — or, with `--json`, one JSON object per workload.
+//! The server has one durability mode: each reply that promises durability
+//! waits for sled's flush plus an `fdatasync` (group commit), so every
+//! figure here is a durable one.
+//!
+//! # Layout
+//! - this file: [`BenchArgs`] (the flags), [`Workload`], [`run`] and
+//!   [`measure`], which run the selected workloads in order.
+//! - `server`: the server under test — a spawned `jobq serve` child on a
+//!   temporary data dir (and its memory), or an external one.
+//! - `pool`: the client connections (one HTTP/2 connection each), fresh
+//!   queue names.
+//! - `stamp`: payloads that carry their send time, for latency across tasks.
+//! - `hist`: latency histograms (hdrhistogram) and their summaries.
+//! - `progress`: the indicatif bar of each workload.
+//! - `workloads`: one module per workload (`enqueue` covers A and A-batch,
+//!   `drain` B, `latency` C, `mixed`), plus `worker`, the Lease-stream
+//!   take-and-ack loop they share.
+//! - `report`: the [`Outcome`] of a workload, the table and the JSON lines.
+#![warn(missing_docs)]
+
+mod hist;
+mod pool;
+mod progress;
+mod report;
+mod server;
+mod stamp;
+mod workloads;
+
+use std::{io::Write, path::PathBuf, time::Duration};
+
+use clap::{parser::ValueSource, Args, ValueEnum};
+
+pub use hist::Summary;
+pub use report::{Outcome, Report};
+pub use server::Memory;
+
+/// The flags of `jobq bench`. Defaults are the workloads of the README's
+/// table.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Drive this running server (e.g. http://127.0.0.1:50051) instead of
+    /// spawning one; no memory figures then.
+    #[command(flatten)]
+    pub server: ServerUrl,
+
+    /// Workloads to run, in this order: a (enqueue), a-batch
+    /// (enqueue-batch), b (drain), c (latency), mixed.
+    #[arg(long, value_delimiter = ',', default_value = "a,a-batch,b,c,mixed")]
+    pub workloads: Vec<Workload>,
+
+    /// Jobs per throughput workload (A, A-batch, B).
+    #[arg(long, default_value_t = 20_000)]
+    pub jobs: u64,
+
+    /// Concurrent producers in A and A-batch.
+    #[arg(long, default_value_t = 32)]
+    pub producers: usize,
+
+    /// Jobs per EnqueueBatch RPC (A-batch, and B's untimed fill).
+    #[arg(long, default_value_t = 100)]
+    pub batch_size: usize,
+
+    /// Workers (one Lease stream each) in B and mixed.
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+
+    /// Capacity of each Lease stream: unacked jobs a worker holds at once.
+    #[arg(long, default_value_t = 4)]
+    pub capacity: u32,
+
+    /// Payload bytes per job (C and mixed use at least 16: the send time
+    /// and a sequence number travel in it).
+    #[arg(long, default_value_t = 100)]
+    pub payload_bytes: usize,
+
+    /// C: the producer's enqueue rate, jobs per second (open loop: sends
+    /// keep the schedule however slow the replies are).
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+
+    /// C: jobs to send.
+    #[arg(long, default_value_t = 2000)]
+    pub latency_jobs: u64,
+
+    /// C: waiting workers (Lease streams).
+    #[arg(long, default_value_t = 4)]
+    pub latency_workers: usize,
+
+    /// Mixed: producers enqueueing one job per RPC, as fast as replies come.
+    #[arg(long, default_value_t = 8)]
+    pub mixed_producers: usize,
+
+    /// Mixed: most jobs enqueued but not yet acked (default: twice what the
+    /// workers hold, 2 × workers × capacity). Producers wait for acks
+    /// beyond it, so the queue stays short and the latency is a steady
+    /// state's rather than an ever-growing backlog's.
+    #[arg(long)]
+    pub mixed_backlog: Option<u64>,
+
+    /// Mixed: how long producers run (workers run alongside, then drain).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Mixed: enqueue exactly this many jobs instead of running for
+    /// --duration; throughput is then jobs / time until the last ack.
+    #[arg(long)]
+    pub mixed_jobs: Option<u64>,
+
+    /// Client HTTP/2 connections, shared round-robin by producers and
+    /// workers (one connection can be the bottleneck).
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+
+    /// Where the spawned server's temporary data dir is made (default: the
+    /// system temp dir). Put it on the disk you care about: on tmpfs an
+    /// fsync is free.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// An extra flag for the spawned `jobq serve` (repeatable), e.g.
+    /// --serve-arg=--cache-bytes=268435456.
+    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub serve_args: Vec<String>,
+
+    /// One JSON object per line and workload on stdout, instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// No progress bar (it is drawn on stderr, and only to a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// `--server URL`, counted only when given on the command line.
+///
+/// `jobq`'s global `--server` has the same name, a default and the
+/// `JOBQ_SERVER` variable, and clap hands those down to this flag too. A
+/// user whose shell points JOBQ_SERVER at production must not bench
+/// production by accident, so only an explicit `--server` (before or after
+/// `bench`) selects an external server; otherwise the bench spawns its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerUrl(pub Option<String>);
+
+impl ServerUrl {
+    const ID: &'static str = "server";
+}
+
+impl clap::FromArgMatches for ServerUrl {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let explicit = matches.value_source(Self::ID) == Some(ValueSource::CommandLine);
+        Ok(ServerUrl(
+            explicit
+                .then(|| matches.get_one::<String>(Self::ID).cloned())
+                .flatten(),
+        ))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for ServerUrl {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.arg(
+            clap::Arg::new(Self::ID)
+                .long("server")
+                .value_name("URL")
+                .help("Drive this running server (e.g. http://127.0.0.1:50051) instead of spawning one; no memory figures then"),
+        )
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// One workload of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// A: enqueue, one job per RPC, concurrent producers.
+    #[value(name = "a", alias = "enqueue")]
+    Enqueue,
+    /// A-batch: the same jobs through EnqueueBatch.
+    #[value(name = "a-batch", alias = "enqueue-batch")]
+    EnqueueBatch,
+    /// B: drain pending jobs through Lease streams with acks.
+    #[value(name = "b", alias = "drain")]
+    Drain,
+    /// C: enqueue → delivered latency at a fixed rate.
+    #[value(name = "c", alias = "latency")]
+    Latency,
+    /// Producers and workers at once.
+    #[value(name = "mixed")]
+    Mixed,
+}
+
+impl Workload {
+    /// The name in the table and the JSON `workload` field.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Enqueue => "enqueue",
+            Workload::EnqueueBatch => "enqueue-batch",
+            Workload::Drain => "drain",
+            Workload::Latency => "latency",
+            Workload::Mixed => "mixed",
+        }
+    }
+}
+
+/// Runs the bench and prints the table (or the JSON lines) on stdout.
+///
+/// # Errors
+/// When the server cannot be spawned or reached, or any RPC of a workload
+/// fails: a figure measured around a failure would be wrong.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let json = args.json;
+    let measured = measure(args, |outcome| {
+        if json {
+            // Each line as soon as its workload ends, so a long run can be
+            // watched (or cut short) by a consumer.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{}", outcome.to_json());
+            let _ = out.flush();
+        }
+    });
+    // On Ctrl-C, dropping the run kills the spawned server and removes its
+    // temporary data dir.
+    let report = tokio::select! {
+        report = measured => report?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+    };
+    let mut stdout = std::io::stdout().lock();
+    if !json {
+        report.write_table(&mut stdout)?;
+    }
+    Ok(())
+}
+
+/// Runs the selected workloads and returns their outcomes, calling
+/// `on_outcome` as each one finishes. The server (if spawned) is stopped
+/// before this returns.
+///
+/// # Errors
+/// As [`run`].
+pub async fn measure(
+    args: BenchArgs,
+    mut on_outcome: impl FnMut(&Outcome),
+) -> anyhow::Result<Report> {
+    anyhow::ensure!(args.connections > 0, "--connections must be at least 1");
+    anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
+    anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
+    let server = match &args.server.0 {
+        Some(url) => server::Server::attach(url.clone()),
+        None => server::Server::spawn(args.data_dir.as_deref(), &args.serve_args).await?,
+    };
+    let pool = pool::Pool::connect(&server.url(), args.connections).await?;
+    if !args.json {
+        report::write_header(&mut std::io::stdout().lock(), &server, &args)?;
+    }
+    let progress = progress::Progress::new(!args.no_progress);
+    let mut report = Report::new(server.describe());
+    for &workload in &args.workloads {
+        let mut outcome = workloads::run(workload, &args, &pool, &progress).await?;
+        outcome.memory = server.memory();
+        on_outcome(&outcome);
+        report.outcomes.push(outcome);
+    }
+    report.memory = server.memory();
+    drop(pool);
+    server.stop().await;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Parser, Subcommand};
+
+    use super::*;
+
+    /// The shape of `jobq`'s command line: a global `--server` with a
+    /// default, `--json`, and `bench` below.
+    #[derive(Parser)]
+    struct Jobq {
+        #[arg(long, global = true, default_value = "http://127.0.0.1:50051")]
+        server: String,
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        command: Cmd,
+    }
+
+    #[derive(Subcommand)]
+    enum Cmd {
+        Bench(BenchArgs),
+    }
+
+    fn bench(argv: &[&str]) -> BenchArgs {
+        let Cmd::Bench(args) = Jobq::try_parse_from(argv).expect("flags").command;
+        args
+    }
+
+    #[test]
+    fn only_an_explicit_server_is_external() {
+        assert_eq!(bench(&["jobq", "bench"]).server, ServerUrl(None));
+        let url = Some("http://h:1".to_owned());
+        assert_eq!(
+            bench(&["jobq", "bench", "--server", "http://h:1"]).server,
+            ServerUrl(url.clone())
+        );
+        assert_eq!(
+            bench(&["jobq", "--server", "http://h:1", "bench"]).server,
+            ServerUrl(url)
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_tables_workloads_and_json_works_either_side() {
+        let args = bench(&["jobq", "bench"]);
+        assert_eq!(
+            args.workloads,
+            [
+                Workload::Enqueue,
+                Workload::EnqueueBatch,
+                Workload::Drain,
+                Workload::Latency,
+                Workload::Mixed
+            ]
+        );
+        assert_eq!(
+            (args.jobs, args.producers, args.batch_size),
+            (20_000, 32, 100)
+        );
+        assert_eq!(
+            (args.workers, args.capacity, args.payload_bytes),
+            (8, 4, 100)
+        );
+        assert_eq!(
+            (args.rate, args.latency_jobs, args.latency_workers),
+            (1000, 2000, 4)
+        );
+        assert!(!args.json);
+        assert!(bench(&["jobq", "--json", "bench"]).json);
+        assert!(bench(&["jobq", "bench", "--json"]).json);
+        let picked = bench(&["jobq", "bench", "--workloads", "b,drain,c"]).workloads;
+        assert_eq!(
+            picked,
+            [Workload::Drain, Workload::Drain, Workload::Latency]
+        );
+    }
+}

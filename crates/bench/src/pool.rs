@@ -1,0 +1,76 @@
+//! Client connections and queue names.
+//!
+//! Every [`Client::connect`] opens its own HTTP/2 connection; producers and
+//! workers share a few of them round-robin. One connection for everything
+//! would measure one TCP stream's and one hyper task's limits, not the
+//! server's.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use jobq_client::Client;
+
+/// A fixed set of connected clients.
+pub struct Pool {
+    clients: Vec<Client>,
+    run_id: String,
+}
+
+impl Pool {
+    /// Opens `n` connections to `url`.
+    pub async fn connect(url: &str, n: usize) -> anyhow::Result<Pool> {
+        let mut clients = Vec::with_capacity(n);
+        for _ in 0..n {
+            let client = Client::connect(url.to_owned())
+                .await
+                .with_context(|| format!("cannot connect to {url}"))?;
+            clients.push(client);
+        }
+        Ok(Pool {
+            clients,
+            run_id: run_id(),
+        })
+    }
+
+    /// The client for producer or worker number `i`.
+    pub fn client(&self, i: usize) -> Client {
+        self.clients[i % self.clients.len()].clone()
+    }
+
+    /// A queue nobody else uses: this run's id plus the workload's name, so
+    /// workloads (and runs against the same `--server`) never see each
+    /// other's jobs.
+    pub fn queue(&self, workload: &str) -> String {
+        format!("bench-{}-{workload}", self.run_id)
+    }
+}
+
+/// Process id and clock: unique enough among runs against one server.
+fn run_id() -> String {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or_default();
+    format!("{}-{:x}", std::process::id(), micros % (1 << 40))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names_are_valid_and_distinct_per_workload() {
+        let pool = Pool {
+            clients: Vec::new(),
+            run_id: run_id(),
+        };
+        let (a, b) = (pool.queue("enqueue"), pool.queue("drain"));
+        assert_ne!(a, b);
+        for q in [a, b] {
+            assert!(q.len() <= 128);
+            assert!(q
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c)));
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! C: how long a job takes from the producer's Enqueue to a waiting
+//! worker, at a steady rate below saturation.
+//!
+//! `--latency-workers` Lease streams wait on an empty queue. One producer
+//! sends `--latency-jobs` jobs at `--rate` per second, open loop: send `k`
+//! is due at `start + k / rate` and goes out then whether or not earlier
+//! replies came back (a producer that waited for replies would hide the
+//! server's stalls — coordinated omission). Each payload carries the
+//! instant just before its Enqueue was sent ([`stamp`](crate::stamp));
+//! the worker records the time since then when the leased event arrives,
+//! then acks. The Enqueue RPC's own round trip is an extra figure.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use jobq_client::EnqueueOptions;
+use tokio::task::JoinSet;
+
+use super::{join_all, worker, KIND};
+use crate::{hist::Latencies, pool::Pool, progress::Progress, stamp, BenchArgs, Outcome, Workload};
+
+/// Runs C.
+pub async fn run(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::Result<Outcome> {
+    anyhow::ensure!(args.rate > 0, "--rate must be at least 1");
+    let name = Workload::Latency.name();
+    let queue = pool.queue(name);
+    let total = args.latency_jobs;
+    let bar = progress.bar(name, total);
+    let shared = worker::Shared::new(Some(total), bar.clone(), true);
+    let workers = worker::start(
+        pool,
+        &queue,
+        args.latency_workers.max(1),
+        args.capacity,
+        &shared,
+    )
+    .await?;
+
+    // The producer's connection is not one the workers use, when the pool
+    // has room: its sends should not queue behind acks.
+    let client = pool.client(args.latency_workers.max(1));
+    let rpc = Arc::new(Mutex::new(Latencies::default()));
+    let period = Duration::from_secs_f64(1.0 / f64::from(args.rate));
+    let start = Instant::now();
+    let mut sends = JoinSet::new();
+    for seq in 0..total {
+        tokio::time::sleep_until((start + period.mul_f64(seq as f64)).into()).await;
+        let (client, queue, rpc) = (client.clone(), queue.clone(), Arc::clone(&rpc));
+        let payload_bytes = args.payload_bytes;
+        sends.spawn(async move {
+            let payload = stamp::payload(payload_bytes, seq);
+            let sent = Instant::now();
+            client
+                .enqueue(queue.as_str(), KIND, payload, EnqueueOptions::new())
+                .await
+                .context("Enqueue failed")?;
+            let took = sent.elapsed();
+            rpc.lock().unwrap_or_else(|e| e.into_inner()).record(took);
+            anyhow::Ok(())
+        });
+        // Reap finished sends as we go so a failure stops the run early.
+        while let Some(done) = sends.try_join_next() {
+            done??;
+        }
+    }
+    join_all(sends).await?;
+    let stats = worker::finish(workers).await?;
+    let elapsed = start.elapsed();
+    bar.finish_and_clear();
+    let enqueue_rpc = rpc.lock().unwrap_or_else(|e| e.into_inner()).summary();
+    Ok(Outcome::new(
+        Workload::Latency,
+        total,
+        elapsed,
+        "enqueue_to_delivered",
+        stats.delivered.summary(),
+    )
+    .extra("enqueue_rpc", enqueue_rpc)
+    .extra("enqueue_to_acked", stats.acked.summary())
+    .param("rate", args.rate)
+    .param("workers", args.latency_workers)
+    .param("capacity", args.capacity)
+    .param("payload_bytes", args.payload_bytes.max(stamp::MIN_LEN)))
+}

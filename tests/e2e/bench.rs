@@ -1,0 +1,77 @@
+//! `jobq bench` end to end: the real binary spawns its own `jobq serve`
+//! child, runs every workload at a tiny size, and prints one JSON line per
+//! workload.
+
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::harness::JOBQ;
+
+#[test]
+fn tiny_bench_prints_one_json_line_per_workload() {
+    let data_parent = tempfile::tempdir().expect("tempdir");
+    let started = Instant::now();
+    let out = Command::new(JOBQ)
+        .args(["bench", "--json", "--no-progress"])
+        .args(["--jobs", "200", "--producers", "4", "--workers", "2"])
+        .args([
+            "--rate",
+            "500",
+            "--latency-jobs",
+            "100",
+            "--duration",
+            "500ms",
+        ])
+        .arg("--data-dir")
+        .arg(data_parent.path())
+        .env_remove("JOBQ_SERVER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run jobq bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["enqueue", "enqueue-batch", "drain", "latency", "mixed"]
+    );
+    for line in &lines {
+        assert!(line["jobs"].as_u64().unwrap() > 0, "{line}");
+        assert!(line["jobs_per_sec"].as_f64().unwrap() > 0.0, "{line}");
+        let (p50, p99) = (
+            line["p50_ms"].as_f64().unwrap(),
+            line["p99_ms"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p99 >= p50, "{line}");
+        assert_eq!(line["durability"], "fsync", "{line}");
+        // A spawned server: its memory is measured.
+        assert!(
+            line["server_peak_rss_mib"].as_f64().unwrap() > 0.0,
+            "{line}"
+        );
+    }
+    assert_eq!(lines[0]["jobs"], 200);
+    assert_eq!(lines[3]["jobs"], 100);
+
+    // The server is gone and so is its temporary data.
+    let left: Vec<_> = std::fs::read_dir(data_parent.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
