@@ -115,6 +115,17 @@ async fn a_running_lease_survives_a_server_restart_and_still_acks() {
         .await
         .expect("enqueue");
     let leased = take(&c, "q", secs(60)).await.expect("job");
+    // A take is made durable by the next flush round, not before the reply;
+    // the worker's first heartbeat (a durable write) is past that round.
+    let held = pb::LeaseRef {
+        job_id: leased.job.clone().expect("job").id,
+        lease_id: leased.lease_id.clone(),
+    };
+    assert!(c
+        .heartbeat("w1", vec![held], None)
+        .await
+        .expect("heartbeat")
+        .is_empty());
     server.kill9();
     let server = ServerProcess::start(&data, &[]);
     let c = server.client().await;

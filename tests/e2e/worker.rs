@@ -495,6 +495,11 @@ async fn a_worker_survives_a_server_restart_and_its_persisted_lease_still_acks()
         j.status == pb::JobStatus::Running as i32
     })
     .await;
+    // A take is made durable by the next flush round; any durable write
+    // acknowledged after it (here an unrelated enqueue) is past that round.
+    c.enqueue("barrier", "k", "x", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
 
     server.kill9();
     let server = ServerProcess::start_at(&data, &listen, &[]);

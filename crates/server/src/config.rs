@@ -102,7 +102,7 @@ pub struct Config {
     pub keepalive_timeout: Duration,
 
     /// sled's page cache, in bytes.
-    #[arg(long, env = "JOBQ_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, env = "JOBQ_CACHE_BYTES", default_value_t = 32 * 1024 * 1024)]
     pub cache_bytes: u64,
 
     /// How long shutdown waits for in-flight RPCs before giving up.

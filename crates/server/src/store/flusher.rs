@@ -132,15 +132,7 @@ impl Flusher {
     /// [`Error::Corrupt`] if the round (or an earlier one) failed, or the
     /// flusher stopped.
     pub fn durable(&self) -> impl Future<Output = Result<()>> + Send + 'static {
-        let target = {
-            let mut rounds = self.shared.rounds();
-            // The running round (number `started`) may have begun before our
-            // write; only a round that starts after this point covers it.
-            let target = rounds.started + 1;
-            rounds.requested = rounds.requested.max(target);
-            target
-        };
-        self.shared.wake.notify_one();
+        let target = self.request();
         let mut progress = self.shared.progress.subscribe();
         async move {
             let seen = progress
@@ -154,6 +146,22 @@ impl Flusher {
                 None => Ok(()),
             }
         }
+    }
+
+    /// Asks for a round that covers everything written before this call,
+    /// without waiting for it; returns the round's number. For writes whose
+    /// reply does not promise durability but should reach the disk soon.
+    pub fn request(&self) -> u64 {
+        let target = {
+            let mut rounds = self.shared.rounds();
+            // The running round (number `started`) may have begun before our
+            // write; only a round that starts after this point covers it.
+            let target = rounds.started + 1;
+            rounds.requested = rounds.requested.max(target);
+            target
+        };
+        self.shared.wake.notify_one();
+        target
     }
 
     /// How many flush rounds have run so far.

@@ -103,7 +103,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
 
     /// Leases the first due job of the first queue (in the given priority
-    /// order) that has one. `Ok(None)` when nothing is due. Durable on return.
+    /// order) that has one. `Ok(None)` when nothing is due. Not waited on:
+    /// the take is made durable by the next flush round (asked for here),
+    /// and losing it in a crash only causes a redelivery.
     fn take(
         &self,
         queues: &[String],
