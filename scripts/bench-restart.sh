@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Restart time and memory with N pending jobs (default 1,000,000):
+# fills a fresh data dir with `jobq bench --workloads a-batch`, stops the
+# server, then times `jobq serve` from exec to its "jobq serving" log line
+# (the in-memory indexes are rebuilt from sled before it listens).
+#
+#   bash scripts/bench-restart.sh [JOBS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="${1:-1000000}"
+port=50099
+cargo build --release -p jobq-cli >/dev/null
+bin=target/release/jobq
+data="$(mktemp -d /tmp/jobq-restart-XXXXXX)"
+log="$data.log"
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$data" "$log"' EXIT
+
+RUST_LOG=info "$bin" serve --listen "127.0.0.1:$port" --data "$data" 2>"$log" &
+server=$!
+until grep -q "jobq serving" "$log"; do sleep 0.05; done
+"$bin" bench --server "http://127.0.0.1:$port" --workloads a-batch --jobs "$jobs" --no-progress | grep -E "^enqueue-batch"
+echo "server RSS with $jobs pending: $(grep VmRSS /proc/$server/status | awk '{print $2/1024 " MiB"}')"
+kill -TERM "$server"; wait "$server" || true
+
+: >"$log"
+start=$(date +%s%N)
+RUST_LOG=info "$bin" serve --listen "127.0.0.1:$port" --data "$data" 2>"$log" &
+server=$!
+until grep -q "jobq serving" "$log"; do sleep 0.01; done
+end=$(date +%s%N)
+echo "restart with $jobs pending: serving after $(( (end - start) / 1000000 )) ms"
+kill -TERM "$server"; wait "$server" || true
