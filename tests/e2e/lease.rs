@@ -1,7 +1,14 @@
 //! The Lease stream, driven with the raw generated client: push delivery,
 //! capacity, stream-drop reclaim, revocation, grace, draining and shutdown.
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use jobq::pb::{self, lease_event::Event};
 use jobq_client::{Client, EnqueueOptions};
@@ -298,4 +305,84 @@ async fn server_shutdown_ends_streams_without_reclaiming() {
     c.ack(ids[0].clone(), leased.lease_id)
         .await
         .expect("the old lease still acks");
+}
+
+/// A TCP proxy to the server that can go silent: it stops forwarding in both
+/// directions but keeps both sockets open, like a peer whose machine froze
+/// or whose network vanished without a FIN.
+async fn freezable_proxy(server: std::net::SocketAddr) -> (String, Arc<AtomicBool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let frozen = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&frozen);
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = tokio::net::TcpStream::connect(server)
+                .await
+                .expect("connect upstream");
+            let (cr, cw) = client.into_split();
+            let (ur, uw) = upstream.into_split();
+            tokio::spawn(pipe(cr, uw, Arc::clone(&flag)));
+            tokio::spawn(pipe(ur, cw, Arc::clone(&flag)));
+        }
+    });
+    (url, frozen)
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.load(Ordering::SeqCst) {
+            // Silent: hold both sockets open, forward nothing, ever.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_silent_peer_is_found_by_http2_keepalive_and_its_jobs_reclaimed() {
+    let server = TestServer::with(|c| {
+        c.keepalive_interval = Duration::from_millis(200);
+        c.keepalive_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let c = server.client().await;
+    let ids = enqueue_n(&c, "q", 1).await;
+    let (proxy, frozen) = freezable_proxy(server.addr).await;
+    let worker = Client::connect(proxy)
+        .await
+        .expect("connect through the proxy");
+    let mut stream = open(&worker, &["q"], "w1", 1, Duration::from_secs(600)).await;
+    next_leased(&mut stream).await;
+    // No FIN, no RST: the worker just goes silent.
+    frozen.store(true, Ordering::SeqCst);
+    let job = until(
+        Duration::from_secs(5),
+        "keepalive to drop the silent connection",
+        || async {
+            let j = status_of(&c, &ids[0]).await;
+            (j.status == pb::JobStatus::Pending as i32).then_some(j)
+        },
+    )
+    .await;
+    assert_eq!(
+        job.history[0].outcome,
+        pb::AttemptOutcome::WorkerDisconnected as i32,
+        "not a lease expiry: the lease is 10 minutes"
+    );
+    drop(stream);
 }
