@@ -327,7 +327,7 @@ async fn a_frozen_worker_loses_its_lease_is_told_and_does_not_ack() {
     crate::harness::signal(&w.child, libc::SIGCONT);
     // Thawed, it learns (revoked event or heartbeat) that the lease is gone,
     // drops that run without acking, and finishes the job under a new lease.
-    w.expect_containing("cancelling its handler").await;
+    w.expect_containing("cancelling").await;
     let done = job_where(&c, &job.id, "the job DONE", |j| {
         j.status == pb::JobStatus::Done as i32
     })

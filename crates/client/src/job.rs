@@ -63,6 +63,13 @@ async fn execute(
             warn!("handler cancelled: lease lost or drain deadline passed; not acking");
             return None;
         }
+        () = lease_ran_out(ctx) => {
+            // Heartbeats could not reach the server (partition, server
+            // down): past the deadline the server may have handed the job
+            // to someone else, so stop rather than run it twice at once.
+            warn!("lease deadline passed without a successful heartbeat; cancelling the handler");
+            return None;
+        }
         result = run => result,
     };
     let elapsed_ms = started.elapsed().as_millis() as u64;
@@ -90,11 +97,17 @@ async fn execute(
 async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
     let client = &shared.cfg.client;
     let mut backoff = Backoff::default();
+    let mut first = true;
     loop {
-        if ctx.is_cancelled() {
+        // The first call always goes out, even if the drain deadline has
+        // fired meanwhile: the handler finished, and a stale lease is
+        // refused by the server (ABORTED) anyway. Retries stop once the
+        // lease is lost or the worker is stopping hard.
+        if !first && ctx.is_cancelled() {
             warn!("lease lost before ack/fail; leaving the job to the server");
             return;
         }
+        first = false;
         let call = async {
             match &outcome {
                 Ok(()) => client.ack(ctx.id(), ctx.lease_id()).await.map(drop),
@@ -104,11 +117,7 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
                     .map(drop),
             }
         };
-        let result = tokio::select! {
-            biased;
-            _ = ctx.cancelled() => continue,
-            result = call => result,
-        };
+        let result = call.await;
         match (result, &outcome) {
             (Ok(()), Ok(())) => {
                 info!("acked");
@@ -135,5 +144,20 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
                 return;
             }
         }
+    }
+}
+
+/// Resolves once the job's lease deadline (moved forward by every
+/// successful heartbeat) is in the past.
+async fn lease_ran_out(ctx: &JobContext) {
+    loop {
+        let left = ctx
+            .lease_expires_at()
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left).await;
     }
 }

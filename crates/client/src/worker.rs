@@ -175,7 +175,9 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Option<LeaseStr
             };
             match opened {
                 Ok(s) => {
-                    backoff.reset();
+                    // The backoff resets only on the first event (below): a
+                    // stream that opens and fails at once must not be
+                    // retried in a tight loop.
                     info!(in_flight = shared.book().len(), "lease stream open");
                     if let Some(hook) = &shared.cfg.on_ready {
                         hook();
@@ -204,6 +206,7 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Option<LeaseStr
         let ended = match step {
             None => continue,
             Some(Ok(Some(event))) => {
+                backoff.reset();
                 on_event(shared, event, tasks);
                 continue;
             }

@@ -217,10 +217,11 @@ impl<S: Store> LeaseHub<S> {
                         let event = pb::LeaseEvent {
                             event: Some(Event::Leased(leased.into())),
                         };
-                        if tx.send(Ok(event)).await.is_err() {
-                            break 'stream End::WorkerGone;
+                        match self.send(&tx, event).await {
+                            Sent::Ok => continue,
+                            Sent::WorkerGone => break 'stream End::WorkerGone,
+                            Sent::Shutdown => break 'stream End::Shutdown,
                         }
-                        continue;
                     }
                     Ok(None) => {}
                     Err(err) => {
@@ -246,8 +247,10 @@ impl<S: Store> LeaseHub<S> {
                         if held.remove(&lease).is_some() {
                             let revoked = pb::LeaseRevoked { job_id: job.to_string(), lease_id: lease.to_string(), reason: reason.to_owned() };
                             let event = pb::LeaseEvent { event: Some(Event::Revoked(revoked)) };
-                            if tx.send(Ok(event)).await.is_err() {
-                                break 'stream End::WorkerGone;
+                            match self.send(&tx, event).await {
+                                Sent::Ok => {}
+                                Sent::WorkerGone => break 'stream End::WorkerGone,
+                                Sent::Shutdown => break 'stream End::Shutdown,
                             }
                         }
                     }
@@ -279,6 +282,21 @@ impl<S: Store> LeaseHub<S> {
                 held = held.len(),
                 "lease stream ended by a store failure; leases kept"
             ),
+        }
+    }
+
+    /// Sends one event. A worker that stops reading blocks the send once
+    /// the channel is full; shutdown must still end the stream (without
+    /// reclaiming), so the wait also watches the shutdown token.
+    async fn send(
+        &self,
+        tx: &mpsc::Sender<Result<pb::LeaseEvent, tonic::Status>>,
+        event: pb::LeaseEvent,
+    ) -> Sent {
+        tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => Sent::Shutdown,
+            sent = tx.send(Ok(event)) => if sent.is_ok() { Sent::Ok } else { Sent::WorkerGone },
         }
     }
 
@@ -317,6 +335,13 @@ impl<S: Store> LeaseHub<S> {
             }
         }
     }
+}
+
+/// How a send on a stream went.
+enum Sent {
+    Ok,
+    WorkerGone,
+    Shutdown,
 }
 
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {

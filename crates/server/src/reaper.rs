@@ -18,19 +18,26 @@ const PURGE_EVERY: Duration = Duration::from_secs(600);
 /// After a store error, wait this long before trying again.
 const ERROR_BACKOFF: Duration = Duration::from_millis(500);
 
-/// Runs until `shutdown` fires.
+/// Runs until `shutdown` fires. Purging runs in a task of its own, so a
+/// long scan of a large database never delays a lease reclaim.
 pub async fn run<S: Store>(
     store: Arc<S>,
     hub: Arc<LeaseHub<S>>,
     config: Arc<Config>,
     shutdown: CancellationToken,
 ) {
+    let purger = tokio::spawn(purge_loop(Arc::clone(&store), config, shutdown.clone()));
+    reclaim_loop(&*store, &hub, &shutdown).await;
+    let _ = purger.await;
+}
+
+/// Reclaims expired leases on time, sleeping until the nearest deadline
+/// and re-arming when a sooner one appears.
+async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &CancellationToken) {
     let mut lease_changes = store.lease_changes();
-    let mut next_purge = tokio::time::Instant::now();
     loop {
         lease_changes.borrow_and_update();
-        let now = SystemTime::now();
-        match store.reclaim_expired(now).await {
+        match store.reclaim_expired(SystemTime::now()).await {
             Ok(reclaimed) => {
                 for (job, lease) in reclaimed {
                     info!(job.id = %job.id, attempts = job.attempts, status = %job.status, "reclaimed: lease expired");
@@ -45,18 +52,35 @@ pub async fn run<S: Store>(
                 }
             }
         }
-        if tokio::time::Instant::now() >= next_purge {
-            purge(&*store, &config, now).await;
-            next_purge = tokio::time::Instant::now() + PURGE_EVERY;
-        }
-        let wake = store
-            .next_lease_expiry()
-            .map_or(next_purge, |t| instant_at(t).min(next_purge));
+        let wake = store.next_lease_expiry().map(instant_at);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = lease_changes.changed() => {}
-            () = tokio::time::sleep_until(wake) => {}
+            () = sleep_until_opt(wake) => {}
         }
+    }
+}
+
+/// Purges old DONE and FAILED jobs at startup and every [`PURGE_EVERY`].
+async fn purge_loop<S: Store>(store: Arc<S>, config: Arc<Config>, shutdown: CancellationToken) {
+    loop {
+        // A purge of a large database may take a while; shutdown does not
+        // wait for it (what it deleted so far is flushed on the way out).
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            () = purge(&*store, &config, SystemTime::now()) => {}
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            () = tokio::time::sleep(PURGE_EVERY) => {}
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
