@@ -28,14 +28,28 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+/// Most leases in one Heartbeat call: below the server's default
+/// `--max-capacity` (1000), which also bounds a call's leases. A worker
+/// can briefly hold more leases than its capacity after a reconnect.
+const MAX_LEASES_PER_CALL: usize = 500;
+
 /// One heartbeat. Sent even with no leases while draining, because that call
 /// is what tells the server to push nothing more to this worker's streams.
 pub(crate) async fn beat(shared: &Shared) {
-    let sent = shared.book().snapshot();
+    let all = shared.book().snapshot();
     let draining = shared.draining.load(Ordering::SeqCst);
-    if sent.is_empty() && !draining {
+    if all.is_empty() && !draining {
         return;
     }
+    if all.is_empty() {
+        return beat_some(shared, Vec::new(), draining).await;
+    }
+    for chunk in all.chunks(MAX_LEASES_PER_CALL) {
+        beat_some(shared, chunk.to_vec(), draining).await;
+    }
+}
+
+async fn beat_some(shared: &Shared, sent: Vec<jobq::pb::LeaseRef>, draining: bool) {
     let cfg = &shared.cfg;
     let sent_at = SystemTime::now();
     let call = cfg.client.heartbeat_with(
