@@ -9,6 +9,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::job::{Attempt, Job, JobId, Lease, LeaseId, NewJob, Outcome, Status};
 
+/// Most attempts a job's history keeps (the most recent ones). A job can
+/// be retried by an operator any number of times; without a bound its
+/// record (and every reply carrying it) would grow without end.
+pub const MAX_HISTORY: usize = 1000;
+
 /// Exponential backoff between failed attempts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -180,6 +185,10 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             }
             if job.run_at > now {
                 return Err(TransitionError::NotDue { id: job.id });
+            }
+            if job.history.len() >= MAX_HISTORY {
+                // Keep the record bounded across operator retries.
+                job.history.remove(0);
             }
             job.history.push(Attempt {
                 lease_id,

@@ -503,3 +503,27 @@ fn backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() {
     assert_eq!(b.delay(1000, 1.0), Duration::from_secs(10));
     assert_eq!(b.delay(3, 0.0), Duration::from_secs(2));
 }
+
+#[test]
+fn history_keeps_the_most_recent_attempts() {
+    let mut job = new_job(MAX_HISTORY as u32 + 10);
+    for lease in 1..=(MAX_HISTORY as u64 + 5) {
+        job = take(job, lease, t(lease * 100)).expect("take");
+        job = apply(
+            job,
+            fail_with(lease, Some(Duration::ZERO), false),
+            t(lease * 100 + 1),
+        )
+        .expect("fail");
+    }
+    assert_eq!(job.history.len(), MAX_HISTORY);
+    assert_eq!(
+        job.history.last().map(|a| a.lease_id),
+        Some(LeaseId(MAX_HISTORY as u64 + 5))
+    );
+    assert_eq!(
+        job.history[0].lease_id,
+        LeaseId(6),
+        "the oldest ones were dropped"
+    );
+}
