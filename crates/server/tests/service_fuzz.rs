@@ -1,0 +1,1293 @@
+//! Fuzzes the gRPC service with random and hostile requests (DESIGN.md §2):
+//! "Bad input never panics the server and never changes stored state."
+//!
+//! Each proptest case opens a real sled store in a temp dir, builds the real
+//! `JobQueueService` and calls its `JobQueue` trait methods directly (no
+//! transport), interleaving hostile requests with valid ones so that there
+//! are real jobs and leases to hit. After every call it checks:
+//!
+//! 1. nothing panicked, on the calling task or on a spawned one (a panic
+//!    hook counts every panic in the process);
+//! 2. the status code is one §2 allows for that RPC, never INTERNAL or
+//!    UNKNOWN;
+//! 3. a request this test knows is malformed gets INVALID_ARGUMENT, and a
+//!    well-formed one never does;
+//! 4. a rejected call (any error code) left the store exactly as it was:
+//!    every job (all ListJobs pages) and Stats, before and after;
+//! 5. the store is self-consistent: Stats agrees with ListJobs, attempts
+//!    never exceed max_attempts.
+//!
+//! The runtime is current-thread and the reaper is not running, so between
+//! the two snapshots around a call nothing but the call itself can touch
+//! the store. Lease streams are dropped, and their task waited for (see
+//! `quiesce`), before the next call.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, LazyLock, Once,
+    },
+    time::Duration,
+};
+
+use jobq::pb::{self, job_queue_server::JobQueue, lease_event::Event};
+use jobq_server::{leases::LeaseHub, service::JobQueueService, store::sled::SledStore, Config};
+use proptest::{prelude::*, sample::select, test_runner::TestCaseError};
+use tempfile::TempDir;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Request, Status};
+
+type Svc = JobQueueService<SledStore>;
+type Checked = Result<(), TestCaseError>;
+
+/// Every panic anywhere in this process, including tokio tasks (whose
+/// panics tokio catches and would otherwise only report to a JoinHandle
+/// nobody holds).
+static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+fn count_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            previous(info);
+        }));
+    });
+}
+
+/// A queue no generated job can land in: the quiesce probe dequeues from it.
+const PROBE_QUEUE: &str = "zz.fuzz-probe.never-enqueued";
+
+fn config(data: &std::path::Path) -> Config {
+    let mut c = Config::with_data(data);
+    c.min_lease = Duration::from_millis(10);
+    c.cache_bytes = 8 * 1024 * 1024;
+    // The limit is checked the same way at any size; payloads at a 1 MiB
+    // limit would make every snapshot of a debug build slow.
+    c.max_payload = 16 * 1024;
+    // One waiter: a live Lease stream makes a waiting Dequeue
+    // RESOURCE_EXHAUSTED, which `quiesce` uses to see the stream's task end.
+    c.max_waiters = 1;
+    c
+}
+
+/// The limits the generators aim at (the same config, minus the folder).
+static LIMITS: LazyLock<Config> = LazyLock::new(|| config("unused".as_ref()));
+
+// ---------------------------------------------------------------------------
+// What the test expects of a request.
+
+/// Whether a request is well-formed by the contract. `Either` marks inputs
+/// the contract does not pin down (an id of more than 20 digits with
+/// leading zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum V {
+    Valid,
+    Either,
+    Invalid,
+}
+
+fn all(vs: impl IntoIterator<Item = V>) -> V {
+    vs.into_iter().max().unwrap_or(V::Valid)
+}
+
+fn bad_if(cond: bool) -> V {
+    if cond {
+        V::Invalid
+    } else {
+        V::Valid
+    }
+}
+
+/// queue, kind, key, worker id: 1..=128 of `[A-Za-z0-9._:-]`.
+fn name_v(s: &str) -> V {
+    bad_if(
+        s.is_empty()
+            || s.len() > 128
+            || !s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')),
+    )
+}
+
+/// An optional name: empty means none.
+fn opt_name_v(s: &str) -> V {
+    if s.is_empty() {
+        V::Valid
+    } else {
+        name_v(s)
+    }
+}
+
+/// A job or lease id: the decimal form of a u64.
+fn id_v(s: &str) -> V {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || s.parse::<u64>().is_err() {
+        V::Invalid
+    } else if s.len() > 20 {
+        V::Either
+    } else {
+        V::Valid
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum DurKind {
+    Lease,
+    Delay,
+    Wait,
+}
+
+fn dur_v(d: &Option<prost_types::Duration>, kind: DurKind) -> V {
+    let Some(d) = d else { return V::Valid };
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return V::Invalid;
+    }
+    let d = Duration::new(d.seconds as u64, d.nanos as u32);
+    let c = &*LIMITS;
+    bad_if(match kind {
+        DurKind::Lease => d < c.min_lease || d > c.max_lease,
+        DurKind::Delay => d > c.max_delay,
+        DurKind::Wait => d > c.max_wait,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Generators: valid values mixed with hostile ones.
+
+const QUEUES: [&str; 3] = ["default", "emails", "a.b:c_d-1"];
+
+const HOSTILE_NAMES: &[&str] = &[
+    "",
+    " ",
+    "with space",
+    "émails",
+    "\0",
+    "q\0",
+    "\n",
+    "tab\t",
+    "q\u{202e}x",
+    "🦀",
+    "a/b",
+    "../../etc/passwd",
+    "'; DROP TABLE jobs;--",
+    "\u{feff}default",
+    "default\u{0301}",
+    "ｄｅｆａｕｌｔ",
+    "%00",
+    "q*",
+    "\u{7f}",
+    "\u{1b}[31m",
+];
+
+const HOSTILE_IDS: &[&str] = &[
+    "",
+    "0",
+    "1",
+    "-1",
+    "+1",
+    " 1",
+    "1 ",
+    "1\n",
+    "0x10",
+    "1e3",
+    "1.0",
+    "١",
+    "１",
+    "18446744073709551615",
+    "18446744073709551616",
+    "99999999999999999999999",
+    "00000000000000000001",
+    "000000000000000000001",
+    "\0",
+    "🦀",
+];
+
+fn name() -> BoxedStrategy<String> {
+    prop_oneof![
+        8 => select(&QUEUES[..]).prop_map(String::from),
+        1 => Just("n".repeat(128)),
+        1 => Just("n".repeat(129)),
+        1 => "[A-Za-z0-9._:-]{1,140}",
+        1 => any::<String>(),
+        2 => select(HOSTILE_NAMES).prop_map(String::from),
+        1 => (129usize..20_000).prop_map(|n| "x".repeat(n)),
+    ]
+    .boxed()
+}
+
+/// A name where empty means "none" (key, ListJobs/Stats filters).
+fn opt_name() -> BoxedStrategy<String> {
+    prop_oneof![3 => Just(String::new()), 1 => select(&["order-1", "order-2"][..]).prop_map(String::from), 3 => name()].boxed()
+}
+
+fn id_literal() -> BoxedStrategy<String> {
+    prop_oneof![
+        3 => select(HOSTILE_IDS).prop_map(String::from),
+        1 => "[0-9]{1,25}",
+        1 => any::<u64>().prop_map(|n| n.to_string()),
+        1 => (0u64..50).prop_map(|n| n.to_string()),
+        1 => any::<String>(),
+    ]
+    .boxed()
+}
+
+fn secs(s: i64, n: i32) -> Option<prost_types::Duration> {
+    Some(prost_types::Duration {
+        seconds: s,
+        nanos: n,
+    })
+}
+
+fn just_dur(d: Duration) -> Option<prost_types::Duration> {
+    secs(d.as_secs() as i64, d.subsec_nanos() as i32)
+}
+
+/// Durations for leases, delays and extensions: any value at all.
+fn duration() -> BoxedStrategy<Option<prost_types::Duration>> {
+    let c = &*LIMITS;
+    let plus = |d: Duration| just_dur(d + Duration::from_nanos(1));
+    prop_oneof![
+        4 => Just(None),
+        1 => Just(secs(0, 0)),
+        2 => Just(secs(0, 10_000_000)),
+        2 => Just(secs(0, 50_000_000)),
+        1 => Just(secs(1, 0)),
+        1 => Just(secs(-1, 0)),
+        1 => Just(secs(0, -1)),
+        1 => Just(secs(0, 1_000_000_000)),
+        1 => Just(secs(1, i32::MAX)),
+        1 => Just(secs(i64::MAX, 0)),
+        1 => Just(secs(i64::MAX, 999_999_999)),
+        1 => Just(secs(i64::MIN, 0)),
+        1 => Just(just_dur(c.min_lease)),
+        1 => Just(just_dur(c.min_lease - Duration::from_nanos(1))),
+        1 => Just(just_dur(c.max_lease)),
+        1 => Just(plus(c.max_lease)),
+        1 => Just(just_dur(c.max_delay)),
+        1 => Just(plus(c.max_delay)),
+        2 => (any::<i64>(), any::<i32>()).prop_map(|(s, n)| secs(s, n)),
+        1 => (0i64..100_000, 0i32..1_000_000_000).prop_map(|(s, n)| secs(s, n)),
+    ]
+    .boxed()
+}
+
+/// Dequeue waits: every valid one is at most 5ms, so the test stays fast.
+fn wait() -> BoxedStrategy<Option<prost_types::Duration>> {
+    let c = &*LIMITS;
+    prop_oneof![
+        6 => Just(None),
+        2 => Just(secs(0, 0)),
+        2 => Just(secs(0, 1_000_000)),
+        1 => Just(secs(0, 5_000_000)),
+        1 => Just(secs(-1, 0)),
+        1 => Just(secs(0, -1)),
+        1 => Just(secs(0, 1_000_000_000)),
+        1 => Just(just_dur(c.max_wait + Duration::from_nanos(1))),
+        1 => Just(secs(i64::MAX, 999_999_999)),
+        1 => Just(secs(i64::MIN, -1)),
+    ]
+    .boxed()
+}
+
+fn payload() -> BoxedStrategy<Vec<u8>> {
+    let max = LIMITS.max_payload;
+    prop_oneof![
+        8 => prop::collection::vec(any::<u8>(), 0..64),
+        1 => Just(vec![0xff; max - 1]),
+        1 => Just(vec![0; max]),
+        1 => Just(vec![7; max + 1]),
+        1 => Just(vec![0; 4 * max]),
+    ]
+    .boxed()
+}
+
+fn max_attempts() -> BoxedStrategy<u32> {
+    let limit = LIMITS.max_attempts_limit;
+    prop_oneof![
+        4 => Just(0u32),
+        2 => Just(1u32),
+        2 => 2u32..5,
+        1 => Just(limit),
+        1 => Just(limit + 1),
+        1 => Just(u32::MAX),
+        1 => any::<u32>(),
+    ]
+    .boxed()
+}
+
+fn error_text() -> BoxedStrategy<String> {
+    let max = LIMITS.max_error_bytes;
+    prop_oneof![
+        2 => Just(String::new()),
+        2 => Just("smtp down".to_owned()),
+        1 => Just("é".repeat(max / 2)),
+        1 => Just(format!("a{}", "é".repeat(max / 2))),
+        1 => Just("🦀".repeat(max / 4 + 1)),
+        1 => Just("x".repeat(100_000)),
+        1 => Just("\0\n\r\t\u{1b}[2J\u{202e}".to_owned()),
+        2 => any::<String>(),
+    ]
+    .boxed()
+}
+
+fn capacity() -> BoxedStrategy<u32> {
+    let max = LIMITS.max_capacity;
+    prop_oneof![
+        3 => Just(0u32),
+        3 => 1u32..4,
+        1 => Just(max),
+        1 => Just(max + 1),
+        1 => Just(u32::MAX),
+        1 => any::<u32>(),
+    ]
+    .boxed()
+}
+
+fn status() -> BoxedStrategy<i32> {
+    prop_oneof![4 => 0i32..=4, 1 => select(vec![-1, 5, i32::MAX, i32::MIN]), 1 => any::<i32>()]
+        .boxed()
+}
+
+fn page_size() -> BoxedStrategy<u32> {
+    prop_oneof![3 => select(vec![0u32, 1, 2, 1000, 1001, u32::MAX]), 1 => any::<u32>()].boxed()
+}
+
+/// The queues of a Dequeue or Lease.
+#[derive(Debug, Clone)]
+enum QueuesGen {
+    List(Vec<String>),
+    /// One queue named many times.
+    Duplicated(String, usize),
+    /// `n` distinct valid names (the limit is 32).
+    Many(usize),
+}
+
+impl QueuesGen {
+    fn build(&self) -> Vec<String> {
+        match self {
+            QueuesGen::List(qs) => qs.clone(),
+            QueuesGen::Duplicated(q, n) => vec![q.clone(); *n],
+            QueuesGen::Many(n) => (0..*n)
+                .map(|i| QUEUES.get(i).map_or(format!("q{i}"), |q| q.to_string()))
+                .collect(),
+        }
+    }
+
+    fn v(&self) -> V {
+        match self {
+            QueuesGen::List(qs) => all(std::iter::once(bad_if(qs.is_empty() || qs.len() > 32))
+                .chain(qs.iter().map(|q| name_v(q)))),
+            QueuesGen::Duplicated(q, n) => all([name_v(q), bad_if(*n == 0 || *n > 32)]),
+            QueuesGen::Many(n) => bad_if(*n == 0 || *n > 32),
+        }
+    }
+}
+
+fn queues() -> BoxedStrategy<QueuesGen> {
+    prop_oneof![
+        6 => prop::collection::vec(select(&QUEUES[..]).prop_map(String::from), 1..4).prop_map(QueuesGen::List),
+        3 => prop::collection::vec(name(), 0..4).prop_map(QueuesGen::List),
+        1 => (name(), select(vec![2usize, 32, 33, 1000])).prop_map(|(q, n)| QueuesGen::Duplicated(q, n)),
+        1 => select(vec![0usize, 31, 32, 33, 500]).prop_map(QueuesGen::Many),
+    ]
+    .boxed()
+}
+
+/// A job id: one the server handed out, or a literal.
+#[derive(Debug, Clone)]
+enum IdGen {
+    Real(usize),
+    Lit(String),
+}
+
+fn id() -> BoxedStrategy<IdGen> {
+    prop_oneof![2 => any::<usize>().prop_map(IdGen::Real), 1 => id_literal().prop_map(IdGen::Lit)]
+        .boxed()
+}
+
+/// A (job, lease) pair for Ack, Fail and Heartbeat.
+#[derive(Debug, Clone)]
+enum LeaseRefGen {
+    /// A lease the server handed out (maybe since acked, failed, expired
+    /// or reclaimed).
+    Held(usize),
+    /// A real job with a real lease id that is off by one.
+    OffByOne(usize),
+    /// A real job with another job's lease.
+    Swapped(usize, usize),
+    /// A real job with a literal lease id.
+    JobWithLit(usize, String),
+    Lits(IdGen, String),
+}
+
+fn lease_ref() -> BoxedStrategy<LeaseRefGen> {
+    prop_oneof![
+        5 => any::<usize>().prop_map(LeaseRefGen::Held),
+        1 => any::<usize>().prop_map(LeaseRefGen::OffByOne),
+        1 => (any::<usize>(), any::<usize>()).prop_map(|(a, b)| LeaseRefGen::Swapped(a, b)),
+        1 => (any::<usize>(), id_literal()).prop_map(|(i, l)| LeaseRefGen::JobWithLit(i, l)),
+        1 => (id(), id_literal()).prop_map(|(j, l)| LeaseRefGen::Lits(j, l)),
+    ]
+    .boxed()
+}
+
+#[derive(Debug, Clone)]
+struct EnqGen {
+    queue: String,
+    kind: String,
+    payload: Vec<u8>,
+    key: String,
+    max_attempts: u32,
+    delay: Option<prost_types::Duration>,
+}
+
+impl EnqGen {
+    fn build(&self) -> (pb::EnqueueRequest, V) {
+        let v = all([
+            name_v(&self.queue),
+            name_v(&self.kind),
+            opt_name_v(&self.key),
+            bad_if(self.payload.len() > LIMITS.max_payload),
+            bad_if(self.max_attempts > LIMITS.max_attempts_limit),
+            dur_v(&self.delay, DurKind::Delay),
+        ]);
+        let req = pb::EnqueueRequest {
+            queue: self.queue.clone(),
+            kind: self.kind.clone(),
+            payload: self.payload.clone(),
+            key: self.key.clone(),
+            max_attempts: self.max_attempts,
+            delay: self.delay,
+        };
+        (req, v)
+    }
+}
+
+fn enq() -> BoxedStrategy<EnqGen> {
+    (
+        name(),
+        name(),
+        payload(),
+        opt_name(),
+        max_attempts(),
+        duration(),
+    )
+        .prop_map(|(queue, kind, payload, key, max_attempts, delay)| EnqGen {
+            queue,
+            kind,
+            payload,
+            key,
+            max_attempts,
+            delay,
+        })
+        .boxed()
+}
+
+/// A valid enqueue, due now, to a queue the valid dequeues read.
+fn good_enq() -> BoxedStrategy<EnqGen> {
+    (
+        select(&QUEUES[..]),
+        prop_oneof![4 => Just(""), 1 => Just("order-1"), 1 => Just("order-2")],
+        prop_oneof![3 => Just(0u32), 1 => Just(1u32), 1 => Just(2u32)],
+    )
+        .prop_map(|(queue, key, max_attempts)| EnqGen {
+            queue: queue.into(),
+            kind: "send-email".into(),
+            payload: b"order-4711".to_vec(),
+            key: key.into(),
+            max_attempts,
+            delay: None,
+        })
+        .boxed()
+}
+
+#[derive(Debug, Clone)]
+enum BatchGen {
+    Jobs(Vec<EnqGen>),
+    /// `--max-batch` + 1 valid jobs.
+    OverLimit,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Enqueue(EnqGen),
+    EnqueueBatch(BatchGen),
+    Dequeue {
+        queues: QueuesGen,
+        worker: String,
+        lease: Option<prost_types::Duration>,
+        wait: Option<prost_types::Duration>,
+    },
+    Ack(LeaseRefGen),
+    Fail {
+        target: LeaseRefGen,
+        error: String,
+        retry_delay: Option<prost_types::Duration>,
+        fatal: bool,
+    },
+    Retry(IdGen),
+    Heartbeat {
+        worker: String,
+        leases: Vec<LeaseRefGen>,
+        /// Pad the list to `--max-capacity` (+1 when `true`) entries.
+        pad: Option<bool>,
+        extend_by: Option<prost_types::Duration>,
+        draining: bool,
+    },
+    GetJob(IdGen),
+    ListJobs {
+        queue: String,
+        status: i32,
+        key: String,
+        page_size: u32,
+        page_token: Option<IdGen>,
+    },
+    Stats(String),
+    Lease {
+        queues: QueuesGen,
+        worker: String,
+        capacity: u32,
+        lease: Option<prost_types::Duration>,
+        reads: usize,
+        /// While the stream is open: ack the first job it pushed.
+        ack_first: bool,
+        /// While the stream is open: a waiting Dequeue, over --max-waiters.
+        crowd: bool,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let good_lease = prop_oneof![
+        3 => Just(None),
+        1 => Just(secs(0, 10_000_000)),
+        1 => Just(secs(0, 200_000_000)),
+    ];
+    prop_oneof![
+        6 => enq().prop_map(Op::Enqueue),
+        5 => good_enq().prop_map(Op::Enqueue),
+        1 => prop::collection::vec(prop_oneof![good_enq(), enq()], 0..5)
+            .prop_map(|jobs| Op::EnqueueBatch(BatchGen::Jobs(jobs))),
+        1 => Just(Op::EnqueueBatch(BatchGen::OverLimit)),
+        3 => (queues(), name(), duration(), wait()).prop_map(|(queues, worker, lease, wait)| Op::Dequeue { queues, worker, lease, wait }),
+        5 => (prop::collection::vec(select(&QUEUES[..]).prop_map(String::from), 1..4), good_lease)
+            .prop_map(|(qs, lease)| Op::Dequeue { queues: QueuesGen::List(qs), worker: "worker-1".into(), lease, wait: None }),
+        4 => lease_ref().prop_map(Op::Ack),
+        4 => (lease_ref(), error_text(), duration(), any::<bool>())
+            .prop_map(|(target, error, retry_delay, fatal)| Op::Fail { target, error, retry_delay, fatal }),
+        3 => (any::<usize>(), prop_oneof![Just(None), Just(secs(0, 0))], any::<bool>())
+            .prop_map(|(i, retry_delay, fatal)| Op::Fail { target: LeaseRefGen::Held(i), error: "boom".into(), retry_delay, fatal }),
+        2 => id().prop_map(Op::Retry),
+        2 => (name(), prop::collection::vec(lease_ref(), 0..4), prop_oneof![8 => Just(None), 1 => Just(Some(false)), 1 => Just(Some(true))], duration(), any::<bool>())
+            .prop_map(|(worker, leases, pad, extend_by, draining)| Op::Heartbeat { worker, leases, pad, extend_by, draining }),
+        2 => id().prop_map(Op::GetJob),
+        2 => (opt_name(), status(), opt_name(), page_size(), prop::option::of(id()))
+            .prop_map(|(queue, status, key, page_size, page_token)| Op::ListJobs { queue, status, key, page_size, page_token }),
+        1 => opt_name().prop_map(Op::Stats),
+        2 => (queues(), name(), capacity(), duration(), 0usize..4, any::<bool>(), any::<bool>())
+            .prop_map(|(queues, worker, capacity, lease, reads, ack_first, crowd)| Op::Lease { queues, worker, capacity, lease, reads, ack_first, crowd }),
+        2 => (prop::collection::vec(select(&QUEUES[..]).prop_map(String::from), 1..4), 0u32..4, prop_oneof![Just(None), Just(secs(0, 200_000_000))], 1usize..4, any::<bool>())
+            .prop_map(|(qs, capacity, lease, reads, ack_first)| Op::Lease {
+                queues: QueuesGen::List(qs), worker: "worker-2".into(), capacity, lease, reads, ack_first, crowd: false,
+            }),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// The harness.
+
+const ENQ: &[Code] = &[Code::Ok, Code::InvalidArgument, Code::ResourceExhausted];
+const TAKE: &[Code] = &[Code::Ok, Code::InvalidArgument, Code::ResourceExhausted];
+const SETTLE: &[Code] = &[
+    Code::Ok,
+    Code::InvalidArgument,
+    Code::NotFound,
+    Code::FailedPrecondition,
+    Code::Aborted,
+];
+const RETRY: &[Code] = &[
+    Code::Ok,
+    Code::InvalidArgument,
+    Code::NotFound,
+    Code::FailedPrecondition,
+];
+const HEARTBEAT: &[Code] = &[Code::Ok, Code::InvalidArgument, Code::ResourceExhausted];
+const GET: &[Code] = &[Code::Ok, Code::InvalidArgument, Code::NotFound];
+const READ: &[Code] = &[Code::Ok, Code::InvalidArgument];
+
+/// Everything a client can see of the store.
+#[derive(Debug, Clone, PartialEq)]
+struct Snapshot {
+    jobs: Vec<pb::Job>,
+    stats: Vec<pb::QueueStats>,
+}
+
+struct Harness {
+    svc: Svc,
+    hub: Arc<LeaseHub<SledStore>>,
+    /// Job ids the server returned.
+    jobs: Vec<String>,
+    /// (job id, lease id) pairs the server handed out.
+    leases: Vec<(String, String)>,
+    _dir: TempDir,
+}
+
+fn code_of<T>(r: &Result<T, Status>) -> Code {
+    r.as_ref().map_or_else(Status::code, |_| Code::Ok)
+}
+
+fn pick<T: Clone>(xs: &[T], i: usize) -> Option<T> {
+    (!xs.is_empty()).then(|| xs[i % xs.len()].clone())
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let dir = TempDir::new().expect("temp dir");
+        let config = Arc::new(config(dir.path()));
+        let store = Arc::new(SledStore::open(&config).expect("open the store"));
+        let shutdown = CancellationToken::new();
+        let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
+        let svc = JobQueueService::new(store, Arc::clone(&hub), config, shutdown);
+        Harness {
+            svc,
+            hub,
+            jobs: Vec::new(),
+            leases: Vec::new(),
+            _dir: dir,
+        }
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot, TestCaseError> {
+        let mut jobs = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = self
+                .svc
+                .list_jobs(Request::new(pb::ListJobsRequest {
+                    page_size: 1000,
+                    page_token: page_token.clone(),
+                    ..Default::default()
+                }))
+                .await
+                .map_err(|s| TestCaseError::fail(format!("snapshot ListJobs: {s:?}")))?
+                .into_inner();
+            jobs.extend(page.jobs);
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            page_token = page.next_page_token;
+        }
+        let mut stats = self
+            .svc
+            .stats(Request::new(pb::StatsRequest::default()))
+            .await
+            .map_err(|s| TestCaseError::fail(format!("snapshot Stats: {s:?}")))?
+            .into_inner()
+            .queues;
+        for q in &mut stats {
+            // Grows with the clock, not with the store.
+            q.oldest_pending_age = None;
+        }
+        let snap = Snapshot { jobs, stats };
+        snap.check()?;
+        Ok(snap)
+    }
+
+    fn id(&self, g: &IdGen) -> String {
+        match g {
+            IdGen::Real(i) => pick(&self.jobs, *i).unwrap_or_else(|| "1".into()),
+            IdGen::Lit(s) => s.clone(),
+        }
+    }
+
+    fn lease_ref(&self, g: &LeaseRefGen) -> (pb::LeaseRef, V) {
+        let (job_id, lease_id) = match g {
+            LeaseRefGen::Held(i) => {
+                pick(&self.leases, *i).unwrap_or_else(|| ("1".into(), "1".into()))
+            }
+            LeaseRefGen::OffByOne(i) => {
+                let (job, lease) =
+                    pick(&self.leases, *i).unwrap_or_else(|| ("1".into(), "1".into()));
+                let lease: u64 = lease.parse().expect("server lease ids are numbers");
+                (job, lease.wrapping_add(1).to_string())
+            }
+            LeaseRefGen::Swapped(a, b) => {
+                let (job, _) = pick(&self.leases, *a).unwrap_or_else(|| ("1".into(), "1".into()));
+                let (_, lease) = pick(&self.leases, *b).unwrap_or_else(|| ("2".into(), "2".into()));
+                (job, lease)
+            }
+            LeaseRefGen::JobWithLit(i, lease) => (
+                pick(&self.jobs, *i).unwrap_or_else(|| "1".into()),
+                lease.clone(),
+            ),
+            LeaseRefGen::Lits(job, lease) => (self.id(job), lease.clone()),
+        };
+        let v = all([id_v(&job_id), id_v(&lease_id)]);
+        (pb::LeaseRef { job_id, lease_id }, v)
+    }
+
+    fn leased(&mut self, l: &pb::LeasedJob) -> Checked {
+        let job = l
+            .job
+            .as_ref()
+            .ok_or_else(|| TestCaseError::fail("leased without a job"))?;
+        prop_assert_eq!(
+            job.status,
+            pb::JobStatus::Running as i32,
+            "a leased job is RUNNING: {:?}",
+            job
+        );
+        prop_assert_eq!(id_v(&l.lease_id), V::Valid, "lease id {:?}", l.lease_id);
+        self.leases.push((job.id.clone(), l.lease_id.clone()));
+        Ok(())
+    }
+
+    /// Waits until no Lease stream task is left (its reclaims included):
+    /// with --max-waiters 1, a waiting Dequeue is refused while one lives.
+    async fn quiesce(&self) -> Checked {
+        for _ in 0..2000 {
+            let probe = self
+                .svc
+                .dequeue(Request::new(pb::DequeueRequest {
+                    queues: vec![PROBE_QUEUE.into()],
+                    worker_id: "probe".into(),
+                    lease_duration: None,
+                    wait: secs(0, 1),
+                }))
+                .await;
+            match probe {
+                Ok(r) => {
+                    prop_assert!(r.into_inner().leased.is_none(), "the probe queue is empty");
+                    prop_assert_eq!(self.hub.open_streams(), 0);
+                    return Ok(());
+                }
+                Err(s) if s.code() == Code::ResourceExhausted => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(s) => return Err(TestCaseError::fail(format!("quiesce probe: {s:?}"))),
+            }
+        }
+        Err(TestCaseError::fail(
+            "a dropped Lease stream's task never ended",
+        ))
+    }
+
+    /// Runs one op and checks what its reply says. Returns the RPC, the
+    /// codes §2 allows for it, what this test expects of the request, and
+    /// the code it got; `run_case` judges those.
+    async fn run(
+        &mut self,
+        op: &Op,
+    ) -> Result<(&'static str, &'static [Code], V, Code), TestCaseError> {
+        Ok(match op {
+            Op::Enqueue(g) => {
+                let (req, v) = g.build();
+                let r = self.svc.enqueue(Request::new(req.clone())).await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let job = r
+                        .into_inner()
+                        .job
+                        .ok_or_else(|| TestCaseError::fail("enqueue without a job"))?;
+                    prop_assert_eq!(&job.queue, &req.queue);
+                    if !req.key.is_empty() {
+                        prop_assert_eq!(&job.key, &req.key);
+                    } else {
+                        prop_assert_eq!(&job.payload, &req.payload);
+                        prop_assert_eq!(&job.kind, &req.kind);
+                    }
+                    self.jobs.push(job.id);
+                }
+                ("Enqueue", ENQ, v, code)
+            }
+            Op::EnqueueBatch(g) => {
+                let entries: Vec<(pb::EnqueueRequest, V)> = match g {
+                    BatchGen::Jobs(jobs) => jobs.iter().map(EnqGen::build).collect(),
+                    BatchGen::OverLimit => {
+                        let one = pb::EnqueueRequest {
+                            queue: "default".into(),
+                            kind: "k".into(),
+                            ..Default::default()
+                        };
+                        vec![(one, V::Valid); LIMITS.max_batch + 1]
+                    }
+                };
+                let v = bad_if(entries.is_empty() || entries.len() > LIMITS.max_batch);
+                let before = self.snapshot().await?;
+                let r = self
+                    .svc
+                    .enqueue_batch(Request::new(pb::EnqueueBatchRequest {
+                        jobs: entries.iter().map(|(r, _)| r.clone()).collect(),
+                    }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let results = r.into_inner().results;
+                    prop_assert_eq!(results.len(), entries.len());
+                    for ((req, ev), res) in entries.iter().zip(&results) {
+                        let entry_code = Code::from_i32(res.error_code);
+                        prop_assert!(
+                            [Code::Ok, Code::InvalidArgument, Code::ResourceExhausted]
+                                .contains(&entry_code),
+                            "batch entry code {:?} ({}) for {:?}",
+                            entry_code,
+                            res.error_message,
+                            req.queue
+                        );
+                        match ev {
+                            V::Invalid => prop_assert_eq!(
+                                entry_code,
+                                Code::InvalidArgument,
+                                "bad entry accepted: {:?}",
+                                res
+                            ),
+                            V::Valid => prop_assert_eq!(
+                                entry_code,
+                                Code::Ok,
+                                "good entry refused: {}",
+                                res.error_message
+                            ),
+                            V::Either => {}
+                        }
+                        prop_assert_eq!(res.job.is_some(), entry_code == Code::Ok);
+                        if let Some(job) = &res.job {
+                            prop_assert_eq!(&job.queue, &req.queue);
+                            self.jobs.push(job.id.clone());
+                        }
+                    }
+                    if results.iter().all(|r| r.job.is_none()) {
+                        let after = self.snapshot().await?;
+                        prop_assert_eq!(
+                            before,
+                            after,
+                            "a batch that stored nothing changed the store"
+                        );
+                    }
+                }
+                ("EnqueueBatch", ENQ, v, code)
+            }
+            Op::Dequeue {
+                queues,
+                worker,
+                lease,
+                wait,
+            } => {
+                let v = all([
+                    queues.v(),
+                    name_v(worker),
+                    dur_v(lease, DurKind::Lease),
+                    dur_v(wait, DurKind::Wait),
+                ]);
+                let r = self
+                    .svc
+                    .dequeue(Request::new(pb::DequeueRequest {
+                        queues: queues.build(),
+                        worker_id: worker.clone(),
+                        lease_duration: *lease,
+                        wait: *wait,
+                    }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    if let Some(l) = r.into_inner().leased {
+                        self.leased(&l)?;
+                    }
+                }
+                ("Dequeue", TAKE, v, code)
+            }
+            Op::Ack(target) => {
+                let (lr, v) = self.lease_ref(target);
+                let r = self
+                    .svc
+                    .ack(Request::new(pb::AckRequest {
+                        job_id: lr.job_id,
+                        lease_id: lr.lease_id,
+                    }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let job = r
+                        .into_inner()
+                        .job
+                        .ok_or_else(|| TestCaseError::fail("ack without a job"))?;
+                    prop_assert_eq!(job.status, pb::JobStatus::Done as i32);
+                }
+                ("Ack", SETTLE, v, code)
+            }
+            Op::Fail {
+                target,
+                error,
+                retry_delay,
+                fatal,
+            } => {
+                let (lr, v) = self.lease_ref(target);
+                let v = all([v, dur_v(retry_delay, DurKind::Delay)]);
+                let r = self
+                    .svc
+                    .fail(Request::new(pb::FailRequest {
+                        job_id: lr.job_id,
+                        lease_id: lr.lease_id,
+                        error: error.clone(),
+                        retry_delay: *retry_delay,
+                        fatal: *fatal,
+                    }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let job = r
+                        .into_inner()
+                        .job
+                        .ok_or_else(|| TestCaseError::fail("fail without a job"))?;
+                    prop_assert!(
+                        [pb::JobStatus::Pending as i32, pb::JobStatus::Failed as i32]
+                            .contains(&job.status),
+                        "after Fail: {:?}",
+                        job.status
+                    );
+                    prop_assert!(!job.last_error.is_empty());
+                    prop_assert!(job.last_error.len() <= LIMITS.max_error_bytes + '…'.len_utf8());
+                }
+                ("Fail", SETTLE, v, code)
+            }
+            Op::Retry(id) => {
+                let job_id = self.id(id);
+                let v = id_v(&job_id);
+                let r = self
+                    .svc
+                    .retry(Request::new(pb::RetryRequest { job_id }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let job = r
+                        .into_inner()
+                        .job
+                        .ok_or_else(|| TestCaseError::fail("retry without a job"))?;
+                    prop_assert_eq!(job.status, pb::JobStatus::Pending as i32);
+                    prop_assert_eq!(job.attempts, 0);
+                }
+                ("Retry", RETRY, v, code)
+            }
+            Op::Heartbeat {
+                worker,
+                leases,
+                pad,
+                extend_by,
+                draining,
+            } => {
+                let mut refs: Vec<(pb::LeaseRef, V)> =
+                    leases.iter().map(|g| self.lease_ref(g)).collect();
+                if let Some(over) = pad {
+                    let n = LIMITS.max_capacity as usize + usize::from(*over);
+                    let filler = self.lease_ref(&LeaseRefGen::Held(0));
+                    refs.resize(n, filler);
+                }
+                let v = all([
+                    name_v(worker),
+                    bad_if(refs.len() > LIMITS.max_capacity as usize),
+                    dur_v(extend_by, DurKind::Lease),
+                ]
+                .into_iter()
+                .chain(refs.iter().map(|(_, v)| *v)));
+                let sent: Vec<pb::LeaseRef> = refs.into_iter().map(|(r, _)| r).collect();
+                let r = self
+                    .svc
+                    .heartbeat(Request::new(pb::HeartbeatRequest {
+                        worker_id: worker.clone(),
+                        leases: sent.clone(),
+                        extend_by: *extend_by,
+                        draining: *draining,
+                    }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let lost = r.into_inner().lost;
+                    prop_assert!(lost.len() <= sent.len());
+                    // By value: the reply spells ids canonically ("7" for
+                    // a sent "007").
+                    let num = |l: &pb::LeaseRef| {
+                        (l.job_id.parse::<u64>().ok(), l.lease_id.parse::<u64>().ok())
+                    };
+                    let asked: Vec<_> = sent.iter().map(num).collect();
+                    for l in &lost {
+                        prop_assert!(asked.contains(&num(l)), "lost {:?} was not asked about", l);
+                    }
+                }
+                ("Heartbeat", HEARTBEAT, v, code)
+            }
+            Op::GetJob(id) => {
+                let id = self.id(id);
+                let v = id_v(&id);
+                let r = self
+                    .svc
+                    .get_job(Request::new(pb::GetJobRequest { id: id.clone() }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    prop_assert_eq!(
+                        r.into_inner().id.parse::<u64>().ok(),
+                        id.parse::<u64>().ok()
+                    );
+                }
+                ("GetJob", GET, v, code)
+            }
+            Op::ListJobs {
+                queue,
+                status,
+                key,
+                page_size,
+                page_token,
+            } => {
+                let page_token = page_token.as_ref().map(|g| self.id(g)).unwrap_or_default();
+                let v = all([
+                    opt_name_v(queue),
+                    opt_name_v(key),
+                    bad_if(!(0..=4).contains(status)),
+                    if page_token.is_empty() {
+                        V::Valid
+                    } else {
+                        id_v(&page_token)
+                    },
+                ]);
+                let r = self
+                    .svc
+                    .list_jobs(Request::new(pb::ListJobsRequest {
+                        queue: queue.clone(),
+                        status: *status,
+                        key: key.clone(),
+                        page_size: *page_size,
+                        page_token,
+                    }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let page = r.into_inner();
+                    let limit = match *page_size as usize {
+                        0 => 100,
+                        n => n.min(1000),
+                    };
+                    prop_assert!(page.jobs.len() <= limit);
+                    for job in &page.jobs {
+                        if !queue.is_empty() {
+                            prop_assert_eq!(&job.queue, queue);
+                        }
+                        if *status != 0 {
+                            prop_assert_eq!(job.status, *status);
+                        }
+                    }
+                }
+                ("ListJobs", READ, v, code)
+            }
+            Op::Stats(queue) => {
+                let v = opt_name_v(queue);
+                let r = self
+                    .svc
+                    .stats(Request::new(pb::StatsRequest {
+                        queue: queue.clone(),
+                    }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    for q in r.into_inner().queues {
+                        if !queue.is_empty() {
+                            prop_assert_eq!(&q.queue, queue);
+                        }
+                    }
+                }
+                ("Stats", READ, v, code)
+            }
+            Op::Lease {
+                queues,
+                worker,
+                capacity,
+                lease,
+                reads,
+                ack_first,
+                crowd,
+            } => {
+                let v = all([
+                    queues.v(),
+                    name_v(worker),
+                    bad_if(*capacity > LIMITS.max_capacity),
+                    dur_v(lease, DurKind::Lease),
+                ]);
+                let r = self
+                    .svc
+                    .lease(Request::new(pb::LeaseRequest {
+                        queues: queues.build(),
+                        worker_id: worker.clone(),
+                        capacity: *capacity,
+                        lease_duration: *lease,
+                    }))
+                    .await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let mut stream = r.into_inner();
+                    if *crowd {
+                        // No yield between the snapshots: the stream's task
+                        // cannot run, so only the call could change anything.
+                        let before = self.snapshot().await?;
+                        let r = self
+                            .svc
+                            .dequeue(Request::new(pb::DequeueRequest {
+                                queues: vec!["default".into()],
+                                worker_id: "crowd".into(),
+                                lease_duration: None,
+                                wait: secs(0, 1_000_000),
+                            }))
+                            .await;
+                        prop_assert_eq!(
+                            code_of(&r),
+                            Code::ResourceExhausted,
+                            "max_waiters is 1 and a stream is open"
+                        );
+                        prop_assert_eq!(before, self.snapshot().await?);
+                    }
+                    let mut first = true;
+                    for _ in 0..*reads {
+                        match tokio::time::timeout(Duration::from_millis(5), stream.next()).await {
+                            Ok(Some(Ok(event))) => match event.event {
+                                Some(Event::Leased(l)) => {
+                                    self.leased(&l)?;
+                                    if std::mem::take(&mut first) && *ack_first {
+                                        let r = self
+                                            .svc
+                                            .ack(Request::new(pb::AckRequest {
+                                                job_id: l.job.map(|j| j.id).unwrap_or_default(),
+                                                lease_id: l.lease_id,
+                                            }))
+                                            .await;
+                                        // The lease may be 10ms and have expired.
+                                        let code = code_of(&r);
+                                        prop_assert!(
+                                            [Code::Ok, Code::Aborted].contains(&code),
+                                            "ack of a pushed lease: {:?}",
+                                            r.err()
+                                        );
+                                    }
+                                }
+                                Some(Event::Revoked(_)) => {}
+                                None => return Err(TestCaseError::fail("an empty LeaseEvent")),
+                            },
+                            Ok(Some(Err(s))) => {
+                                prop_assert!(
+                                    ![Code::Internal, Code::Unknown].contains(&s.code()),
+                                    "Lease stream error {:?}",
+                                    s
+                                );
+                            }
+                            Ok(None) => break,
+                            Err(_elapsed) => break,
+                        }
+                    }
+                    drop(stream);
+                    self.quiesce().await?;
+                }
+                ("Lease", TAKE, v, code)
+            }
+        })
+    }
+}
+
+impl Snapshot {
+    /// What must hold of any store, whatever was sent to it.
+    fn check(&self) -> Checked {
+        let mut counts: BTreeMap<&str, [u64; 4]> = BTreeMap::new();
+        let mut ids = std::collections::HashSet::new();
+        for job in &self.jobs {
+            prop_assert!(ids.insert(&job.id), "job {} listed twice", job.id);
+            prop_assert!(
+                job.attempts <= job.max_attempts,
+                "attempts over max_attempts: {:?}",
+                job
+            );
+            prop_assert!((1..=4).contains(&job.status), "status {}", job.status);
+            prop_assert_eq!(name_v(&job.queue), V::Valid, "stored queue {:?}", job.queue);
+            prop_assert!(job.payload.len() <= LIMITS.max_payload);
+            let running = job.status == pb::JobStatus::Running as i32;
+            prop_assert_eq!(
+                running,
+                job.lease_expires_at.is_some(),
+                "lease_expires_at iff RUNNING: {:?}",
+                job
+            );
+            counts.entry(&job.queue).or_default()[(job.status - 1) as usize] += 1;
+        }
+        let stats: BTreeMap<&str, [u64; 4]> = self
+            .stats
+            .iter()
+            .map(|q| (q.queue.as_str(), [q.pending, q.running, q.done, q.failed]))
+            .filter(|(_, c)| c.iter().any(|n| *n > 0))
+            .collect();
+        prop_assert_eq!(stats, counts, "Stats disagrees with ListJobs");
+        Ok(())
+    }
+}
+
+async fn run_case(ops: &[Op]) -> Checked {
+    let mut h = Harness::new();
+    for (step, op) in ops.iter().enumerate() {
+        let panics = PANICS.load(Ordering::SeqCst);
+        let before = h.snapshot().await?;
+        let (rpc, allowed, verdict, code) = h.run(op).await?;
+        let ctx = || format!("step {step}: {rpc} -> {code:?}, expected {verdict:?}");
+        prop_assert!(
+            !matches!(code, Code::Internal | Code::Unknown),
+            "{}: bad input must never be a server error",
+            ctx()
+        );
+        prop_assert!(
+            allowed.contains(&code),
+            "{}: not a code §2 allows for {}",
+            ctx(),
+            rpc
+        );
+        match verdict {
+            V::Invalid => prop_assert_eq!(
+                code,
+                Code::InvalidArgument,
+                "{}: malformed request accepted",
+                ctx()
+            ),
+            V::Valid => prop_assert_ne!(
+                code,
+                Code::InvalidArgument,
+                "{}: well-formed request refused",
+                ctx()
+            ),
+            V::Either => {}
+        }
+        if code != Code::Ok {
+            let after = h.snapshot().await?;
+            prop_assert_eq!(
+                before,
+                after,
+                "{}: a rejected request changed the store",
+                ctx()
+            );
+        }
+        prop_assert_eq!(
+            PANICS.load(Ordering::SeqCst),
+            panics,
+            "{}: something panicked",
+            ctx()
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn hostile_requests_never_panic_err_internally_or_change_state(ops in prop::collection::vec(op(), 20..40)) {
+        count_panics();
+        let panics = PANICS.load(Ordering::SeqCst);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(run_case(&ops))?;
+        // Tasks still alive (none should be) are dropped here.
+        drop(runtime);
+        prop_assert_eq!(PANICS.load(Ordering::SeqCst), panics, "something panicked");
+    }
+}
