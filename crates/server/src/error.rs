@@ -17,7 +17,8 @@ pub enum Error {
     /// The state machine refused the event.
     #[error(transparent)]
     Transition(#[from] TransitionError),
-    /// A limit was reached (too many waiters, batch too large, ...).
+    /// A server capacity limit was reached (too many waiting Dequeues and
+    /// Lease streams). Oversized requests are `InvalidArgument`.
     #[error("{0}")]
     ResourceExhausted(String),
     /// The server is shutting down.

@@ -24,9 +24,13 @@ impl fmt::Display for JobId {
 #[error("malformed id {0:?}: expected a decimal number")]
 pub struct ParseIdError(pub String);
 
-/// Parses the decimal form of an id: digits only (no sign, no spaces).
+/// Parses the decimal form of an id: digits only (no sign, no spaces, no
+/// leading zeros).
 fn parse_id(s: &str) -> Result<u64, ParseIdError> {
-    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
+    // Canonical form only ("7", not "007"), so an id always reads back as
+    // it was written.
+    let canonical = s == "0" || !s.starts_with('0');
+    if s.is_empty() || s.len() > 20 || !canonical || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(ParseIdError(s.chars().take(40).collect()));
     }
     s.parse().map_err(|_| ParseIdError(s.to_owned()))

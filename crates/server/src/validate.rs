@@ -375,7 +375,7 @@ mod tests {
     #[test]
     fn ids_are_digits_only() {
         assert!(job_id("id", "42").is_ok());
-        for bad in ["", "+1", "-1", " 1", "1x", "99999999999999999999999"] {
+        for bad in ["", "+1", "-1", " 1", "1x", "007", "99999999999999999999999"] {
             assert!(job_id("id", bad).is_err(), "{bad:?}");
         }
     }
