@@ -19,3 +19,7 @@ pub mod pb {
 /// and its imports.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/jobq_descriptor.bin"));
+
+/// The response header of a `Lease` stream that carries its token; a
+/// worker presents it in `HeartbeatRequest.stream_token`.
+pub const STREAM_TOKEN_HEADER: &str = "jobq-stream-token";

@@ -28,6 +28,7 @@ async fn open(
         worker_id: worker.into(),
         capacity,
         lease_duration: Some(lease.try_into().expect("duration")),
+        held: vec![],
     };
     c.inner().lease(req).await.expect("lease").into_inner()
 }
@@ -168,8 +169,11 @@ async fn a_hung_worker_loses_its_lease_and_is_told() {
         }
         other => panic!("expected revoked, got {other:?}"),
     }
-    // The slot is free again, and the same job comes back under a new lease.
-    let again = next_leased(&mut stream).await;
+    // The worker may be frozen: its stream gets nothing more until it
+    // heartbeats, and the job goes to another worker.
+    let mut other = open(&c, &["q"], "w2", 1, Duration::from_secs(60)).await;
+    let again = next_leased(&mut other).await;
+    assert_eq!(again.job.as_ref().expect("job").id, ids[0]);
     assert_ne!(again.lease_id, leased.lease_id);
     let err = c
         .ack(ids[0].clone(), leased.lease_id)
@@ -223,13 +227,16 @@ async fn a_draining_worker_gets_no_new_jobs_and_loses_nothing_when_it_closes() {
     let server = TestServer::start().await;
     let c = server.client().await;
     enqueue_n(&c, "q", 3).await;
-    let mut stream = open(&c, &["q"], "w1", 1, Duration::from_secs(60)).await;
+    let (mut stream, token) = c
+        .lease_with_token(["q"], "w1", 1, Some(Duration::from_secs(60)), vec![])
+        .await
+        .expect("lease");
     let a = next_leased(&mut stream).await;
     let lease = pb::LeaseRef {
         job_id: a.job.clone().expect("job").id,
         lease_id: a.lease_id.clone(),
     };
-    c.heartbeat_draining("w1", vec![lease], None)
+    c.heartbeat_draining("w1", vec![lease], None, token)
         .await
         .expect("heartbeat");
     c.ack(lease_job(&a), a.lease_id.clone()).await.expect("ack");
@@ -288,10 +295,12 @@ async fn server_shutdown_ends_streams_without_reclaiming() {
     let end = tokio::time::timeout(Duration::from_secs(5), stream.message())
         .await
         .expect("the stream ends");
-    assert!(
-        !matches!(end, Ok(Some(_))),
-        "no more events after shutdown: {end:?}"
-    );
+    // UNAVAILABLE, as a long-poll gets: a worker can tell a restart from a
+    // normal end of its stream.
+    match end {
+        Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}"),
+        other => panic!("expected UNAVAILABLE after shutdown, got {other:?}"),
+    }
     drop(stream);
     stopping.await.expect("server stopped");
     // Shutdown is not worker death: the lease is kept across the restart.

@@ -4,6 +4,7 @@
 
 mod bench;
 mod cli;
+mod faults;
 mod harness;
 mod lease;
 mod server;

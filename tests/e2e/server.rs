@@ -316,12 +316,13 @@ async fn heartbeats_keep_a_lease_alive() {
         .enqueue("q", "k", "x", EnqueueOptions::new())
         .await
         .expect("enqueue");
-    let leased = take(&c, "q", ms(150)).await.expect("job");
+    // 300 ms leases heartbeated every 50 ms: room for a loaded CI machine.
+    let leased = take(&c, "q", ms(300)).await.expect("job");
     let lease = pb::LeaseRef {
         job_id: job.id.clone(),
         lease_id: leased.lease_id.clone(),
     };
-    let until_t = Instant::now() + Duration::from_millis(750);
+    let until_t = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until_t {
         let lost = c
             .heartbeat("w1", vec![lease.clone()], None)
@@ -633,6 +634,7 @@ async fn bad_input_gets_a_clear_code_and_changes_nothing() {
                 worker_id: "w".into(),
                 capacity: 100_000,
                 lease_duration: None,
+                held: vec![],
             })
             .await
             .map(drop),

@@ -267,9 +267,10 @@ async fn heartbeats_keep_a_job_running_for_ten_times_its_lease() {
         .await
         .expect("enqueue");
     let shutdown = CancellationToken::new();
-    let w = worker(&server.url(), 1, Duration::from_millis(150), &shutdown)
+    // 300 ms leases (heartbeats every 100 ms): room for a loaded CI machine.
+    let w = worker(&server.url(), 1, Duration::from_millis(300), &shutdown)
         .handler("long", |_ctx: JobContext| async {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
+            tokio::time::sleep(Duration::from_millis(3000)).await;
             Ok::<(), HandlerError>(())
         })
         .build();

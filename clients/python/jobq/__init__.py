@@ -181,12 +181,18 @@ class Client:
         *,
         extend_by: Optional[Seconds] = None,
         draining: bool = False,
+        stream_token: str = "",
     ) -> list:
-        """Extends leases [(job_id, lease_id)]; returns the ones lost, same shape."""
+        """Extends leases [(job_id, lease_id)]; returns the ones lost, same shape.
+
+        ``stream_token`` is the ``jobq-stream-token`` header of the sender's
+        Lease stream: ``draining`` applies to that stream alone.
+        """
         req = pb.HeartbeatRequest(
             worker_id=worker_id,
             leases=[pb.LeaseRef(job_id=j, lease_id=l) for j, l in leases],
             extend_by=_duration(extend_by), draining=draining,
+            stream_token=stream_token,
         )
         resp = self.stub.Heartbeat(req, timeout=self.timeout)
         return [(r.job_id, r.lease_id) for r in resp.lost]
@@ -293,6 +299,7 @@ class Worker:
         self._stopping = threading.Event()
         self._stopped = threading.Event()  # run() has returned: heartbeats end
         self._call = None
+        self._stream_token = ""
         self._pool = ThreadPoolExecutor(max_workers=self.capacity,
                                         thread_name_prefix="jobq-handler")
 
@@ -334,11 +341,19 @@ class Worker:
 
     # -- internals ---------------------------------------------------------
     def _stream_once(self) -> None:
+        # Leases still in flight from an earlier stream count against the
+        # capacity of this one.
+        with self._lock:
+            held = [pb.LeaseRef(job_id=j, lease_id=f.lease_id)
+                    for j, f in self._inflight.items() if not f.lost]
         req = pb.LeaseRequest(
             queues=self.queues, worker_id=self.worker_id,
             capacity=self.capacity, lease_duration=_duration(self.lease),
+            held=held,
         )
         self._call = self.client.stub.Lease(req)
+        metadata = dict(self._call.initial_metadata() or ())
+        self._stream_token = str(metadata.get("jobq-stream-token", ""))
         for event in self._call:
             which = event.WhichOneof("event")
             if which == "leased":
@@ -405,10 +420,14 @@ class Worker:
     def _heartbeat(self, draining: bool) -> None:
         with self._lock:
             leases = [(j, f.lease_id) for j, f in self._inflight.items() if not f.lost]
-        if not leases and not draining:
+        # Sent even with no leases while a stream is open: after a lease
+        # expired unheartbeated (a frozen process), the server pushes that
+        # stream nothing until its worker heartbeats again.
+        if not leases and not draining and not self._stream_token:
             return
         try:
-            lost = self.client.heartbeat(self.worker_id, leases, draining=draining)
+            lost = self.client.heartbeat(self.worker_id, leases, draining=draining,
+                                         stream_token=self._stream_token)
         except grpc.RpcError as e:
             log.warning("heartbeat failed: %s %s", e.code(), e.details())
             return

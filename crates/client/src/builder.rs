@@ -203,11 +203,24 @@ impl WorkerBuilder {
 
     /// The worker id in effect (chosen now if none was set).
     pub(crate) fn resolved_worker_id(&mut self) -> Arc<str> {
+        // Unique even where every container's pid is 1: host, pid and 64
+        // random bits.
         let id = self.worker_id.get_or_insert_with(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| {
+                    h.trim()
+                        .chars()
+                        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+                        .take(48)
+                        .collect::<String>()
+                })
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "host".to_owned());
             format!(
-                "worker-{}-{:04x}",
+                "{host}-{}-{:016x}",
                 std::process::id(),
-                rand::random::<u16>()
+                rand::random::<u64>()
             )
         });
         Arc::from(id.as_str())
@@ -278,7 +291,11 @@ mod tests {
             .unwrap();
         assert_eq!(cfg.heartbeat_every, Duration::from_secs(3));
         assert_eq!(cfg.queues, ["default"]);
-        assert!(cfg.worker_id.starts_with("worker-"));
+        // host-pid-<64 random bits>: unique even where every pid is 1.
+        let parts: Vec<&str> = cfg.worker_id.rsplitn(3, '-').collect();
+        assert_eq!(parts.len(), 3, "{}", cfg.worker_id);
+        assert_eq!(parts[0].len(), 16, "{}", cfg.worker_id);
+        assert_eq!(parts[1], std::process::id().to_string());
     }
 
     #[tokio::test]

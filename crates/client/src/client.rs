@@ -6,6 +6,8 @@ use jobq::pb::{self, job_queue_client::JobQueueClient};
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use jobq::STREAM_TOKEN_HEADER;
+
 use crate::{EnqueueOptions, Error, FailOptions, Result};
 
 /// A cheap-to-clone handle on a jobq server.
@@ -192,22 +194,30 @@ impl Client {
         leases: Vec<pb::LeaseRef>,
         extend_by: Option<Duration>,
     ) -> Result<Vec<pb::LeaseRef>> {
-        self.heartbeat_with(worker_id.into(), leases, extend_by, false)
+        self.heartbeat_with(worker_id.into(), leases, extend_by, false, String::new())
             .await
     }
 
     /// [`heartbeat`](Self::heartbeat) that also tells the server the worker
-    /// is shutting down gracefully: its open Lease streams push no more jobs,
-    /// so it can finish and ack what it holds and then close them without
-    /// anything being reclaimed.
+    /// is shutting down gracefully: the Lease stream named by `stream_token`
+    /// (from [`lease_with_token`](Self::lease_with_token)) pushes no more
+    /// jobs, so the worker can finish and ack what it holds and then close
+    /// it without anything being reclaimed.
     pub async fn heartbeat_draining(
         &self,
         worker_id: impl Into<String>,
         leases: Vec<pb::LeaseRef>,
         extend_by: Option<Duration>,
+        stream_token: impl Into<String>,
     ) -> Result<Vec<pb::LeaseRef>> {
-        self.heartbeat_with(worker_id.into(), leases, extend_by, true)
-            .await
+        self.heartbeat_with(
+            worker_id.into(),
+            leases,
+            extend_by,
+            true,
+            stream_token.into(),
+        )
+        .await
     }
 
     pub(crate) async fn heartbeat_with(
@@ -216,12 +226,14 @@ impl Client {
         leases: Vec<pb::LeaseRef>,
         extend_by: Option<Duration>,
         draining: bool,
+        stream_token: String,
     ) -> Result<Vec<pb::LeaseRef>> {
         let req = pb::HeartbeatRequest {
             worker_id,
             leases,
             extend_by: extend_by.map(pb_duration),
             draining,
+            stream_token,
         };
         Ok(self.inner.clone().heartbeat(req).await?.into_inner().lost)
     }
@@ -242,13 +254,43 @@ impl Client {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
+        let (stream, _) = self
+            .lease_with_token(queues, worker_id, capacity, lease, Vec::new())
+            .await?;
+        Ok(stream)
+    }
+
+    /// [`lease`](Self::lease) that also declares the leases the worker still
+    /// holds from an earlier stream (they count against `capacity` and move
+    /// to this stream), and returns the stream's token, which heartbeats
+    /// present so that `draining` applies to this stream alone.
+    pub async fn lease_with_token<I, S>(
+        &self,
+        queues: I,
+        worker_id: impl Into<String>,
+        capacity: u32,
+        lease: Option<Duration>,
+        held: Vec<pb::LeaseRef>,
+    ) -> Result<(tonic::Streaming<pb::LeaseEvent>, String)>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
         let req = pb::LeaseRequest {
             queues: queues.into_iter().map(Into::into).collect(),
             worker_id: worker_id.into(),
             capacity,
             lease_duration: lease.map(pb_duration),
+            held,
         };
-        Ok(self.inner.clone().lease(req).await?.into_inner())
+        let response = self.inner.clone().lease(req).await?;
+        let token = response
+            .metadata()
+            .get(STREAM_TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        Ok((response.into_inner(), token))
     }
 
     /// Fetches one job with its attempt history.

@@ -34,11 +34,15 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
 const MAX_LEASES_PER_CALL: usize = 500;
 
 /// One heartbeat. Sent even with no leases while draining, because that call
-/// is what tells the server to push nothing more to this worker's streams.
+/// is what tells the server to push nothing more to this worker's stream,
+/// and while a stream is open, because it says the worker is alive.
 pub(crate) async fn beat(shared: &Shared) {
     let all = shared.book().snapshot();
     let draining = shared.draining.load(Ordering::SeqCst);
-    if all.is_empty() && !draining {
+    // Sent even with no leases while a stream is open: after a lease expired
+    // unheartbeated (a frozen process), the server pushes that stream
+    // nothing until its worker heartbeats again.
+    if all.is_empty() && !draining && shared.stream_token().is_empty() {
         return;
     }
     if all.is_empty() {
@@ -57,6 +61,7 @@ async fn beat_some(shared: &Shared, sent: Vec<jobq::pb::LeaseRef>, draining: boo
         sent.clone(),
         Some(cfg.lease),
         draining,
+        shared.stream_token(),
     );
     // Bounded by the tick, so a black-holed server cannot stall the task.
     match tokio::time::timeout(cfg.heartbeat_every, call).await {

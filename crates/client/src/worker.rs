@@ -93,6 +93,9 @@ pub(crate) struct Shared {
     hard_stop: CancellationToken,
     /// Set at shutdown; heartbeats then carry `draining`.
     pub(crate) draining: AtomicBool,
+    /// The current Lease stream's token; heartbeats present it, so that
+    /// `draining` applies to this worker's stream and no other.
+    stream_token: Mutex<String>,
 }
 
 impl Shared {
@@ -100,6 +103,13 @@ impl Shared {
     /// invariant a panicking holder could have half-updated.
     pub(crate) fn book(&self) -> MutexGuard<'_, InFlight> {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn stream_token(&self) -> String {
+        self.stream_token
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub(crate) fn forget(&self, ctx: &JobContext) {
@@ -137,6 +147,7 @@ impl Worker {
             inflight: Mutex::default(),
             hard_stop: CancellationToken::new(),
             draining: AtomicBool::new(false),
+            stream_token: Mutex::default(),
             cfg,
         });
         let span = info_span!("worker", worker.id = %shared.cfg.worker_id);
@@ -274,16 +285,26 @@ async fn drain(shared: &Arc<Shared>, mut stream: Option<LeaseStream>, tasks: &mu
     drop(stream);
 }
 
+/// Opens a stream, declaring the leases still in flight (after a reconnect
+/// or a server restart) so they count against the capacity.
 async fn open(shared: &Shared) -> Result<LeaseStream> {
     let cfg = &shared.cfg;
-    cfg.client
-        .lease(
+    let held = shared.book().snapshot();
+    let (stream, token) = cfg
+        .client
+        .lease_with_token(
             cfg.queues.iter().cloned(),
             cfg.worker_id.to_string(),
             cfg.capacity,
             Some(cfg.lease),
+            held,
         )
-        .await
+        .await?;
+    *shared
+        .stream_token
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = token;
+    Ok(stream)
 }
 
 /// The next stream event; pending forever when there is no stream, so a

@@ -108,6 +108,38 @@ pub struct Config {
     /// How long shutdown waits for in-flight RPCs before giving up.
     #[arg(long, env = "JOBQ_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+
+    /// After a restart, how long leases that ran out while the server was
+    /// down stay valid, so their workers can reconnect and heartbeat or ack
+    /// (a restart is not a worker death). Default: each lease's own length.
+    #[arg(long, env = "JOBQ_RESTART_GRACE", value_parser = humantime::parse_duration)]
+    pub restart_grace: Option<Duration>,
+
+    /// Fault injection for tests of fail-stop: every fsync after this many
+    /// successful ones fails.
+    #[arg(long, hide = true, env = "JOBQ_FAULT_SYNC_AFTER")]
+    pub fault_sync_after: Option<u64>,
+
+    /// Fault injection for tests of slow disks: every fsync first sleeps
+    /// this long.
+    #[arg(long, hide = true, env = "JOBQ_FAULT_SYNC_DELAY", value_parser = humantime::parse_duration)]
+    pub fault_sync_delay: Option<Duration>,
+
+    /// Fault injection: the error the failing fsync reports.
+    #[arg(long, hide = true, env = "JOBQ_FAULT_SYNC_ERROR", default_value = "EIO", value_parser = ["EIO", "ENOSPC"])]
+    pub fault_sync_error: String,
+}
+
+/// Injected fsync faults (tests only; see `--fault-sync-after` and
+/// `--fault-sync-delay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FaultSync {
+    /// Successful syncs before the failures start; `None`: never fail.
+    pub after: Option<u64>,
+    /// The errno the failing sync reports.
+    pub errno: i32,
+    /// How long each sync sleeps first.
+    pub delay: Option<Duration>,
 }
 
 impl Config {
@@ -127,6 +159,22 @@ impl Config {
         config
     }
 
+    /// The injected fsync failure, if any.
+    pub fn fault_sync(&self) -> Option<FaultSync> {
+        if self.fault_sync_after.is_none() && self.fault_sync_delay.is_none() {
+            return None;
+        }
+        Some(FaultSync {
+            after: self.fault_sync_after,
+            errno: if self.fault_sync_error == "ENOSPC" {
+                libc_enospc()
+            } else {
+                libc_eio()
+            },
+            delay: self.fault_sync_delay,
+        })
+    }
+
     /// The backoff policy.
     pub fn backoff(&self) -> Backoff {
         Backoff {
@@ -134,4 +182,14 @@ impl Config {
             cap: self.backoff_cap,
         }
     }
+}
+
+/// EIO on Linux (and every Unix jobq runs on).
+const fn libc_eio() -> i32 {
+    5
+}
+
+/// ENOSPC on Linux.
+const fn libc_enospc() -> i32 {
+    28
 }

@@ -1,6 +1,8 @@
 //! The server's error type, and the one place where errors become gRPC
 //! status codes (DESIGN.md §2).
 
+use std::sync::Arc;
+
 use tonic::{Code, Status};
 
 use crate::{job::JobId, machine::TransitionError};
@@ -24,9 +26,15 @@ pub enum Error {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
-    /// The storage engine failed.
+    /// The server stopped serving because a change could not be made
+    /// durable (a failed fsync, a full disk): fail-stop (DESIGN.md §1 rule
+    /// 7). The process exits; a restart recovers from what is on disk.
+    #[error("the server stopped serving after a storage failure: {0}")]
+    FailStopped(Arc<str>),
+    /// The storage backend failed; each backend has its own error type
+    /// (`store::sled::SledError`, …) behind this.
     #[error("storage failure: {0}")]
-    Storage(#[from] sled::Error),
+    Storage(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// Binding, opening files, or the transport failed.
     #[error("{0}")]
     Io(String),
@@ -53,7 +61,7 @@ impl Error {
                 | TransitionError::NotExpired { .. } => Code::FailedPrecondition,
             },
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
-            Error::ShuttingDown => Code::Unavailable,
+            Error::ShuttingDown | Error::FailStopped(_) => Code::Unavailable,
             Error::Storage(_) | Error::Corrupt(_) | Error::Io(_) => Code::Internal,
         }
     }

@@ -5,60 +5,124 @@
 //! next delayed job's due time) otherwise. Jobs pushed on a stream belong to
 //! it: when the stream ends because the worker went away, they are
 //! reclaimed (after `--disconnect-grace`) as "worker disconnected". A
-//! server shutdown ends the streams but reclaims nothing: the persisted
-//! leases stay valid until they expire.
+//! server shutdown ends the streams with UNAVAILABLE but reclaims nothing:
+//! the persisted leases stay valid until they expire.
 //!
-//! The [`LeaseHub`] is the registry that connects the streams to the rest
-//! of the server: the service tells it when a lease ends by ack or fail
-//! (the stream's slot frees), the reaper when a lease expired (the stream
-//! is told `revoked`), and heartbeats when a worker is draining.
+//! The [`LeaseHub`] connects the streams to the rest of the server. It
+//! listens to the store's lease-ended events: whoever ended a lease (an
+//! ack through this server or another, a fail, the reaper, a reclaim), the
+//! stream that held it frees its slot, and a stream whose lease was taken
+//! away is told `revoked`. No RPC handler frees a slot, so a client that
+//! cancels its Ack cannot leak one.
+//!
+//! Flow control: a stream takes a job only when the previous one has been
+//! pulled by the transport, and at most `capacity` at a time, so a worker
+//! that stops reading is given nothing more and the server buffers at most
+//! one job for it. A job still waiting to be pulled when its lease runs out
+//! (or when the stream ends) never reached the worker: it is given back
+//! without spending an attempt. A stream whose delivered lease expired
+//! without a heartbeat (a frozen worker) gets no new jobs until its worker
+//! heartbeats or acks again.
 
 use std::{
     collections::{HashMap, HashSet},
+    pin::Pin,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard, Weak,
     },
+    task::{Context, Poll},
     time::{Duration, SystemTime},
 };
 
 use jobq::pb::{self, lease_event::Event};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
+use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::{
     config::Config,
     job::{JobId, LeaseId, Outcome},
-    store::Store,
+    store::{LeaseEnded, Store},
     validate::TakeSpec,
     waiter::instant_at,
 };
 
-/// What a Lease RPC returns: the events of one stream.
-pub type LeaseEvents = ReceiverStream<Result<pb::LeaseEvent, tonic::Status>>;
+/// The response header that carries a stream's token.
+pub use jobq::STREAM_TOKEN_HEADER;
 
 type StreamId = u64;
 
-/// A message from the rest of the server to one stream's task.
+/// A message to one stream's task.
 #[derive(Debug)]
 enum Notice {
-    /// The lease ended by ack or fail: its slot is free.
+    /// The lease ended by ack or fail: its slot is free, and the worker is
+    /// evidently alive.
     Released(LeaseId),
-    /// The lease was taken away: tell the worker, free the slot.
+    /// The lease was taken away: tell the worker, free the slot. `stall`:
+    /// it expired although the worker had it, so the worker may be frozen.
     Revoked {
         job: JobId,
         lease: LeaseId,
         reason: &'static str,
+        stall: bool,
     },
+    /// The worker heartbeated through this stream's token.
+    Heartbeat { draining: bool },
+}
+
+/// What a stream's task and its outgoing event stream share.
+#[derive(Default)]
+struct Pipe {
+    /// Leases sent into the channel that the transport has not pulled yet.
+    unpulled: Mutex<HashSet<LeaseId>>,
+    /// Signalled when the transport pulls a leased job.
+    pulled: Notify,
+}
+
+impl Pipe {
+    fn unpulled(&self) -> MutexGuard<'_, HashSet<LeaseId>> {
+        self.unpulled.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One item of a stream's channel.
+struct Outgoing {
+    lease: Option<LeaseId>,
+    item: Result<pb::LeaseEvent, tonic::Status>,
+}
+
+/// What a Lease RPC returns: the events of one stream. Pulling a leased
+/// job from it is what counts as "sent".
+pub struct LeaseEvents {
+    rx: mpsc::Receiver<Outgoing>,
+    pipe: Arc<Pipe>,
+}
+
+impl Stream for LeaseEvents {
+    type Item = Result<pb::LeaseEvent, tonic::Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(out)) => {
+                if let Some(lease) = out.lease {
+                    self.pipe.unpulled().remove(&lease);
+                    self.pipe.pulled.notify_one();
+                }
+                Poll::Ready(Some(out.item))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 struct StreamEntry {
     worker_id: String,
+    token: String,
     notices: mpsc::UnboundedSender<Notice>,
-    /// Set by a heartbeat with `draining`: push nothing more.
-    draining: watch::Sender<bool>,
+    pipe: Arc<Pipe>,
 }
 
 #[derive(Default)]
@@ -66,8 +130,10 @@ struct Registry {
     /// Which stream holds each pushed lease.
     owners: HashMap<LeaseId, StreamId>,
     streams: HashMap<StreamId, StreamEntry>,
+    tokens: HashMap<String, StreamId>,
     /// Leases of streams that ended, waiting out `--disconnect-grace`; a
-    /// heartbeat within the grace adopts them (they stay leased).
+    /// heartbeat (or a new stream that declares them) within the grace
+    /// adopts them (they stay leased).
     orphans: HashSet<LeaseId>,
 }
 
@@ -91,16 +157,35 @@ enum End {
     StoreFailed,
 }
 
+/// A validated Lease request.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    /// Queues, worker id, lease length.
+    pub take: TakeSpec,
+    /// Most jobs held at once.
+    pub capacity: usize,
+    /// Leases the worker declares it still holds.
+    pub held: Vec<(JobId, LeaseId)>,
+}
+
 impl<S: Store> LeaseHub<S> {
     /// A hub over `store`; `shutdown` ends every stream without reclaiming.
+    /// It subscribes to the store's lease-ended events.
     pub fn new(store: Arc<S>, config: Arc<Config>, shutdown: CancellationToken) -> Arc<Self> {
-        Arc::new(LeaseHub {
-            store,
+        let hub = Arc::new(LeaseHub {
+            store: Arc::clone(&store),
             config,
             shutdown,
             registry: Mutex::new(Registry::default()),
             next_stream: AtomicU64::new(1),
-        })
+        });
+        let weak: Weak<LeaseHub<S>> = Arc::downgrade(&hub);
+        store.on_lease_ended(Arc::new(move |ended: &LeaseEnded| {
+            if let Some(hub) = weak.upgrade() {
+                hub.lease_ended(ended);
+            }
+        }));
+        hub
     }
 
     fn registry(&self) -> MutexGuard<'_, Registry> {
@@ -109,75 +194,117 @@ impl<S: Store> LeaseHub<S> {
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens a stream for a validated Lease request and starts its task.
-    /// `permit` counts the stream against `--max-waiters` while it lives.
+    /// Opens a stream for a validated Lease request and starts its task;
+    /// returns its events and its token. `permit` counts the stream
+    /// against `--max-waiters` while it lives.
     pub fn open(
         self: &Arc<Self>,
-        spec: TakeSpec,
-        capacity: usize,
+        spec: StreamSpec,
         permit: OwnedSemaphorePermit,
-    ) -> LeaseEvents {
+    ) -> (LeaseEvents, String) {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        // Room for every lease the stream may hold plus their revocations.
-        let (tx, rx) = mpsc::channel(capacity.saturating_mul(2).max(4));
+        // Room for revocations; leased jobs wait for the transport one at
+        // a time (see the module docs).
+        let (tx, rx) = mpsc::channel(spec.capacity.clamp(4, 64));
         let (notices_tx, notices) = mpsc::unbounded_channel();
-        let (draining_tx, draining) = watch::channel(false);
-        self.registry().streams.insert(
-            id,
-            StreamEntry {
-                worker_id: spec.worker_id.clone(),
-                notices: notices_tx,
-                draining: draining_tx,
-            },
-        );
-        let span =
-            tracing::info_span!("lease_stream", stream = id, worker.id = %spec.worker_id, capacity);
+        let pipe = Arc::new(Pipe::default());
+        let token = format!("{:032x}", rand::random::<u128>());
+        {
+            let mut reg = self.registry();
+            reg.streams.insert(
+                id,
+                StreamEntry {
+                    worker_id: spec.take.worker_id.clone(),
+                    token: token.clone(),
+                    notices: notices_tx,
+                    pipe: Arc::clone(&pipe),
+                },
+            );
+            reg.tokens.insert(token.clone(), id);
+            // Owned before they are checked, so an ack that lands meanwhile
+            // still finds (and frees) them.
+            for (_, lease) in &spec.held {
+                reg.owners.insert(*lease, id);
+                reg.orphans.remove(lease);
+            }
+        }
+        let span = tracing::info_span!("lease_stream", stream = id, worker.id = %spec.take.worker_id, capacity = spec.capacity);
         let hub = Arc::clone(self);
+        let task_pipe = Arc::clone(&pipe);
         tokio::spawn(
             async move {
                 let _permit = permit;
-                hub.run_stream(id, spec, capacity, tx, notices, draining)
-                    .await;
+                hub.run_stream(id, spec, tx, notices, task_pipe).await;
             }
             .instrument(span),
         );
-        ReceiverStream::new(rx)
+        (LeaseEvents { rx, pipe }, token)
     }
 
-    /// A lease ended by ack or fail: free its stream's slot.
-    pub fn released(&self, lease: LeaseId) {
+    /// The store ended a lease: the stream that held it frees its slot, and
+    /// is told when the lease was taken away.
+    fn lease_ended(&self, ended: &LeaseEnded) {
         let mut reg = self.registry();
-        reg.orphans.remove(&lease);
-        if let Some(stream) = reg.owners.remove(&lease) {
-            if let Some(entry) = reg.streams.get(&stream) {
-                let _ = entry.notices.send(Notice::Released(lease));
+        reg.orphans.remove(&ended.lease);
+        let Some(stream) = reg.owners.remove(&ended.lease) else {
+            return;
+        };
+        let Some(entry) = reg.streams.get(&stream) else {
+            return;
+        };
+        let notice = match ended.outcome {
+            Some(Outcome::Acked | Outcome::Failed | Outcome::WorkerDisconnected) => {
+                Notice::Released(ended.lease)
             }
-        }
+            Some(outcome @ (Outcome::LeaseExpired | Outcome::Revoked)) => Notice::Revoked {
+                job: ended.job,
+                lease: ended.lease,
+                reason: outcome.reason(),
+                stall: outcome == Outcome::LeaseExpired,
+            },
+            None => Notice::Revoked {
+                job: ended.job,
+                lease: ended.lease,
+                reason: "not delivered",
+                stall: false,
+            },
+        };
+        let _ = entry.notices.send(notice);
     }
 
-    /// A lease was taken away (expired or revoked): tell its stream.
-    pub fn revoked(&self, job: JobId, lease: LeaseId, reason: &'static str) {
-        let mut reg = self.registry();
-        reg.orphans.remove(&lease);
-        if let Some(stream) = reg.owners.remove(&lease) {
-            if let Some(entry) = reg.streams.get(&stream) {
-                let _ = entry.notices.send(Notice::Revoked { job, lease, reason });
-            }
-        }
+    /// Whether a lease's job is still waiting in its stream, never pulled
+    /// by the transport: its expiry is then no attempt of the worker's.
+    pub fn undelivered(&self, lease: LeaseId) -> bool {
+        let reg = self.registry();
+        reg.owners
+            .get(&lease)
+            .and_then(|stream| reg.streams.get(stream))
+            .is_some_and(|entry| entry.pipe.unpulled().contains(&lease))
     }
 
     /// A heartbeat arrived for these leases: any that belonged to a stream
-    /// that ended within the grace are kept (not reclaimed). With
-    /// `draining`, the worker's streams push no more jobs.
-    pub fn heartbeat(&self, worker_id: &str, leases: &[(JobId, LeaseId)], draining: bool) {
+    /// that ended within the grace are kept (not reclaimed). The stream
+    /// named by `token` learns its worker is alive, and with `draining`
+    /// pushes no more jobs. Without a token (an older client), the
+    /// worker's streams learn it is alive, and `draining` does nothing:
+    /// worker ids are not unique enough to stop other workers' streams.
+    pub fn heartbeat(
+        &self,
+        worker_id: &str,
+        leases: &[(JobId, LeaseId)],
+        draining: bool,
+        token: &str,
+    ) {
         let mut reg = self.registry();
         for (_, lease) in leases {
             reg.orphans.remove(lease);
         }
-        if draining {
+        if token.is_empty() {
             for entry in reg.streams.values().filter(|e| e.worker_id == worker_id) {
-                entry.draining.send_replace(true);
+                let _ = entry.notices.send(Notice::Heartbeat { draining: false });
             }
+        } else if let Some(entry) = reg.tokens.get(token).and_then(|id| reg.streams.get(id)) {
+            let _ = entry.notices.send(Notice::Heartbeat { draining });
         }
     }
 
@@ -186,52 +313,98 @@ impl<S: Store> LeaseHub<S> {
         self.registry().streams.len()
     }
 
+    /// Checks the leases a new stream declared: those it still holds count
+    /// against its capacity; the others are dropped.
+    async fn adopt(&self, id: StreamId, held: &[(JobId, LeaseId)]) -> HashMap<LeaseId, JobId> {
+        let mut adopted = HashMap::new();
+        for &(job, lease) in held {
+            let holds = matches!(self.store.get(job).await, Ok(j) if j.lease_id() == Some(lease));
+            let mut reg = self.registry();
+            // An event that ended the lease meanwhile removed the owner.
+            if holds && reg.owners.get(&lease) == Some(&id) {
+                adopted.insert(lease, job);
+            } else if reg.owners.get(&lease) == Some(&id) {
+                reg.owners.remove(&lease);
+            }
+        }
+        adopted
+    }
+
     async fn run_stream(
         self: Arc<Self>,
         id: StreamId,
-        spec: TakeSpec,
-        capacity: usize,
-        tx: mpsc::Sender<Result<pb::LeaseEvent, tonic::Status>>,
+        spec: StreamSpec,
+        tx: mpsc::Sender<Outgoing>,
         mut notices: mpsc::UnboundedReceiver<Notice>,
-        mut draining: watch::Receiver<bool>,
+        pipe: Arc<Pipe>,
     ) {
         debug!("lease stream opened");
-        let mut held: HashMap<LeaseId, JobId> = HashMap::new();
+        let StreamSpec {
+            take,
+            capacity,
+            held,
+        } = spec;
+        let mut held = self.adopt(id, &held).await;
+        if !held.is_empty() {
+            debug!(adopted = held.len(), "lease stream adopted held leases");
+        }
         let mut changes = self.store.changes();
+        let (mut draining, mut stalled) = (false, false);
         let end = 'stream: loop {
-            let hungry = held.len() < capacity && !*draining.borrow();
+            let waiting_for_pull = !pipe.unpulled().is_empty();
+            let hungry = held.len() < capacity && !draining && !stalled && !waiting_for_pull;
             if hungry {
                 changes.borrow_and_update();
-                match self
-                    .store
-                    .take(&spec.queues, &spec.worker_id, spec.lease, SystemTime::now())
-                    .await
-                {
-                    Ok(Some(leased)) => {
-                        let (job, lease) = (leased.job.id, leased.lease_id);
-                        // Registered before it is sent, so an ack that races
-                        // the send still finds its stream.
-                        self.registry().owners.insert(lease, id);
-                        held.insert(lease, job);
-                        debug!(job.id = %job, lease.id = %lease, "pushed");
-                        let event = pb::LeaseEvent {
-                            event: Some(Event::Leased(leased.into())),
-                        };
-                        match self.send(&tx, event).await {
-                            Sent::Ok => continue,
-                            Sent::WorkerGone => break 'stream End::WorkerGone,
-                            Sent::Shutdown => break 'stream End::Shutdown,
+                let permit = match tx.try_reserve() {
+                    Ok(permit) => Some(permit),
+                    // Full of revocations the worker has not read yet.
+                    Err(mpsc::error::TrySendError::Full(())) => None,
+                    Err(mpsc::error::TrySendError::Closed(())) => break 'stream End::WorkerGone,
+                };
+                if let Some(permit) = permit {
+                    match self
+                        .store
+                        .take(&take.queues, &take.worker_id, take.lease, SystemTime::now())
+                        .await
+                    {
+                        Ok(Some(leased)) => {
+                            let (job, lease) = (leased.job.id, leased.lease_id);
+                            // Owned before it is sent, so an ack that races
+                            // the send still finds its stream.
+                            self.registry().owners.insert(lease, id);
+                            pipe.unpulled().insert(lease);
+                            held.insert(lease, job);
+                            debug!(job.id = %job, lease.id = %lease, "pushed");
+                            permit.send(Outgoing {
+                                lease: Some(lease),
+                                item: Ok(pb::LeaseEvent {
+                                    event: Some(Event::Leased(leased.into())),
+                                }),
+                            });
+                            continue;
                         }
-                    }
-                    Ok(None) => {}
-                    Err(err) => {
-                        let _ = tx.send(Err(err.into())).await;
-                        break 'stream End::StoreFailed;
+                        Ok(None) => {}
+                        Err(err) => {
+                            permit.send(Outgoing {
+                                lease: None,
+                                item: Err(err.into()),
+                            });
+                            break 'stream End::StoreFailed;
+                        }
                     }
                 }
             }
             let wake = if hungry {
-                self.store.next_run_at(&spec.queues).map(instant_at)
+                match self.store.next_run_at(&take.queues).await {
+                    Ok(at) => at.map(instant_at),
+                    Err(err) => {
+                        let _ = tx.try_send(Outgoing {
+                            lease: None,
+                            item: Err(err.into()),
+                        });
+                        break 'stream End::StoreFailed;
+                    }
+                }
             } else {
                 None
             };
@@ -242,42 +415,74 @@ impl<S: Store> LeaseHub<S> {
                 Some(notice) = notices.recv() => match notice {
                     Notice::Released(lease) => {
                         held.remove(&lease);
+                        stalled = false;
                     }
-                    Notice::Revoked { job, lease, reason } => {
+                    Notice::Revoked { job, lease, reason, stall } => {
                         if held.remove(&lease).is_some() {
-                            let revoked = pb::LeaseRevoked { job_id: job.to_string(), lease_id: lease.to_string(), reason: reason.to_owned() };
-                            let event = pb::LeaseEvent { event: Some(Event::Revoked(revoked)) };
-                            match self.send(&tx, event).await {
-                                Sent::Ok => {}
-                                Sent::WorkerGone => break 'stream End::WorkerGone,
-                                Sent::Shutdown => break 'stream End::Shutdown,
+                            stalled |= stall;
+                            if stall {
+                                info!(job.id = %job, "a delivered lease expired without a heartbeat; no new jobs for this stream until its worker heartbeats");
                             }
+                            let revoked = pb::LeaseRevoked { job_id: job.to_string(), lease_id: lease.to_string(), reason: reason.to_owned() };
+                            // A worker that does not read cannot be told;
+                            // its next heartbeat or ack learns it instead.
+                            let _ = tx.try_send(Outgoing {
+                                lease: None,
+                                item: Ok(pb::LeaseEvent { event: Some(Event::Revoked(revoked)) }),
+                            });
                         }
                     }
+                    Notice::Heartbeat { draining: d } => {
+                        stalled = false;
+                        draining |= d;
+                    }
                 },
+                () = pipe.pulled.notified(), if waiting_for_pull => {}
                 changed = changes.changed(), if hungry => {
                     if changed.is_err() {
                         break 'stream End::Shutdown;
                     }
                 }
-                _ = draining.changed() => {}
                 () = sleep_until_opt(wake), if wake.is_some() => {}
             }
         };
         {
             let mut reg = self.registry();
-            reg.streams.remove(&id);
-            for lease in held.keys() {
-                reg.owners.remove(lease);
+            if let Some(entry) = reg.streams.remove(&id) {
+                reg.tokens.remove(&entry.token);
             }
+            // A lease a newer stream declared (the worker reconnected) is
+            // that stream's now: neither freed nor reclaimed here.
+            held.retain(|lease, _| match reg.owners.get(lease) {
+                Some(owner) if *owner == id => {
+                    reg.owners.remove(lease);
+                    true
+                }
+                _ => false,
+            });
         }
         match end {
-            End::WorkerGone if !held.is_empty() => self.reclaim_orphans(held).await,
+            End::WorkerGone if !held.is_empty() => {
+                let unpulled = std::mem::take(&mut *pipe.unpulled());
+                let (never_sent, sent): (HashMap<_, _>, HashMap<_, _>) = held
+                    .into_iter()
+                    .partition(|(lease, _)| unpulled.contains(lease));
+                self.give_back(never_sent).await;
+                self.reclaim_orphans(sent).await;
+            }
             End::WorkerGone => debug!("lease stream closed by the worker"),
-            End::Shutdown => debug!(
-                held = held.len(),
-                "lease stream ended by shutdown; leases kept"
-            ),
+            End::Shutdown => {
+                let _ = tx.try_send(Outgoing {
+                    lease: None,
+                    item: Err(tonic::Status::unavailable(
+                        "the server is shutting down; reconnect to another or retry",
+                    )),
+                });
+                debug!(
+                    held = held.len(),
+                    "lease stream ended by shutdown; leases kept"
+                );
+            }
             End::StoreFailed => warn!(
                 held = held.len(),
                 "lease stream ended by a store failure; leases kept"
@@ -285,24 +490,27 @@ impl<S: Store> LeaseHub<S> {
         }
     }
 
-    /// Sends one event. A worker that stops reading blocks the send once
-    /// the channel is full; shutdown must still end the stream (without
-    /// reclaiming), so the wait also watches the shutdown token.
-    async fn send(
-        &self,
-        tx: &mpsc::Sender<Result<pb::LeaseEvent, tonic::Status>>,
-        event: pb::LeaseEvent,
-    ) -> Sent {
-        tokio::select! {
-            biased;
-            _ = self.shutdown.cancelled() => Sent::Shutdown,
-            sent = tx.send(Ok(event)) => if sent.is_ok() { Sent::Ok } else { Sent::WorkerGone },
+    /// Gives back jobs that never left the server: no attempt is spent.
+    async fn give_back(&self, leases: HashMap<LeaseId, JobId>) {
+        for (lease, job) in leases {
+            match self.store.give_back(job, lease, SystemTime::now()).await {
+                Ok(_) => debug!(job.id = %job, "given back: the worker left before it was sent"),
+                Err(err) if err.code() != tonic::Code::Internal => {
+                    debug!(job.id = %job, cause = %err, "nothing to give back")
+                }
+                Err(err) => {
+                    warn!(job.id = %job, cause = %err, "give-back failed; the lease will expire")
+                }
+            }
         }
     }
 
     /// Reclaims the leases of a stream whose worker went away, after the
     /// disconnect grace, except those a heartbeat adopted meanwhile.
     async fn reclaim_orphans(&self, held: HashMap<LeaseId, JobId>) {
+        if held.is_empty() {
+            return;
+        }
         let grace = self.config.disconnect_grace;
         let mut held: Vec<(LeaseId, JobId)> = held.into_iter().collect();
         if grace > Duration::ZERO {
@@ -335,13 +543,6 @@ impl<S: Store> LeaseHub<S> {
             }
         }
     }
-}
-
-/// How a send on a stream went.
-enum Sent {
-    Ok,
-    WorkerGone,
-    Shutdown,
 }
 
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {

@@ -81,6 +81,28 @@ pub enum Event {
         /// `LeaseExpired`, `WorkerDisconnected` or `Revoked`.
         outcome: Outcome,
     },
+    /// The job never reached the worker (its push failed, or the stream
+    /// never read it before the lease ran out): the take is undone. Back to
+    /// PENDING in its old place, with no attempt counted and the attempt's
+    /// history entry removed. A job that was never delivered must not spend
+    /// an attempt.
+    Return {
+        /// The lease being undone.
+        lease_id: LeaseId,
+        /// Only if the lease has run out (the reaper's case: a heartbeat
+        /// that got in first proves the job was delivered).
+        if_expired: bool,
+    },
+    /// The server restarted: a lease that ran out (or is about to) while it
+    /// was down is extended to `now + grace` (or `now +` the lease's own
+    /// length), so that its worker can reconnect and heartbeat or ack. A
+    /// server restart is not a worker death.
+    RestartGrace {
+        /// The lease.
+        lease_id: LeaseId,
+        /// The grace from startup; `None` = the lease's own duration.
+        grace: Option<Duration>,
+    },
     /// An operator brings a FAILED job back.
     Retry,
 }
@@ -94,6 +116,8 @@ impl Event {
             Event::Fail { .. } => "fail",
             Event::Extend { .. } => "extend",
             Event::Reclaim { .. } => "reclaim",
+            Event::Return { .. } => "return",
+            Event::RestartGrace { .. } => "restart grace",
             Event::Retry => "retry",
         }
     }
@@ -270,6 +294,32 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
                 // Due again at once, behind the jobs that were already due.
                 job.status = Status::Pending;
                 job.run_at = now;
+            }
+            Ok(job)
+        }
+        Event::Return {
+            lease_id,
+            if_expired,
+        } => {
+            let (expires_at, _) = held_lease(&job, lease_id, "return")?;
+            if if_expired && expires_at > now {
+                return Err(TransitionError::NotExpired {
+                    id: job.id,
+                    lease_id,
+                });
+            }
+            if job.history.last().is_some_and(|a| a.lease_id == lease_id) {
+                job.history.pop();
+            }
+            job.lease = None;
+            job.status = Status::Pending;
+            Ok(job)
+        }
+        Event::RestartGrace { lease_id, grace } => {
+            let (expires_at, duration) = held_lease(&job, lease_id, "restart grace")?;
+            let until = now + grace.unwrap_or(duration);
+            if let Some(lease) = job.lease.as_mut() {
+                lease.expires_at = expires_at.max(until);
             }
             Ok(job)
         }

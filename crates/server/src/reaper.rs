@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration, time::SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::{config::Config, job::Outcome, leases::LeaseHub, store::Store, waiter::instant_at};
+use crate::{config::Config, leases::LeaseHub, store::Store, waiter::instant_at};
 
 /// How often old DONE and FAILED jobs are purged. Retention is measured in
 /// days, so a coarse interval is precise enough.
@@ -37,11 +37,13 @@ async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &Cancell
     let mut lease_changes = store.lease_changes();
     loop {
         lease_changes.borrow_and_update();
-        match store.reclaim_expired(SystemTime::now()).await {
+        // The streams that held the leases hear of it from the store's
+        // lease-ended events; a job its stream never sent is given back.
+        let undelivered = |lease| hub.undelivered(lease);
+        match store.reclaim_expired(SystemTime::now(), &undelivered).await {
             Ok(reclaimed) => {
-                for (job, lease) in reclaimed {
+                for (job, _) in reclaimed {
                     info!(job.id = %job.id, attempts = job.attempts, status = %job.status, "reclaimed: lease expired");
-                    hub.revoked(job.id, lease, Outcome::LeaseExpired.reason());
                 }
             }
             Err(err) => {
@@ -52,7 +54,13 @@ async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &Cancell
                 }
             }
         }
-        let wake = store.next_lease_expiry().map(instant_at);
+        let wake = match store.next_lease_expiry().await {
+            Ok(next) => next.map(instant_at),
+            Err(err) => {
+                warn!(cause = %err, "finding the next lease expiry failed; retrying");
+                Some(tokio::time::Instant::now() + ERROR_BACKOFF)
+            }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = lease_changes.changed() => {}

@@ -3,7 +3,7 @@
 //! health service, HTTP/2 keepalive, and graceful shutdown on a
 //! `CancellationToken`.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::SystemTime};
 
 use jobq::pb::job_queue_server::JobQueueServer;
 use tokio::net::TcpListener;
@@ -11,7 +11,7 @@ use tokio_stream::{wrappers::TcpListenerStream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::{
     config::Config,
@@ -58,6 +58,34 @@ pub async fn serve(
             .map_err(|e| Error::Io(format!("opening the store panicked: {e}")))?
     };
     let store = Arc::new(opened?);
+    // A restart is not a worker death: leases that ran out while the
+    // server was down get a grace in which their workers can come back.
+    let graced = store
+        .restart_grace(config.restart_grace, SystemTime::now())
+        .await?;
+    if graced > 0 {
+        info!(leases = graced, grace = ?config.restart_grace, "leases held over the restart get a grace to be heartbeated or acked");
+    }
+    // Fail-stop: once the store cannot make a change durable, stop serving
+    // at once (health, streams, every call) and exit non-zero.
+    let engine = tokio::spawn({
+        let (store, shutdown) = (Arc::clone(&store), shutdown.clone());
+        async move {
+            tokio::select! {
+                () = store.watch_engine() => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+    });
+    let fail_stop = tokio::spawn({
+        let (stopped, shutdown) = (store.fail_stopped(), shutdown.clone());
+        async move {
+            tokio::select! {
+                _ = stopped.cancelled() => shutdown.cancel(),
+                _ = shutdown.cancelled() => {}
+            }
+        }
+    });
     let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
     let reaper = tokio::spawn(reaper::run(
         Arc::clone(&store),
@@ -137,6 +165,12 @@ pub async fn serve(
     // The transport may stop on its own (an error): stop the rest too.
     shutdown.cancel();
     let _ = reaper.await;
+    let _ = engine.await;
+    let _ = fail_stop.await;
+    if let Some(cause) = store.fail_cause() {
+        error!(%cause, "jobq stopped after a storage failure (fail-stop); restart it to recover from what is on disk");
+        return Err(Error::FailStopped(cause.into()));
+    }
     store.flush().await?;
     info!("jobq stopped; data flushed");
     served

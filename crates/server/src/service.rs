@@ -137,8 +137,9 @@ impl<S: Store> JobQueue for JobQueueService<S> {
     #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err(level = "debug"))]
     async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
         let (id, lease) = validate::ack(req.into_inner())?;
+        // The stream's slot is freed by the store's lease-ended event, not
+        // here: this future is dropped if the client cancels the call.
         let job = self.store.ack(id, lease, now()).await?;
-        self.hub.released(lease);
         Ok(Response::new(pb::AckResponse {
             job: Some(job.into()),
         }))
@@ -150,9 +151,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         req: Request<pb::FailRequest>,
     ) -> Result<Response<pb::FailResponse>, Status> {
         let (id, report) = validate::fail(req.into_inner(), &self.config)?;
-        let lease = report.lease_id;
         let job = self.store.fail(id, report, now()).await?;
-        self.hub.released(lease);
         Ok(Response::new(pb::FailResponse {
             job: Some(job.into()),
         }))
@@ -179,9 +178,16 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         req: Request<pb::LeaseRequest>,
     ) -> Result<Response<Self::LeaseStream>, Status> {
         self.live()?;
-        let (spec, capacity) = validate::lease_stream(req.into_inner(), &self.config)?;
+        let spec = validate::lease_stream(req.into_inner(), &self.config)?;
         let permit = self.waiter_permit()?;
-        Ok(Response::new(self.hub.open(spec, capacity, permit)))
+        let (events, token) = self.hub.open(spec, permit);
+        let mut response = Response::new(events);
+        if let Ok(value) = token.parse() {
+            response
+                .metadata_mut()
+                .insert(crate::leases::STREAM_TOKEN_HEADER, value);
+        }
+        Ok(response)
     }
 
     #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id, leases = req.get_ref().leases.len()), err(level = "debug"))]
@@ -191,6 +197,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let req = req.into_inner();
         let (worker_id, draining) = (req.worker_id.clone(), req.draining);
+        let token = validate::stream_token(&req.stream_token)?.to_owned();
         let (leases, extend_by) = validate::heartbeat(req, &self.config)?;
         let results = self.store.extend(&leases, extend_by, now()).await?;
         let lost = leases
@@ -202,7 +209,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
                 lease_id: lease.to_string(),
             })
             .collect();
-        self.hub.heartbeat(&worker_id, &leases, draining);
+        self.hub.heartbeat(&worker_id, &leases, draining, &token);
         Ok(Response::new(pb::HeartbeatResponse { lost }))
     }
 

@@ -12,6 +12,7 @@ use crate::{
     config::Config,
     error::{Error, Result},
     job::{JobId, LeaseId, NewJob, Status},
+    leases::StreamSpec,
     store::{FailReport, ListFilter},
 };
 
@@ -226,8 +227,8 @@ pub fn dequeue(req: pb::DequeueRequest, config: &Config) -> Result<(TakeSpec, Du
 
 /// A Lease stream: what to take and how many jobs at once (0 means 1; at
 /// most `--max-capacity`).
-pub fn lease_stream(req: pb::LeaseRequest, config: &Config) -> Result<(TakeSpec, usize)> {
-    let spec = take_spec(req.queues, req.worker_id, req.lease_duration, config)?;
+pub fn lease_stream(req: pb::LeaseRequest, config: &Config) -> Result<StreamSpec> {
+    let take = take_spec(req.queues, req.worker_id, req.lease_duration, config)?;
     let capacity = match req.capacity {
         0 => 1,
         n if n > config.max_capacity => {
@@ -238,7 +239,33 @@ pub fn lease_stream(req: pb::LeaseRequest, config: &Config) -> Result<(TakeSpec,
         }
         n => n,
     };
-    Ok((spec, capacity as usize))
+    if req.held.len() > config.max_capacity as usize {
+        return Err(invalid(format!(
+            "held lists {} leases; a stream holds at most {} (--max-capacity)",
+            req.held.len(),
+            config.max_capacity
+        )));
+    }
+    let held = req
+        .held
+        .iter()
+        .map(|l| Ok((job_id("held[].job_id", &l.job_id)?, lease_id(&l.lease_id)?)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(StreamSpec {
+        take,
+        capacity: capacity as usize,
+        held,
+    })
+}
+
+/// A Lease stream's token, as a heartbeat presents it (empty: none).
+pub fn stream_token(value: &str) -> Result<&str> {
+    if value.len() > 64 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(invalid(
+            "stream_token must be the jobq-stream-token header of a Lease stream",
+        ));
+    }
+    Ok(value)
 }
 
 /// An Ack: which job, under which lease.

@@ -48,6 +48,7 @@ pub async fn take_waiting<S: Store>(
         }
         let wake = store
             .next_run_at(&spec.queues)
+            .await?
             .map_or(deadline, |t| instant_at(t).min(deadline));
         tokio::select! {
             _ = shutdown.cancelled() => return Err(Error::ShuttingDown),

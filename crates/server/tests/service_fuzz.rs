@@ -996,6 +996,7 @@ impl Harness {
                         leases: sent.clone(),
                         extend_by: *extend_by,
                         draining: *draining,
+                        stream_token: String::new(),
                     }))
                     .await;
                 let code = code_of(&r);
@@ -1117,6 +1118,7 @@ impl Harness {
                         worker_id: worker.clone(),
                         capacity: *capacity,
                         lease_duration: *lease,
+                        held: vec![],
                     }))
                     .await;
                 let code = code_of(&r);

@@ -110,7 +110,10 @@ async fn take_leases_a_job_to_one_worker() {
         take(&store, "default", at(20)).await.is_none(),
         "a RUNNING job is leased once"
     );
-    assert_eq!(store.next_lease_expiry(), Some(at(10) + LEASE));
+    assert_eq!(
+        store.next_lease_expiry().await.unwrap(),
+        Some(at(10) + LEASE)
+    );
 }
 
 #[tokio::test]
@@ -122,7 +125,10 @@ async fn nothing_due_is_none_and_unknown_ids_are_not_found() {
         take(&store, "default", at(499)).await.is_none(),
         "not due before run_at"
     );
-    assert_eq!(store.next_run_at(&qs(&["other", "default"])), Some(at(500)));
+    assert_eq!(
+        store.next_run_at(&qs(&["other", "default"])).await.unwrap(),
+        Some(at(500))
+    );
     assert_eq!(code(store.get(JobId(424242)).await), Code::NotFound);
     assert_eq!(
         code(store.ack(JobId(424242), LeaseId(1), at(0)).await),
@@ -158,7 +164,7 @@ async fn ack_finishes_and_a_second_ack_is_refused() {
         code(store.ack(done.id, leased.lease_id, at(6)).await),
         Code::FailedPrecondition
     );
-    assert_eq!(store.next_lease_expiry(), None);
+    assert_eq!(store.next_lease_expiry().await.unwrap(), None);
     assert!(take(&store, "default", at(10_000)).await.is_none());
 }
 
@@ -267,10 +273,14 @@ async fn an_expired_lease_is_reclaimed_and_delivered_again() {
     let job = enqueue(&store, "default", None, 0, at(0)).await;
     let leased = take(&store, "default", at(0)).await.unwrap();
     assert!(
-        store.reclaim_expired(at(99)).await.unwrap().is_empty(),
+        store
+            .reclaim_expired(at(99), &|_| false)
+            .await
+            .unwrap()
+            .is_empty(),
         "not expired yet"
     );
-    let reclaimed = store.reclaim_expired(at(100)).await.unwrap();
+    let reclaimed = store.reclaim_expired(at(100), &|_| false).await.unwrap();
     assert_eq!(reclaimed.len(), 1);
     let (after, lost) = &reclaimed[0];
     assert_eq!((after.id, *lost), (job.id, leased.lease_id));
@@ -280,11 +290,11 @@ async fn an_expired_lease_is_reclaimed_and_delivered_again() {
         after.history.last().and_then(|a| a.outcome),
         Some(Outcome::LeaseExpired)
     );
-    assert_eq!(store.next_lease_expiry(), None);
+    assert_eq!(store.next_lease_expiry().await.unwrap(), None);
     let again = take(&store, "default", at(100)).await.expect("due at once");
     assert_eq!(again.job.id, job.id);
-    assert!(
-        again.lease_id > leased.lease_id,
+    assert_ne!(
+        again.lease_id, leased.lease_id,
         "every lease gets a fresh id"
     );
 }
@@ -294,7 +304,7 @@ async fn a_stale_lease_is_aborted() {
     let (_dir, store) = fresh();
     let job = enqueue(&store, "default", None, 0, at(0)).await;
     let first = take(&store, "default", at(0)).await.unwrap();
-    store.reclaim_expired(at(200)).await.unwrap();
+    store.reclaim_expired(at(200), &|_| false).await.unwrap();
     let second = take(&store, "default", at(200)).await.unwrap();
     let stale = first.lease_id;
     assert_eq!(code(store.ack(job.id, stale, at(201)).await), Code::Aborted);
@@ -354,14 +364,18 @@ async fn extend_moves_the_deadline_and_reclaim_ends_the_lease() {
     assert!(extended.iter().all(|e| e
         .as_ref()
         .is_ok_and(|j| j.lease_expires_at() == Some(at(550)))));
-    assert!(store.reclaim_expired(at(549)).await.unwrap().is_empty());
+    assert!(store
+        .reclaim_expired(at(549), &|_| false)
+        .await
+        .unwrap()
+        .is_empty());
     // A heartbeat with a short extension moves the earliest deadline up.
     store
         .extend(&held[..1], Some(Duration::from_millis(5)), at(60))
         .await
         .unwrap();
     assert!(lease_changes.has_changed().unwrap());
-    assert_eq!(store.next_lease_expiry(), Some(at(65)));
+    assert_eq!(store.next_lease_expiry().await.unwrap(), Some(at(65)));
     // An expired lease cannot be extended.
     let late = store.extend(&held[..1], None, at(65)).await.unwrap();
     assert_eq!(
@@ -383,7 +397,7 @@ async fn extend_moves_the_deadline_and_reclaim_ends_the_lease() {
         .unwrap();
     assert_eq!((gone.status, gone.attempts), (Status::Pending, 1));
     assert_eq!(gone.last_error.as_deref(), Some("worker disconnected"));
-    assert_eq!(store.next_lease_expiry(), Some(at(65)));
+    assert_eq!(store.next_lease_expiry().await.unwrap(), Some(at(65)));
 }
 
 #[tokio::test]
@@ -763,7 +777,7 @@ async fn a_reopened_store_has_every_job_and_keeps_leases() {
         vec![Done, Failed, Running, Pending, Pending, Pending]
     );
     assert_eq!(
-        store.next_lease_expiry(),
+        store.next_lease_expiry().await.unwrap(),
         Some(at(14) + LEASE),
         "the lease index is rebuilt"
     );
@@ -796,7 +810,7 @@ async fn a_reopened_store_has_every_job_and_keeps_leases() {
     );
     let newer = take(&store, "q", at(21)).await.unwrap();
     assert!(
-        newer.lease_id > max_lease,
+        newer.lease_id != max_lease,
         "lease ids never repeat across restarts"
     );
     let fresh_job = enqueue(&store, "q", None, 0, at(22)).await;
@@ -993,6 +1007,7 @@ const QUEUES: [&str; 3] = ["q0", "q1", "q2"];
 struct Model {
     jobs: BTreeMap<JobId, Job>,
     max_id: u64,
+    leases: std::collections::HashSet<u64>,
 }
 
 impl Model {
@@ -1170,7 +1185,10 @@ async fn step(store: &SledStore, model: &mut Model, now: &mut u64, op: Op) {
                 (None, None) => {}
                 (Some(leased), Some(id)) => {
                     assert_eq!(leased.job.id, id, "take delivers the first due job");
-                    model.issued(leased.lease_id.0);
+                    assert!(
+                        model.leases.insert(leased.lease_id.0),
+                        "lease ids are never reused"
+                    );
                     let event = Event::Take {
                         lease_id: leased.lease_id,
                         worker_id: "w".into(),
@@ -1284,7 +1302,7 @@ async fn step(store: &SledStore, model: &mut Model, now: &mut u64, op: Op) {
             );
         }
         Op::ReclaimExpired => {
-            let mut got = store.reclaim_expired(t).await.unwrap();
+            let mut got = store.reclaim_expired(t, &|_| false).await.unwrap();
             got.sort_by_key(|(job, _)| job.id);
             let expired: Vec<(JobId, LeaseId)> = model
                 .jobs
@@ -1366,13 +1384,13 @@ async fn check(store: &SledStore, model: &Model, now: SystemTime) {
         .filter(|j| j.status == Status::Pending)
         .map(|j| j.run_at)
         .min();
-    assert_eq!(store.next_run_at(&queues), next_run_at);
+    assert_eq!(store.next_run_at(&queues).await.unwrap(), next_run_at);
     let next_expiry = model
         .jobs
         .values()
         .filter_map(|j| j.lease_expires_at())
         .min();
-    assert_eq!(store.next_lease_expiry(), next_expiry);
+    assert_eq!(store.next_lease_expiry().await.unwrap(), next_expiry);
 }
 
 proptest! {

@@ -217,6 +217,70 @@ fn the_transition_table() {
             },
             Err("stale"),
         ),
+        (
+            Running,
+            Event::Return {
+                lease_id: LeaseId(7),
+                if_expired: false,
+            },
+            Ok(Pending),
+        ),
+        (
+            Running,
+            Event::Return {
+                lease_id: LeaseId(6),
+                if_expired: false,
+            },
+            Err("stale"),
+        ),
+        (
+            Pending,
+            Event::Return {
+                lease_id: LeaseId(7),
+                if_expired: false,
+            },
+            Err("stale"),
+        ),
+        (
+            Running,
+            Event::Return {
+                lease_id: LeaseId(7),
+                if_expired: true,
+            },
+            Err("not expired"),
+        ),
+        (
+            Done,
+            Event::Return {
+                lease_id: LeaseId(7),
+                if_expired: false,
+            },
+            Err("not allowed"),
+        ),
+        (
+            Running,
+            Event::RestartGrace {
+                lease_id: LeaseId(7),
+                grace: None,
+            },
+            Ok(Running),
+        ),
+        (
+            Running,
+            Event::RestartGrace {
+                lease_id: LeaseId(6),
+                grace: None,
+            },
+            Err("stale"),
+        ),
+        (
+            Failed,
+            Event::RestartGrace {
+                lease_id: LeaseId(7),
+                grace: None,
+            },
+            Err("stale"),
+        ),
         (Pending, Event::Retry, Err("not allowed")),
         (Running, Event::Retry, Err("not allowed")),
         (Done, Event::Retry, Err("not allowed")),
@@ -526,4 +590,52 @@ fn history_keeps_the_most_recent_attempts() {
         LeaseId(6),
         "the oldest ones were dropped"
     );
+}
+
+#[test]
+fn a_returned_take_costs_no_attempt_and_keeps_its_place() {
+    let job = new_job(3);
+    let run_at = job.run_at;
+    let taken = take(job.clone(), 7, t(5)).expect("take");
+    let back = apply(
+        taken,
+        Event::Return {
+            lease_id: LeaseId(7),
+            if_expired: false,
+        },
+        t(6),
+    )
+    .expect("return");
+    assert_eq!(back.status, Status::Pending);
+    assert_eq!(back.attempts, 0);
+    assert_eq!(back.run_at, run_at, "it keeps its place in the queue");
+    assert!(back.history.is_empty(), "the undone take leaves no attempt");
+    assert!(back.lease.is_none());
+}
+
+#[test]
+fn restart_grace_extends_a_lapsed_lease_from_startup_but_never_shortens() {
+    // Lease 7 taken at t(1) for 30 s (see `take`): expires at t(31).
+    let running = in_status(Status::Running);
+    let expires = running.lease_expires_at().expect("leased");
+    let graced = apply(
+        running.clone(),
+        Event::RestartGrace {
+            lease_id: LeaseId(7),
+            grace: Some(Duration::from_secs(30)),
+        },
+        t(100),
+    )
+    .expect("grace");
+    assert_eq!(graced.lease_expires_at(), Some(t(130)));
+    let early = apply(
+        running,
+        Event::RestartGrace {
+            lease_id: LeaseId(7),
+            grace: Some(Duration::from_secs(1)),
+        },
+        t(2),
+    )
+    .expect("grace");
+    assert_eq!(early.lease_expires_at(), Some(expires), "never shortened");
 }

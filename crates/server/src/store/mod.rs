@@ -1,17 +1,31 @@
-//! The storage seam: one async trait shaped by the transitions, so lease
-//! streams, the reaper and the gRPC glue never know which store they run on.
+//! The storage seam, in two layers.
 //!
-//! Every method that changes a job loads it, calls [`crate::machine::apply`]
-//! and writes the result; methods that promise durability return only once
-//! the change is on disk.
+//! - [`Store`] is what the rest of the server uses: one async trait shaped
+//!   by the transitions, so lease streams, the reaper and the gRPC glue never
+//!   know which store they run on.
+//! - [`Backend`] is what a storage engine provides: load, apply, write and
+//!   reindex in one step ([`Backend::apply`]), pick the next due job, make
+//!   writes durable, and answer queries. Implementations: [`sled::Sled`].
+//! - [`Jobs`] joins them: it implements [`Store`] over any backend and owns
+//!   every rule that does not depend on the engine ([`rules`]): the backoff
+//!   jitter draw, time-overflow checks, key de-duplication within a batch,
+//!   the purge predicate, unguessable lease ids, "notify only after
+//!   durable", the lease-ended events ([`events`]) and fail-stop.
 
-pub mod flusher;
-mod index;
+mod backend;
+pub mod events;
+mod jobs;
+pub mod rules;
 pub mod sled;
 
 use std::{future::Future, time::Duration, time::SystemTime};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use backend::{Backend, Change};
+pub use events::{LeaseEnded, Listener};
+pub use jobs::Jobs;
 
 use crate::{
     error::Result,
@@ -84,7 +98,13 @@ pub struct QueueStats {
 /// The outcome of extending one lease in a heartbeat.
 pub type Extended = Result<Job>;
 
-/// Where jobs live. Implementations: [`sled::SledStore`].
+/// Where jobs live, as the rest of the server sees it. Implemented once, by
+/// [`Jobs`], over any [`Backend`].
+///
+/// Every method that changes a job goes through [`crate::machine::apply`];
+/// methods that promise durability return only once the change is durable.
+/// After a durability failure every method returns
+/// [`crate::Error::FailStopped`] (fail-stop).
 pub trait Store: Send + Sync + 'static {
     /// Adds a job, or returns the retained job of the same (queue, key).
     /// Durable on return.
@@ -142,8 +162,8 @@ pub trait Store: Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Vec<Extended>>> + Send;
 
-    /// Takes one lease back (stream ended, revoked, or expired). Durable on
-    /// return.
+    /// Takes one lease back (stream ended, revoked, or expired); the run
+    /// counts as an attempt. Durable on return.
     fn reclaim(
         &self,
         id: JobId,
@@ -152,12 +172,35 @@ pub trait Store: Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Job>> + Send;
 
+    /// Undoes a take whose job never reached the worker (the push failed,
+    /// or the stream never read it): PENDING again, no attempt counted.
+    /// Durable on return.
+    fn give_back(
+        &self,
+        id: JobId,
+        lease_id: LeaseId,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Job>> + Send;
+
     /// Reclaims every lease that expired at or before `now`, returning each
-    /// reclaimed job with the lease it lost. Durable on return.
+    /// reclaimed job with the lease it lost. `undelivered` names leases
+    /// whose job never reached its worker: those are given back without
+    /// counting an attempt. Durable on return.
     fn reclaim_expired(
         &self,
         now: SystemTime,
+        undelivered: &(dyn Fn(LeaseId) -> bool + Sync),
     ) -> impl Future<Output = Result<Vec<(Job, LeaseId)>>> + Send;
+
+    /// After a restart: every lease that ran out (or runs out within the
+    /// grace) is extended to `now + grace` (`None`: each lease's own
+    /// length), so workers can reconnect and heartbeat or ack. Returns how
+    /// many leases were extended. Durable on return.
+    fn restart_grace(
+        &self,
+        grace: Option<Duration>,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<usize>> + Send;
 
     /// Deletes DONE jobs finished before `done_before` and FAILED jobs
     /// finished before `failed_before`; returns how many. Frees their keys.
@@ -182,18 +225,34 @@ pub trait Store: Send + Sync + 'static {
 
     /// The earliest `run_at` among PENDING jobs of these queues, for waiters
     /// that found nothing due and sleep until the next job becomes due.
-    fn next_run_at(&self, queues: &[String]) -> Option<SystemTime>;
+    fn next_run_at(
+        &self,
+        queues: &[String],
+    ) -> impl Future<Output = Result<Option<SystemTime>>> + Send;
 
     /// The earliest lease expiry among RUNNING jobs, for the reaper.
-    fn next_lease_expiry(&self) -> Option<SystemTime>;
+    fn next_lease_expiry(&self) -> impl Future<Output = Result<Option<SystemTime>>> + Send;
 
     /// Bumped whenever a job may have become takeable sooner than before
-    /// (enqueue, retry, fail, reclaim): waiters re-check on change.
+    /// (enqueue, retry, fail, reclaim), once the change is durable: waiters
+    /// re-check on change.
     fn changes(&self) -> watch::Receiver<u64>;
 
-    /// Bumped whenever the earliest lease expiry moves earlier (a take or a
-    /// heartbeat with a short lease): the reaper re-arms its timer.
+    /// Bumped whenever the earliest lease expiry may have moved earlier (a
+    /// take or a heartbeat with a short lease): the reaper re-arms its
+    /// timer.
     fn lease_changes(&self) -> watch::Receiver<u64>;
+
+    /// Registers a listener for lease-ended events (ack, fail, reclaim,
+    /// expiry, give-back): called synchronously when the store applies the
+    /// change, whoever asked for it and whether or not they still wait.
+    fn on_lease_ended(&self, listener: Listener);
+
+    /// Cancelled when the store fail-stopped; [`Store::fail_cause`] says why.
+    fn fail_stopped(&self) -> CancellationToken;
+
+    /// Why the store fail-stopped, once it has.
+    fn fail_cause(&self) -> Option<String>;
 
     /// Flushes everything and makes it durable (used on shutdown).
     fn flush(&self) -> impl Future<Output = Result<()>> + Send;

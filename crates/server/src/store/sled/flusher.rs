@@ -23,11 +23,16 @@
 //!
 //! A failed round is final: after a failed fsync the kernel may have
 //! dropped the dirty pages, so a later successful fsync proves nothing
-//! about them. Every waiter, then and later, gets [`Error::Corrupt`]; the
-//! operator restarts the server, which recovers from what is on disk.
+//! about them (PostgreSQL's "fsyncgate", 2018). Every waiter, then and
+//! later, gets [`Error::Corrupt`], and [`Flusher::broken`] resolves: the
+//! store fail-stops and the server exits, so that a supervisor restarts it
+//! from what is really on disk.
+//!
+//! Blob files are synced by name *and length*: a blob that was still being
+//! written when a round listed it is synced again by the next round.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     ffi::OsString,
     fs::File,
     future::Future,
@@ -41,7 +46,10 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::error::{Error, Result};
+use crate::{
+    config::FaultSync,
+    error::{Error, Result},
+};
 
 /// What the flusher has done so far, as seen by async waiters.
 #[derive(Debug, Clone, Default)]
@@ -51,6 +59,8 @@ struct Progress {
     /// Set when a round failed, or the flusher stopped: no later round
     /// will complete.
     failed: Option<Arc<str>>,
+    /// Set when a round failed (not on a clean stop).
+    broken: Option<Arc<str>>,
 }
 
 /// The rounds asked for and begun, shared by writers and the thread.
@@ -93,7 +103,8 @@ impl Flusher {
     /// # Errors
     /// [`Error::Corrupt`] if sled's log file cannot be opened or the thread
     /// cannot be started.
-    pub fn start(db: sled::Db, path: &Path) -> Result<Flusher> {
+    /// `fault` injects a sync failure for tests of fail-stop.
+    pub fn start(db: sled::Db, path: &Path, fault: Option<FaultSync>) -> Result<Flusher> {
         // sled 0.34 keeps its whole log in `<path>/db` (config.rs `db_path`).
         let log = File::options()
             .read(true)
@@ -109,8 +120,9 @@ impl Flusher {
         let syncer = Syncer {
             db,
             log,
-            blobs: path.join("blobs"),
-            synced_blobs: HashSet::new(),
+            blobs: Blobs::new(path.join("blobs")),
+            fault,
+            synced: 0,
         };
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -168,6 +180,22 @@ impl Flusher {
     pub fn rounds(&self) -> u64 {
         self.shared.flushes.load(Ordering::Relaxed)
     }
+
+    /// Resolves with the cause once a round failed (nothing more will be
+    /// made durable); pending otherwise. Not for a clean stop.
+    pub fn broken(&self) -> impl Future<Output = String> + Send + 'static {
+        let mut progress = self.shared.progress.subscribe();
+        async move {
+            let cause = match progress.wait_for(|p| p.broken.is_some()).await {
+                Ok(p) => p.broken.as_deref().map(str::to_owned),
+                Err(_) => None,
+            };
+            match cause {
+                Some(cause) => cause,
+                None => std::future::pending().await,
+            }
+        }
+    }
 }
 
 impl Drop for Flusher {
@@ -218,9 +246,10 @@ fn run(shared: &Shared, mut syncer: Syncer) {
             Ok(()) => shared.progress.send_modify(|p| p.completed = round),
             Err(cause) => {
                 tracing::error!(%cause, round, "flush failed; no further writes will be acknowledged");
-                shared
-                    .progress
-                    .send_modify(|p| p.failed = Some(Arc::from(cause.as_str())));
+                shared.progress.send_modify(|p| {
+                    p.failed = Some(Arc::from(cause.as_str()));
+                    p.broken = Some(Arc::from(cause.as_str()));
+                });
                 return;
             }
         }
@@ -231,9 +260,11 @@ fn run(shared: &Shared, mut syncer: Syncer) {
 struct Syncer {
     db: sled::Db,
     log: File,
-    blobs: PathBuf,
-    /// Blob files already synced; sled never rewrites a blob in place.
-    synced_blobs: HashSet<OsString>,
+    blobs: Blobs,
+    /// An injected failure (tests of fail-stop).
+    fault: Option<FaultSync>,
+    /// Successful syncs so far.
+    synced: u64,
 }
 
 impl Syncer {
@@ -241,41 +272,103 @@ impl Syncer {
         self.db
             .flush()
             .map_err(|e| format!("sled flush failed: {e}"))?;
-        self.sync_blobs()?;
+        self.blobs.sync()?;
+        if let Some(fault) = self.fault {
+            if let Some(delay) = fault.delay {
+                std::thread::sleep(delay);
+            }
+            if fault.after.is_some_and(|after| self.synced >= after) {
+                let err = std::io::Error::from_raw_os_error(fault.errno);
+                return Err(format!("fsync of sled's log failed: {err} (injected)"));
+            }
+        }
         self.log
             .sync_data()
-            .map_err(|e| format!("fsync of sled's log failed: {e}"))
+            .map_err(|e| format!("fsync of sled's log failed: {e}"))?;
+        self.synced += 1;
+        Ok(())
+    }
+}
+
+/// sled's blob folder and what of it has been synced.
+struct Blobs {
+    dir: PathBuf,
+    /// Blob files already synced, with the length they had then. A blob
+    /// listed while sled was still writing it is synced again once it grew.
+    synced: HashMap<OsString, u64>,
+}
+
+impl Blobs {
+    fn new(dir: PathBuf) -> Blobs {
+        Blobs {
+            dir,
+            synced: HashMap::new(),
+        }
     }
 
-    /// Syncs blob files written since the last round, and the folder that
-    /// names them. Usually the folder is empty and this is one `readdir`.
-    fn sync_blobs(&mut self) -> Result<(), String> {
-        let entries = match std::fs::read_dir(&self.blobs) {
+    /// Syncs blob files written (or grown) since the last round, and the
+    /// folder that names them; returns how many files it synced. Usually
+    /// the folder is empty and this is one `readdir`.
+    fn sync(&mut self) -> Result<usize, String> {
+        let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
             Err(e) => return Err(format!("cannot list sled's blobs: {e}")),
         };
-        let mut present = HashSet::new();
-        let mut synced_any = false;
+        let mut present = HashMap::new();
+        let mut synced = 0;
         for entry in entries {
             let entry = entry.map_err(|e| format!("cannot list sled's blobs: {e}"))?;
             let name = entry.file_name();
-            if !self.synced_blobs.contains(&name) {
-                match File::open(entry.path()).and_then(|f| f.sync_data()) {
-                    Ok(()) => synced_any = true,
-                    // sled removed it meanwhile: nothing left to make durable.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(format!("fsync of a sled blob failed: {e}")),
+            // The length is read from the open file *before* the sync, so a
+            // blob still growing is recorded short and synced again later.
+            let result = File::open(entry.path()).and_then(|f| {
+                let len = f.metadata()?.len();
+                if self.synced.get(&name) != Some(&len) {
+                    f.sync_data()?;
+                    synced += 1;
                 }
+                Ok(len)
+            });
+            match result {
+                Ok(len) => {
+                    present.insert(name, len);
+                }
+                // sled removed it meanwhile: nothing left to make durable.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(format!("fsync of a sled blob failed: {e}")),
             }
-            present.insert(name);
         }
-        self.synced_blobs = present;
-        if synced_any {
-            File::open(&self.blobs)
+        self.synced = present;
+        if synced > 0 {
+            File::open(&self.dir)
                 .and_then(|dir| dir.sync_all())
                 .map_err(|e| format!("fsync of sled's blob folder failed: {e}"))?;
         }
-        Ok(())
+        Ok(synced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::Blobs;
+
+    #[test]
+    fn a_blob_that_grows_after_it_was_synced_is_synced_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut blobs = Blobs::new(dir.path().join("blobs"));
+        assert_eq!(blobs.sync(), Ok(0), "no folder yet");
+        std::fs::create_dir(dir.path().join("blobs")).expect("mkdir");
+        let path = dir.path().join("blobs").join("1");
+        let mut file = std::fs::File::create(&path).expect("create");
+        file.write_all(b"half a blob").expect("write");
+        assert_eq!(blobs.sync(), Ok(1), "a new blob is synced");
+        assert_eq!(blobs.sync(), Ok(0), "an unchanged blob is not");
+        // sled was still writing it when it was listed.
+        file.write_all(b" and the rest").expect("write");
+        assert_eq!(blobs.sync(), Ok(1), "the grown blob is synced again");
+        assert_eq!(blobs.sync(), Ok(0));
     }
 }

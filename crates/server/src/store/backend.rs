@@ -1,0 +1,108 @@
+//! What a storage engine must provide. [`super::Jobs`] builds the whole
+//! [`super::Store`] contract on top, so a backend holds no queue rules of
+//! its own: it loads, calls [`crate::machine::apply`], writes and reindexes
+//! — once, in [`Backend::apply`] — and answers queries.
+
+use std::{future::Future, time::SystemTime};
+
+use super::{rules::Retention, Enqueued, ListFilter, Page, QueueStats};
+use crate::{
+    error::Result,
+    job::{Job, JobId, LeaseId, NewJob},
+    machine::Event,
+};
+
+/// One applied change: the job before and after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The job as it was loaded.
+    pub old: Job,
+    /// The job as it was written.
+    pub new: Job,
+}
+
+/// A storage engine under [`super::Jobs`].
+///
+/// Writes (`insert`, `take`, `apply`, `purge_chunk`) need not be durable
+/// when they return: [`Backend::durable`] waits for that, for every write
+/// made before it was called. An engine that commits durably on each write
+/// returns a ready future there.
+pub trait Backend: Send + Sync + 'static {
+    /// Adds jobs whose (queue, key) pairs are distinct within the batch;
+    /// an entry whose key is held by a retained job gets that job back
+    /// (`created = false`). One result per entry, in order.
+    fn insert(
+        &self,
+        batch: Vec<NewJob>,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
+
+    /// Finds the first due job of the first queue that has one and applies
+    /// `take` (an [`Event::Take`]) to it, atomically: two callers never
+    /// take the same job.
+    fn take(
+        &self,
+        queues: &[String],
+        take: Event,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Option<Change>>> + Send;
+
+    /// Loads each job, applies its event and writes the results, all at
+    /// once. Events apply in order: a job named twice sees its first
+    /// change. One result per event: a missing job or a refused transition
+    /// is that entry's error and writes nothing for it; an `Err` of the
+    /// whole call means nothing was written.
+    fn apply(
+        &self,
+        events: Vec<(JobId, Event)>,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<Result<Change>>>> + Send;
+
+    /// The leases that expire at or before `at`.
+    fn expiring(
+        &self,
+        at: SystemTime,
+    ) -> impl Future<Output = Result<Vec<(JobId, LeaseId)>>> + Send;
+
+    /// One bounded purge step over the jobs after `after`: deletes the
+    /// purgeable ones (re-checked under the engine's own lock or
+    /// transaction) and says where the next step starts (`None`: done).
+    fn purge_chunk(
+        &self,
+        after: Option<JobId>,
+        retention: Retention,
+    ) -> impl Future<Output = Result<(u64, Option<JobId>)>> + Send;
+
+    /// One job.
+    fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
+
+    /// A page of jobs matching the filter, by ascending id.
+    fn list(&self, filter: ListFilter) -> impl Future<Output = Result<Page>> + Send;
+
+    /// Counts per queue (one queue, or all), sorted by queue name.
+    fn stats(
+        &self,
+        queue: Option<&str>,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<QueueStats>>> + Send;
+
+    /// The earliest `run_at` among PENDING jobs of these queues.
+    fn next_run_at(
+        &self,
+        queues: &[String],
+    ) -> impl Future<Output = Result<Option<SystemTime>>> + Send;
+
+    /// The earliest lease expiry among RUNNING jobs.
+    fn next_lease_expiry(&self) -> impl Future<Output = Result<Option<SystemTime>>> + Send;
+
+    /// Resolves once every write made before this call is durable. The
+    /// wait is registered when this is called, not when it is polled.
+    ///
+    /// # Errors
+    /// Any error means a write may be lost: the caller fail-stops.
+    fn durable(&self) -> impl Future<Output = Result<()>> + Send + 'static;
+
+    /// Asks for the writes made so far to become durable soon, without
+    /// waiting (a take's lease).
+    fn request_durable(&self);
+}

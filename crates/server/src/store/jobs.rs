@@ -1,0 +1,466 @@
+//! [`Jobs`]: the [`Store`] contract over any [`Backend`], with every rule
+//! that does not depend on the engine written once.
+
+use std::{
+    sync::{Arc, OnceLock},
+    time::{Duration, SystemTime},
+};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::error;
+
+use super::{
+    backend::{Backend, Change},
+    events::{LeaseEnded, Listener, Signals},
+    rules::{self, Retention},
+    Enqueued, Extended, FailReport, ListFilter, Page, QueueStats, Store,
+};
+use crate::{
+    error::{Error, Result},
+    job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
+    machine::{Backoff, Event},
+};
+
+/// Fail-stop state, shared with the tasks that finish a commit.
+#[derive(Default)]
+struct Stop {
+    cause: OnceLock<Arc<str>>,
+    token: CancellationToken,
+}
+
+impl Stop {
+    /// Stops the store for good: no further take, push, ack or read. The
+    /// server watches the token, reports NOT_SERVING and exits.
+    fn stop(&self, cause: &str) -> Error {
+        if self.cause.set(Arc::from(cause)).is_ok() {
+            error!(
+                %cause,
+                "fail-stop: a change could not be made durable; serving nothing more and exiting so that a restart recovers from what is on disk"
+            );
+            self.token.cancel();
+        }
+        Error::FailStopped(
+            self.cause
+                .get()
+                .cloned()
+                .unwrap_or_else(|| Arc::from(cause)),
+        )
+    }
+}
+
+/// The store: a [`Backend`] plus the engine-independent rules (module docs
+/// of [`super`]).
+pub struct Jobs<B> {
+    backend: Arc<B>,
+    backoff: Backoff,
+    signals: Arc<Signals>,
+    stop: Arc<Stop>,
+}
+
+impl<B: Backend> Jobs<B> {
+    /// The store over `backend`, failing jobs back off by `backoff`.
+    pub fn new(backend: B, backoff: Backoff) -> Jobs<B> {
+        Jobs {
+            backend: Arc::new(backend),
+            backoff,
+            signals: Arc::new(Signals::default()),
+            stop: Arc::new(Stop::default()),
+        }
+    }
+
+    /// The engine underneath.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Refuses everything once the store fail-stopped: what it holds in
+    /// memory may include changes that never reached the disk.
+    fn check(&self) -> Result<()> {
+        match self.stop.cause.get() {
+            Some(cause) => Err(Error::FailStopped(cause.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// A write that failed in the engine (an I/O error, a full disk) may
+    /// have left it half done: fail-stop.
+    fn written<T>(&self, result: Result<T>) -> Result<T> {
+        match result {
+            Err(err @ Error::Storage(_)) => Err(self.stop.stop(&err.to_string())),
+            other => other,
+        }
+    }
+
+    /// Applies one event to one job.
+    async fn one(&self, id: JobId, event: Event, now: SystemTime) -> Result<Change> {
+        self.check()?;
+        let mut results = self.written(self.backend.apply(vec![(id, event)], now).await)?;
+        match results.pop() {
+            Some(result) if results.is_empty() => result,
+            _ => Err(Error::Corrupt(
+                "the store returned no result for one change".into(),
+            )),
+        }
+    }
+
+    /// Publishes what `changes` mean and waits until they are durable:
+    /// lease-ended events at once (they must not depend on the caller still
+    /// waiting), wake-ups only once durable (even if the caller stopped
+    /// waiting), and fail-stop if durability failed.
+    async fn commit(&self, changes: &[Change], created: bool) -> Result<()> {
+        let ended: Vec<LeaseEnded> = changes
+            .iter()
+            .filter_map(|c| LeaseEnded::of(&c.old, &c.new))
+            .collect();
+        self.signals.lease_ended(&ended);
+        for change in changes {
+            if let Some(at) = change.new.lease_expires_at() {
+                if change.old.lease_expires_at() != Some(at) {
+                    self.signals.lease_expires(rules::epoch_ms(at));
+                }
+            }
+        }
+        let durable = self.backend.durable();
+        let wake = created
+            || changes
+                .iter()
+                .any(|c| c.new.status == Status::Pending && c.old != c.new);
+        if !wake {
+            return durable.await.map_err(|e| self.stop.stop(&e.to_string()));
+        }
+        // A cancelled RPC drops this future; the job it made due must still
+        // wake the waiters once it is durable, so that part runs on its own.
+        let (signals, stop) = (Arc::clone(&self.signals), Arc::clone(&self.stop));
+        let done = tokio::spawn(async move {
+            match durable.await {
+                Ok(()) => {
+                    signals.bump_changes();
+                    Ok(())
+                }
+                Err(e) => Err(stop.stop(&e.to_string())),
+            }
+        });
+        done.await
+            .map_err(|e| Error::Io(format!("a commit task failed: {e}")))?
+    }
+
+    /// Waits for the engine to report that it can no longer make writes
+    /// durable (a failed background flush), and fail-stops. The server runs
+    /// this for as long as it serves.
+    pub async fn watch_engine(&self)
+    where
+        B: Broken,
+    {
+        let cause = self.backend.broken().await;
+        self.stop.stop(&cause);
+    }
+}
+
+/// An engine whose background durability can fail on its own (sled's
+/// flusher), rather than only inside a caller's commit.
+pub trait Broken {
+    /// Resolves with the cause once the engine can no longer make writes
+    /// durable; never resolves otherwise.
+    fn broken(&self) -> impl std::future::Future<Output = String> + Send + 'static;
+}
+
+impl<B: Backend> Store for Jobs<B> {
+    async fn enqueue(&self, new: NewJob, now: SystemTime) -> Result<Enqueued> {
+        let mut out = self.enqueue_batch(vec![new], now).await?;
+        out.pop()
+            .ok_or_else(|| Error::Corrupt("the store returned no result for an enqueue".into()))
+    }
+
+    async fn enqueue_batch(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
+        self.check()?;
+        for new in &batch {
+            rules::later(now, new.delay, "delay")?;
+        }
+        let rules::Deduped { unique, slots } = rules::dedupe(batch);
+        let stored = self.written(self.backend.insert(unique, now).await)?;
+        let created = stored.iter().any(|e| e.created);
+        // Also for an existing job: its own enqueue may still be in flight.
+        self.commit(&[], created).await?;
+        slots
+            .into_iter()
+            .map(|(at, first)| {
+                let e = stored.get(at).ok_or_else(|| {
+                    Error::Corrupt("the store returned too few enqueue results".into())
+                })?;
+                Ok(Enqueued {
+                    job: e.job.clone(),
+                    created: first && e.created,
+                })
+            })
+            .collect()
+    }
+
+    async fn take(
+        &self,
+        queues: &[String],
+        worker_id: &str,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<Option<Leased>> {
+        self.check()?;
+        let expires = rules::later(now, lease, "lease")?;
+        let event = Event::Take {
+            lease_id: rules::fresh_lease_id(),
+            worker_id: worker_id.to_owned(),
+            lease,
+        };
+        let Some(change) = self.written(self.backend.take(queues, event, now).await)? else {
+            return Ok(None);
+        };
+        self.signals.lease_expires(rules::epoch_ms(expires));
+        // The lease reaches the disk with the round asked for here (about
+        // one fsync later), but the job is handed out without waiting for
+        // it. A crash in that window only loses the take: the job is
+        // PENDING again after the restart and is delivered again, which
+        // at-least-once allows, and the first holder's ack is refused as
+        // stale. Every ack waits for a round that covers its take, so a
+        // DONE job never comes back. Not waiting halves the cost of every
+        // delivery.
+        self.backend.request_durable();
+        let id = change.new.id;
+        Leased::of(change.new)
+            .map(Some)
+            .ok_or_else(|| Error::Corrupt(format!("job {id} was taken without a lease")))
+    }
+
+    async fn ack(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> Result<Job> {
+        let change = self.one(id, Event::Ack { lease_id }, now).await?;
+        self.commit(std::slice::from_ref(&change), false).await?;
+        Ok(change.new)
+    }
+
+    async fn fail(&self, id: JobId, report: FailReport, now: SystemTime) -> Result<Job> {
+        if let Some(d) = report.retry_delay {
+            rules::later(now, d, "retry delay")?;
+        }
+        let event = Event::Fail {
+            lease_id: report.lease_id,
+            error: report.error,
+            retry_delay: report.retry_delay,
+            fatal: report.fatal,
+            backoff: self.backoff,
+            jitter: rules::jitter(),
+        };
+        let change = self.one(id, event, now).await?;
+        self.commit(std::slice::from_ref(&change), false).await?;
+        Ok(change.new)
+    }
+
+    async fn retry(&self, id: JobId, now: SystemTime) -> Result<Job> {
+        let change = self.one(id, Event::Retry, now).await?;
+        self.commit(std::slice::from_ref(&change), false).await?;
+        Ok(change.new)
+    }
+
+    async fn extend(
+        &self,
+        leases: &[(JobId, LeaseId)],
+        extend_by: Option<Duration>,
+        now: SystemTime,
+    ) -> Result<Vec<Extended>> {
+        self.check()?;
+        if let Some(d) = extend_by {
+            rules::later(now, d, "extension")?;
+        }
+        let events = leases
+            .iter()
+            .map(|&(id, lease_id)| {
+                (
+                    id,
+                    Event::Extend {
+                        lease_id,
+                        extend_by,
+                    },
+                )
+            })
+            .collect();
+        let results = self.written(self.backend.apply(events, now).await)?;
+        let changed: Vec<Change> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok().cloned())
+            .collect();
+        if !changed.is_empty() {
+            self.commit(&changed, false).await?;
+        }
+        Ok(results.into_iter().map(|r| r.map(|c| c.new)).collect())
+    }
+
+    async fn reclaim(
+        &self,
+        id: JobId,
+        lease_id: LeaseId,
+        outcome: Outcome,
+        now: SystemTime,
+    ) -> Result<Job> {
+        let change = self
+            .one(id, Event::Reclaim { lease_id, outcome }, now)
+            .await?;
+        self.commit(std::slice::from_ref(&change), false).await?;
+        Ok(change.new)
+    }
+
+    async fn give_back(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> Result<Job> {
+        let event = Event::Return {
+            lease_id,
+            if_expired: false,
+        };
+        let change = self.one(id, event, now).await?;
+        self.commit(std::slice::from_ref(&change), false).await?;
+        Ok(change.new)
+    }
+
+    async fn reclaim_expired(
+        &self,
+        now: SystemTime,
+        undelivered: &(dyn Fn(LeaseId) -> bool + Sync),
+    ) -> Result<Vec<(Job, LeaseId)>> {
+        self.check()?;
+        let expired = self.backend.expiring(now).await?;
+        if expired.is_empty() {
+            return Ok(Vec::new());
+        }
+        let events = expired
+            .iter()
+            .map(|&(id, lease_id)| {
+                let event = if undelivered(lease_id) {
+                    Event::Return {
+                        lease_id,
+                        if_expired: true,
+                    }
+                } else {
+                    Event::Reclaim {
+                        lease_id,
+                        outcome: Outcome::LeaseExpired,
+                    }
+                };
+                (id, event)
+            })
+            .collect();
+        let results = self.written(self.backend.apply(events, now).await)?;
+        // An entry that fails was heartbeated, acked or failed since it was
+        // listed: nothing to reclaim.
+        let changed: Vec<Change> = results.into_iter().filter_map(Result::ok).collect();
+        if changed.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.commit(&changed, false).await?;
+        Ok(changed
+            .into_iter()
+            .filter_map(|c| c.old.lease_id().map(|lease| (c.new, lease)))
+            .collect())
+    }
+
+    async fn restart_grace(&self, grace: Option<Duration>, now: SystemTime) -> Result<usize> {
+        self.check()?;
+        if let Some(d) = grace {
+            rules::later(now, d, "restart grace")?;
+        }
+        // Every lease out: none can outlast a grace of its own length by
+        // more than that length, and the machine never shortens a lease.
+        let all = self
+            .backend
+            .expiring(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 64))
+            .await?;
+        if all.is_empty() {
+            return Ok(0);
+        }
+        let events = all
+            .iter()
+            .map(|&(id, lease_id)| (id, Event::RestartGrace { lease_id, grace }))
+            .collect();
+        let results = self.written(self.backend.apply(events, now).await)?;
+        let changed: Vec<Change> = results
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter(|c| c.old != c.new)
+            .collect();
+        self.commit(&changed, false).await?;
+        Ok(changed.len())
+    }
+
+    async fn purge(&self, done_before: SystemTime, failed_before: SystemTime) -> Result<u64> {
+        self.check()?;
+        let retention = Retention {
+            done_before,
+            failed_before,
+        };
+        let mut purged = 0;
+        let mut after = None;
+        loop {
+            let (n, next) = self.written(self.backend.purge_chunk(after, retention).await)?;
+            purged += n;
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+            // Let other tasks run between chunks of a long scan.
+            tokio::task::yield_now().await;
+        }
+        if purged > 0 {
+            self.commit(&[], false).await?;
+        }
+        Ok(purged)
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        self.check()?;
+        self.backend.get(id).await
+    }
+
+    async fn list(&self, filter: ListFilter) -> Result<Page> {
+        self.check()?;
+        self.backend.list(filter).await
+    }
+
+    async fn stats(&self, queue: Option<&str>, now: SystemTime) -> Result<Vec<QueueStats>> {
+        self.check()?;
+        self.backend.stats(queue, now).await
+    }
+
+    async fn next_run_at(&self, queues: &[String]) -> Result<Option<SystemTime>> {
+        self.check()?;
+        self.backend.next_run_at(queues).await
+    }
+
+    async fn next_lease_expiry(&self) -> Result<Option<SystemTime>> {
+        self.check()?;
+        self.signals.arming();
+        let next = self.backend.next_lease_expiry().await?;
+        self.signals.armed(next.map_or(u64::MAX, rules::epoch_ms));
+        Ok(next)
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.signals.changes()
+    }
+
+    fn lease_changes(&self) -> watch::Receiver<u64> {
+        self.signals.lease_changes()
+    }
+
+    fn on_lease_ended(&self, listener: Listener) {
+        self.signals.subscribe(listener);
+    }
+
+    fn fail_stopped(&self) -> CancellationToken {
+        self.stop.token.clone()
+    }
+
+    fn fail_cause(&self) -> Option<String> {
+        self.stop.cause.get().map(|c| c.to_string())
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.check()?;
+        self.backend
+            .durable()
+            .await
+            .map_err(|e| self.stop.stop(&e.to_string()))
+    }
+}

@@ -1,0 +1,145 @@
+//! The rules every store follows that do not depend on the storage engine:
+//! pure functions, so a second backend does not copy them.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use crate::{
+    error::{Error, Result},
+    job::{Job, LeaseId, NewJob, Status},
+};
+
+/// Checks that `now + d` is representable, so no store ever panics in
+/// `SystemTime + Duration`; the error names the request field.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when it overflows.
+pub fn later(now: SystemTime, d: Duration, what: &str) -> Result<SystemTime> {
+    now.checked_add(d)
+        .ok_or_else(|| Error::InvalidArgument(format!("{what} of {d:?} is out of range")))
+}
+
+/// A fresh lease id: 64 bits from the OS-seeded thread RNG, never 0.
+/// Knowing a job id (or any other lease id) does not help guess it.
+pub fn fresh_lease_id() -> LeaseId {
+    loop {
+        let id = rand::random::<u64>();
+        if id != 0 {
+            return LeaseId(id);
+        }
+    }
+}
+
+/// The backoff jitter, uniform in `[0, 1]`: drawn here so the state
+/// machine stays pure.
+pub fn jitter() -> f64 {
+    rand::random::<f64>()
+}
+
+/// How long finished jobs are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// DONE jobs finished before this are purged.
+    pub done_before: SystemTime,
+    /// FAILED jobs finished before this are purged.
+    pub failed_before: SystemTime,
+}
+
+impl Retention {
+    /// Whether a job is old enough to purge. Never a PENDING or RUNNING
+    /// job.
+    pub fn purgeable(&self, job: &Job) -> bool {
+        match (job.status, job.finished_at) {
+            (Status::Done, Some(at)) => at < self.done_before,
+            (Status::Failed, Some(at)) => at < self.failed_before,
+            _ => false,
+        }
+    }
+}
+
+/// A batch with its keys de-duplicated: the jobs to hand to the backend,
+/// and for each entry of the original batch, which of them it maps to and
+/// whether it is that job's first occurrence.
+#[derive(Debug)]
+pub struct Deduped {
+    /// The distinct jobs, in batch order of their first occurrence.
+    pub unique: Vec<NewJob>,
+    /// Per original entry: (index into `unique`, first occurrence?).
+    pub slots: Vec<(usize, bool)>,
+}
+
+/// De-duplicates a batch by (queue, key): a later entry with a key seen
+/// earlier in the batch gets the earlier one's job (`created = false`),
+/// exactly as if it had been enqueued after it.
+pub fn dedupe(batch: Vec<NewJob>) -> Deduped {
+    let mut seen: HashMap<(String, String), usize> = HashMap::new();
+    let mut unique = Vec::with_capacity(batch.len());
+    let mut slots = Vec::with_capacity(batch.len());
+    for new in batch {
+        if let Some(key) = &new.key {
+            let id = (new.queue.clone(), key.clone());
+            if let Some(&at) = seen.get(&id) {
+                slots.push((at, false));
+                continue;
+            }
+            seen.insert(id, unique.len());
+        }
+        slots.push((unique.len(), true));
+        unique.push(new);
+    }
+    Deduped { unique, slots }
+}
+
+/// Milliseconds since the epoch, saturating (for the reaper's timer).
+pub fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new(queue: &str, key: Option<&str>) -> NewJob {
+        NewJob {
+            queue: queue.into(),
+            kind: "k".into(),
+            payload: vec![],
+            key: key.map(Into::into),
+            max_attempts: 3,
+            delay: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn dedupe_maps_repeated_keys_to_their_first_entry_per_queue() {
+        let d = dedupe(vec![
+            new("a", Some("k1")),
+            new("a", None),
+            new("a", Some("k1")),
+            new("b", Some("k1")),
+            new("a", None),
+        ]);
+        assert_eq!(d.unique.len(), 4);
+        assert_eq!(
+            d.slots,
+            vec![(0, true), (1, true), (0, false), (2, true), (3, true)]
+        );
+    }
+
+    #[test]
+    fn later_refuses_overflow_instead_of_panicking() {
+        assert!(later(SystemTime::now(), Duration::MAX, "delay").is_err());
+        assert!(later(SystemTime::now(), Duration::from_secs(1), "delay").is_ok());
+    }
+
+    #[test]
+    fn lease_ids_are_random_and_never_zero() {
+        let a = fresh_lease_id();
+        let b = fresh_lease_id();
+        assert_ne!(a, b);
+        assert_ne!(a.0, 0);
+    }
+}

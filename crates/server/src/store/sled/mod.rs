@@ -1,0 +1,437 @@
+//! The embedded backend: job records in sled, indexes in memory,
+//! durability by group commit.
+//!
+//! Records live in the `jobs` tree, keyed by the job id as a big-endian
+//! `u64` (so a range scan is id order, which is enqueue order), valued by
+//! the `Job` in postcard. Job ids and lease ids both come from sled's
+//! persistent id generator, which never repeats across restarts; 0 is never
+//! issued.
+//!
+//! Every change follows one pattern, written once in [`Sled::apply_locked`]:
+//! lock the state, load the record, call [`machine::apply`], write the
+//! record, update the indexes, unlock. [`super::Jobs`] then waits for the
+//! [`Flusher`]'s next round before it replies. The mutex is a std
+//! one because it is never held across an `.await`, and what runs under it
+//! is short: sled writes go to its in-memory log buffers (a full buffer may
+//! be written out inline, and the id generator persists its counter once
+//! per million ids). The fsync happens outside it, shared by every writer
+//! of the round, so the mutex orders changes without serializing disk
+//! waits.
+
+mod error;
+pub mod flusher;
+mod index;
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Mutex, MutexGuard, PoisonError},
+    time::SystemTime,
+};
+
+pub use error::SledError;
+use flusher::Flusher;
+use index::Index;
+
+use super::{
+    jobs::Broken, rules::Retention, Backend, Change, Enqueued, Jobs, ListFilter, Page, QueueStats,
+};
+use crate::{
+    config::Config,
+    error::{Error, Result},
+    job::{Job, JobId, LeaseId, NewJob},
+    machine::{self, Event},
+};
+
+/// Records scanned per purge step, between which the mutex is free.
+const PURGE_CHUNK: usize = 1024;
+
+/// The store the server runs by default: [`Jobs`] over [`Sled`].
+pub type SledStore = Jobs<Sled>;
+
+/// The sled backend. See the module docs.
+pub struct Sled {
+    // Field order matters on drop: the flusher finishes its last round
+    // before the database handle goes.
+    flusher: Flusher,
+    db: sled::Db,
+    jobs: sled::Tree,
+    state: Mutex<Index>,
+}
+
+fn record_key(id: JobId) -> [u8; 8] {
+    id.0.to_be_bytes()
+}
+
+fn encode(job: &Job) -> Result<Vec<u8>> {
+    postcard::to_allocvec(job)
+        .map_err(|e| Error::Corrupt(format!("cannot encode job {}: {e}", job.id)))
+}
+
+fn decode(key: &[u8], value: &[u8]) -> Result<Job> {
+    let job: Job = postcard::from_bytes(value)
+        .map_err(|e| Error::Corrupt(format!("undecodable record {key:?}: {e}")))?;
+    if key != record_key(job.id) {
+        return Err(Error::Corrupt(format!(
+            "record {key:?} holds job {}",
+            job.id
+        )));
+    }
+    Ok(job)
+}
+
+impl Jobs<Sled> {
+    /// Opens (or creates) the sled store in `config.data`.
+    ///
+    /// # Errors
+    /// See [`Sled::open`].
+    pub fn open(config: &Config) -> Result<SledStore> {
+        Ok(Jobs::new(Sled::open(config)?, config.backoff()))
+    }
+
+    /// How many group-commit rounds (flush + fsync) have run; for tests and
+    /// benchmarks.
+    pub fn flush_rounds(&self) -> u64 {
+        self.backend().flusher.rounds()
+    }
+}
+
+impl Sled {
+    /// Opens (or creates) the database in `config.data` and rebuilds the
+    /// in-memory indexes from the records.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if sled cannot open the folder, [`Error::Corrupt`]
+    /// if a record does not decode or the flusher cannot start.
+    pub fn open(config: &Config) -> Result<Sled> {
+        std::fs::create_dir_all(&config.data)
+            .map_err(|e| Error::Corrupt(format!("cannot create {}: {e}", config.data.display())))?;
+        let db = sled::Config::new()
+            .path(&config.data)
+            .cache_capacity(config.cache_bytes)
+            // Our flusher makes every acknowledged write durable; sled's own
+            // periodic fsync would only compete with it.
+            .flush_every_ms(None)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(SledError::from)?;
+        let jobs = db.open_tree("jobs").map_err(SledError::from)?;
+        let mut index = Index::default();
+        for record in jobs.iter() {
+            let (key, value) = record.map_err(SledError::from)?;
+            index.insert(&decode(&key, &value)?);
+        }
+        let flusher = Flusher::start(db.clone(), &config.data, config.fault_sync())?;
+        Ok(Sled {
+            flusher,
+            db,
+            jobs,
+            state: Mutex::new(index),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Index> {
+        // Every update of the index happens after its record is written and
+        // cannot panic halfway, so a poisoned lock still guards a usable
+        // index.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A fresh job id: never 0, never reused, increasing.
+    fn next_id(&self) -> Result<u64> {
+        loop {
+            let id = self.db.generate_id().map_err(SledError::from)?;
+            if id != 0 {
+                return Ok(id);
+            }
+        }
+    }
+
+    fn load(&self, id: JobId) -> Result<Job> {
+        let key = record_key(id);
+        match self.jobs.get(key).map_err(SledError::from)? {
+            Some(value) => decode(&key, &value),
+            None => Err(Error::NotFound(id)),
+        }
+    }
+
+    /// Loads a job the index says exists.
+    fn load_indexed(&self, id: JobId) -> Result<Job> {
+        self.load(id).map_err(|e| match e {
+            Error::NotFound(id) => Error::Corrupt(format!("job {id} is indexed but has no record")),
+            e => e,
+        })
+    }
+
+    /// The one write path: under the lock, load each job (or the version
+    /// this call already changed), apply its event, then write every
+    /// changed record in one batch and update the indexes.
+    fn apply_locked(
+        &self,
+        index: &mut Index,
+        events: Vec<(JobId, Event)>,
+        now: SystemTime,
+    ) -> Result<Vec<Result<Change>>> {
+        // Jobs changed by this call so far: (as loaded, latest).
+        let mut changed: HashMap<JobId, (Job, Job)> = HashMap::new();
+        let mut out = Vec::with_capacity(events.len());
+        for (id, event) in events {
+            let current = match changed.get(&id) {
+                Some((_, latest)) => latest.clone(),
+                None => match self.load(id) {
+                    Ok(job) => job,
+                    Err(Error::NotFound(id)) => {
+                        out.push(Err(Error::NotFound(id)));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
+            };
+            match machine::apply(current.clone(), event, now) {
+                Ok(new) => {
+                    changed
+                        .entry(id)
+                        .or_insert_with(|| (current.clone(), new.clone()))
+                        .1 = new.clone();
+                    out.push(Ok(Change { old: current, new }));
+                }
+                Err(e) => out.push(Err(e.into())),
+            }
+        }
+        if changed.is_empty() {
+            return Ok(out);
+        }
+        let mut writes = sled::Batch::default();
+        for (id, (_, new)) in &changed {
+            writes.insert(&record_key(*id), encode(new)?);
+        }
+        self.jobs.apply_batch(writes).map_err(SledError::from)?;
+        for (first, last) in changed.values() {
+            index.update(first, last);
+        }
+        Ok(out)
+    }
+
+    fn insert_locked(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
+        let mut index = self.lock();
+        let mut out: Vec<Enqueued> = Vec::with_capacity(batch.len());
+        let mut writes = sled::Batch::default();
+        for new in batch {
+            if let Some(existing) = new.key.as_deref().and_then(|k| index.key(&new.queue, k)) {
+                out.push(Enqueued {
+                    job: self.load_indexed(existing)?,
+                    created: false,
+                });
+                continue;
+            }
+            let job = machine::create(JobId(self.next_id()?), new, now);
+            writes.insert(&record_key(job.id), encode(&job)?);
+            out.push(Enqueued { job, created: true });
+        }
+        self.jobs.apply_batch(writes).map_err(SledError::from)?;
+        for enqueued in out.iter().filter(|e| e.created) {
+            index.insert(&enqueued.job);
+        }
+        Ok(out)
+    }
+
+    fn take_locked(
+        &self,
+        queues: &[String],
+        take: Event,
+        now: SystemTime,
+    ) -> Result<Option<Change>> {
+        let mut index = self.lock();
+        let Some(id) = queues.iter().find_map(|q| index.first_due(q, now)) else {
+            return Ok(None);
+        };
+        let mut results = self.apply_locked(&mut index, vec![(id, take)], now)?;
+        match results.pop() {
+            Some(Ok(change)) => Ok(Some(change)),
+            Some(Err(Error::NotFound(id))) => Err(Error::Corrupt(format!(
+                "job {id} is indexed but has no record"
+            ))),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    fn expiring_locked(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
+        let ids = self.lock().expired(at);
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.load(id) {
+                Ok(job) => {
+                    if let Some(lease) = job.lease_id() {
+                        out.push((id, lease));
+                    }
+                }
+                // Purged or changed meanwhile: the caller re-checks anyway.
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// One purge step: scans up to [`PURGE_CHUNK`] records after `after`
+    /// without the lock, then deletes the purgeable ones under it,
+    /// re-checking each (it may have been retried meanwhile). Returns the
+    /// number deleted and where the next step starts.
+    fn purge_chunk_locked(
+        &self,
+        after: Option<JobId>,
+        retention: Retention,
+    ) -> Result<(u64, Option<JobId>)> {
+        let Some(start) = after.map_or(Some(0), |id| id.0.checked_add(1)) else {
+            return Ok((0, None));
+        };
+        let mut candidates = Vec::new();
+        let mut last = None;
+        for record in self.jobs.range(start.to_be_bytes()..).take(PURGE_CHUNK) {
+            let (key, value) = record.map_err(SledError::from)?;
+            let job = decode(&key, &value)?;
+            last = Some(job.id);
+            if retention.purgeable(&job) {
+                candidates.push(job.id);
+            }
+        }
+        if candidates.is_empty() {
+            return Ok((0, last));
+        }
+        let mut index = self.lock();
+        let mut writes = sled::Batch::default();
+        let mut gone = Vec::new();
+        for id in candidates {
+            match self.load(id) {
+                Ok(job) if retention.purgeable(&job) => {
+                    writes.remove(&record_key(id));
+                    gone.push(job);
+                }
+                Ok(_) | Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.jobs.apply_batch(writes).map_err(SledError::from)?;
+        for job in &gone {
+            index.remove(job);
+        }
+        Ok((gone.len() as u64, last))
+    }
+
+    fn list_scan(&self, filter: &ListFilter) -> Result<Page> {
+        let limit = filter.limit.max(1);
+        let Some(start) = filter.after.map_or(Some(0), |id| id.0.checked_add(1)) else {
+            return Ok(Page::default());
+        };
+        let matches = |job: &Job| {
+            filter.queue.as_ref().is_none_or(|q| *q == job.queue)
+                && filter.status.is_none_or(|s| s == job.status)
+                && filter
+                    .key
+                    .as_ref()
+                    .is_none_or(|k| job.key.as_ref() == Some(k))
+        };
+        // With queue and key given, at most one retained job matches.
+        if let (Some(queue), Some(key)) = (&filter.queue, &filter.key) {
+            let id = self.lock().key(queue, key);
+            let jobs = match id.filter(|id| id.0 >= start) {
+                Some(id) => match self.load(id) {
+                    Ok(job) if matches(&job) => vec![job],
+                    Ok(_) | Err(Error::NotFound(_)) => vec![],
+                    Err(e) => return Err(e),
+                },
+                None => vec![],
+            };
+            return Ok(Page { jobs, next: None });
+        }
+        let mut jobs = Vec::new();
+        let mut records = self.jobs.range(start.to_be_bytes()..);
+        for record in records.by_ref() {
+            let (key, value) = record.map_err(SledError::from)?;
+            let job = decode(&key, &value)?;
+            if matches(&job) {
+                jobs.push(job);
+                if jobs.len() == limit {
+                    break;
+                }
+            }
+        }
+        // A full page may have a successor; an exhausted scan has none.
+        let next = match jobs.last() {
+            Some(last) if jobs.len() == limit && records.next().is_some() => Some(last.id),
+            _ => None,
+        };
+        Ok(Page { jobs, next })
+    }
+}
+
+impl Backend for Sled {
+    async fn insert(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
+        self.insert_locked(batch, now)
+    }
+
+    async fn take(
+        &self,
+        queues: &[String],
+        take: Event,
+        now: SystemTime,
+    ) -> Result<Option<Change>> {
+        self.take_locked(queues, take, now)
+    }
+
+    async fn apply(
+        &self,
+        events: Vec<(JobId, Event)>,
+        now: SystemTime,
+    ) -> Result<Vec<Result<Change>>> {
+        let mut index = self.lock();
+        self.apply_locked(&mut index, events, now)
+    }
+
+    async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
+        self.expiring_locked(at)
+    }
+
+    async fn purge_chunk(
+        &self,
+        after: Option<JobId>,
+        retention: Retention,
+    ) -> Result<(u64, Option<JobId>)> {
+        self.purge_chunk_locked(after, retention)
+    }
+
+    async fn get(&self, id: JobId) -> Result<Job> {
+        self.load(id)
+    }
+
+    async fn list(&self, filter: ListFilter) -> Result<Page> {
+        self.list_scan(&filter)
+    }
+
+    async fn stats(&self, queue: Option<&str>, now: SystemTime) -> Result<Vec<QueueStats>> {
+        Ok(self.lock().stats(queue, now))
+    }
+
+    async fn next_run_at(&self, queues: &[String]) -> Result<Option<SystemTime>> {
+        Ok(self.lock().next_run_at(queues))
+    }
+
+    async fn next_lease_expiry(&self) -> Result<Option<SystemTime>> {
+        Ok(self.lock().next_lease_expiry())
+    }
+
+    fn durable(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        self.flusher.durable()
+    }
+
+    fn request_durable(&self) {
+        self.flusher.request();
+    }
+}
+
+impl Broken for Sled {
+    fn broken(&self) -> impl Future<Output = String> + Send + 'static {
+        self.flusher.broken()
+    }
+}

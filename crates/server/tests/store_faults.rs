@@ -1,0 +1,328 @@
+//! The store on an unlucky day: callers that stop waiting, a disk that
+//! fails or fills, a restart that outlasts leases, jobs that never reached
+//! their worker. Real sled in a temporary folder; faults are injected into
+//! its syncer (`--fault-sync-*`).
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use jobq_server::{
+    job::{JobId, LeaseId, NewJob, Outcome, Status},
+    store::{sled::SledStore, LeaseEnded, Store},
+    Config,
+};
+use tempfile::TempDir;
+use tonic::Code;
+
+const LEASE: Duration = Duration::from_secs(1);
+
+fn config(dir: &TempDir) -> Config {
+    let mut config = Config::with_data(dir.path());
+    config.cache_bytes = 8 * 1024 * 1024;
+    config
+}
+
+fn new_job(key: Option<&str>) -> NewJob {
+    NewJob {
+        queue: "q".into(),
+        kind: "send-email".into(),
+        payload: b"order-4711".to_vec(),
+        key: key.map(Into::into),
+        max_attempts: 3,
+        delay: Duration::ZERO,
+    }
+}
+
+fn queues() -> Vec<String> {
+    vec!["q".into()]
+}
+
+/// Collects every lease-ended event the store publishes.
+fn record(store: &SledStore) -> Arc<Mutex<Vec<LeaseEnded>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    store.on_lease_ended(Arc::new(move |e: &LeaseEnded| {
+        sink.lock().unwrap().push(e.clone());
+    }));
+    seen
+}
+
+/// Polls `fut` exactly once and drops it: a client whose deadline passed
+/// while the change waited for its fsync.
+async fn cancel_after_first_poll<F: std::future::Future>(fut: F) {
+    let _ = tokio::time::timeout(Duration::ZERO, fut).await;
+}
+
+#[tokio::test]
+async fn a_cancelled_ack_still_publishes_its_lease_ended_event() {
+    let dir = TempDir::new().unwrap();
+    let mut config = config(&dir);
+    // Every fsync is slow, so the ack is still waiting when it is dropped.
+    config.fault_sync_delay = Some(Duration::from_millis(300));
+    let store = SledStore::open(&config).unwrap();
+    let seen = record(&store);
+    let job = store
+        .enqueue(new_job(None), SystemTime::now())
+        .await
+        .unwrap()
+        .job;
+    let leased = store
+        .take(&queues(), "w", LEASE, SystemTime::now())
+        .await
+        .unwrap()
+        .expect("due");
+    cancel_after_first_poll(store.ack(job.id, leased.lease_id, SystemTime::now())).await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.len(),
+        1,
+        "the ack's event is published before any wait"
+    );
+    assert_eq!(
+        (seen[0].job, seen[0].lease, seen[0].outcome, seen[0].status),
+        (job.id, leased.lease_id, Some(Outcome::Acked), Status::Done)
+    );
+    store.flush().await.unwrap();
+    assert_eq!(store.get(job.id).await.unwrap().status, Status::Done);
+}
+
+#[tokio::test]
+async fn every_way_a_lease_ends_is_published_once() {
+    let dir = TempDir::new().unwrap();
+    let store = SledStore::open(&config(&dir)).unwrap();
+    let seen = record(&store);
+    let t0 = SystemTime::now();
+    for _ in 0..5 {
+        store.enqueue(new_job(None), t0).await.unwrap();
+    }
+    let qs = queues();
+    let take = || store.take(&qs, "w", LEASE, t0);
+    let a = take().await.unwrap().unwrap();
+    let b = take().await.unwrap().unwrap();
+    let c = take().await.unwrap().unwrap();
+    let d = take().await.unwrap().unwrap();
+    let e = take().await.unwrap().unwrap();
+    store.ack(a.job.id, a.lease_id, t0).await.unwrap();
+    store
+        .fail(
+            b.job.id,
+            jobq_server::store::FailReport {
+                lease_id: b.lease_id,
+                error: "smtp down".into(),
+                retry_delay: None,
+                fatal: false,
+            },
+            t0,
+        )
+        .await
+        .unwrap();
+    store
+        .reclaim(c.job.id, c.lease_id, Outcome::WorkerDisconnected, t0)
+        .await
+        .unwrap();
+    store.give_back(d.job.id, d.lease_id, t0).await.unwrap();
+    let expired = store.reclaim_expired(t0 + LEASE, &|_| false).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    // A heartbeat ends nothing.
+    store.enqueue(new_job(None), t0).await.unwrap();
+    let f = take().await.unwrap().unwrap();
+    store
+        .extend(&[(f.job.id, f.lease_id)], None, t0)
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let got: Vec<(JobId, LeaseId, Option<Outcome>)> =
+        seen.iter().map(|e| (e.job, e.lease, e.outcome)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (a.job.id, a.lease_id, Some(Outcome::Acked)),
+            (b.job.id, b.lease_id, Some(Outcome::Failed)),
+            (c.job.id, c.lease_id, Some(Outcome::WorkerDisconnected)),
+            (d.job.id, d.lease_id, None),
+            (e.job.id, e.lease_id, Some(Outcome::LeaseExpired)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_enqueue_still_wakes_the_waiters_once_durable() {
+    let dir = TempDir::new().unwrap();
+    let mut config = config(&dir);
+    config.fault_sync_delay = Some(Duration::from_millis(200));
+    let store = SledStore::open(&config).unwrap();
+    let mut changes = store.changes();
+    changes.borrow_and_update();
+    cancel_after_first_poll(store.enqueue(new_job(None), SystemTime::now())).await;
+    assert!(
+        !changes.has_changed().unwrap(),
+        "no wake-up before the job is durable"
+    );
+    tokio::time::timeout(Duration::from_secs(5), changes.changed())
+        .await
+        .expect("the waiters are woken although the enqueue's caller left")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_given_back_job_spends_no_attempt_and_keeps_its_place() {
+    let dir = TempDir::new().unwrap();
+    let store = SledStore::open(&config(&dir)).unwrap();
+    let t0 = SystemTime::now();
+    let first = store.enqueue(new_job(None), t0).await.unwrap().job;
+    let second = store.enqueue(new_job(None), t0).await.unwrap().job;
+    let leased = store
+        .take(&queues(), "w", LEASE, t0)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leased.job.id, first.id);
+    let back = store
+        .give_back(first.id, leased.lease_id, t0)
+        .await
+        .unwrap();
+    assert_eq!((back.status, back.attempts), (Status::Pending, 0));
+    assert!(back.history.is_empty());
+    let again = store
+        .take(&queues(), "w", LEASE, t0)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.job.id, first.id, "still ahead of {}", second.id);
+    // The reaper gives back an expired lease that was never delivered.
+    let expired = store
+        .reclaim_expired(t0 + LEASE, &|lease| lease == again.lease_id)
+        .await
+        .unwrap();
+    assert_eq!(expired.len(), 1);
+    assert_eq!(
+        (expired[0].0.status, expired[0].0.attempts),
+        (Status::Pending, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_lease_that_ran_out_during_a_restart_gets_a_grace() {
+    let dir = TempDir::new().unwrap();
+    let t0 = SystemTime::now();
+    let (job, lease) = {
+        let store = SledStore::open(&config(&dir)).unwrap();
+        let job = store.enqueue(new_job(None), t0).await.unwrap().job;
+        let leased = store
+            .take(&queues(), "w", LEASE, t0)
+            .await
+            .unwrap()
+            .unwrap();
+        store.flush().await.unwrap();
+        (job, leased.lease_id)
+    };
+    // The server was down for a minute, far past the 1 s lease.
+    let restart = t0 + Duration::from_secs(60);
+    let store = SledStore::open(&config(&dir)).unwrap();
+    let graced = store.restart_grace(None, restart).await.unwrap();
+    assert_eq!(graced, 1);
+    assert!(
+        store
+            .reclaim_expired(restart, &|_| false)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a restart is not a worker death"
+    );
+    let held = store
+        .extend(
+            &[(job.id, lease)],
+            None,
+            restart + Duration::from_millis(500),
+        )
+        .await
+        .unwrap();
+    assert!(held[0].is_ok(), "the worker can still heartbeat: {held:?}");
+    let done = store
+        .ack(job.id, lease, restart + Duration::from_millis(600))
+        .await
+        .unwrap();
+    assert_eq!((done.status, done.attempts), (Status::Done, 0));
+}
+
+async fn fail_stop_after_a_failed_sync(error: &str) {
+    let dir = TempDir::new().unwrap();
+    let mut config = config(&dir);
+    config.fault_sync_after = Some(3);
+    config.fault_sync_error = error.into();
+    let store = SledStore::open(&config).unwrap();
+    let stopped = store.fail_stopped();
+    let t0 = SystemTime::now();
+    let mut acked = 0;
+    let err = loop {
+        match store.enqueue(new_job(None), t0).await {
+            Ok(_) => acked += 1,
+            Err(err) => break err,
+        }
+        assert!(acked < 10, "the injected failure never came");
+    };
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(stopped.is_cancelled(), "the server is told to stop");
+    let cause = store.fail_cause().expect("a cause");
+    assert!(cause.contains("injected"), "{cause}");
+    // Nothing more is served: no take, no read of what may not be on disk.
+    let take = store.take(&queues(), "w", LEASE, t0).await;
+    assert_eq!(take.unwrap_err().code(), Code::Unavailable);
+    assert_eq!(
+        store.get(JobId(1)).await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    assert_eq!(
+        store.enqueue(new_job(None), t0).await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    drop(store);
+    // What was acknowledged is on disk.
+    config.fault_sync_after = None;
+    let store = SledStore::open(&config).unwrap();
+    let stats = store.stats(Some("q"), t0).await.unwrap();
+    assert!(
+        stats[0].pending >= acked,
+        "{stats:?} vs {acked} acknowledged"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_fsync_stops_the_store_for_good() {
+    fail_stop_after_a_failed_sync("EIO").await;
+}
+
+#[tokio::test]
+async fn a_full_disk_stops_the_store_for_good() {
+    fail_stop_after_a_failed_sync("ENOSPC").await;
+}
+
+#[tokio::test]
+async fn a_failed_background_sync_stops_the_store_without_any_waiter() {
+    let dir = TempDir::new().unwrap();
+    let mut config = config(&dir);
+    config.fault_sync_after = Some(1);
+    let store = Arc::new(SledStore::open(&config).unwrap());
+    let watcher = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.watch_engine().await }
+    });
+    let t0 = SystemTime::now();
+    store
+        .enqueue(new_job(None), t0)
+        .await
+        .expect("the first sync works");
+    // A take asks for a round without waiting for it; that round fails.
+    store
+        .take(&queues(), "w", LEASE, t0)
+        .await
+        .unwrap()
+        .expect("due");
+    tokio::time::timeout(Duration::from_secs(5), store.fail_stopped().cancelled())
+        .await
+        .expect("fail-stop");
+    watcher.abort();
+    assert!(store.fail_cause().is_some());
+}
