@@ -263,7 +263,8 @@ def start_server(tmp):
     log_path = os.path.join(tmp, "server.log")
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [JOBQ_BIN, "serve", "--listen", "127.0.0.1:0", "--data", os.path.join(tmp, "data")],
+        [JOBQ_BIN, "serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+         "--data", os.path.join(tmp, "data")],
         stdout=log, stderr=log,
     )
     deadline = time.monotonic() + 30

@@ -42,6 +42,8 @@ where
 pub struct ServerProcess {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The HTTP listener (`/metrics`, dashboard).
+    pub http: SocketAddr,
 }
 
 impl ServerProcess {
@@ -60,6 +62,8 @@ impl ServerProcess {
             .arg(listen)
             .arg("--data")
             .arg(data)
+            .arg("--http-listen")
+            .arg("127.0.0.1:0")
             .args(extra)
             .env("RUST_LOG", "info")
             .env_remove("JOBQ_LISTEN")
@@ -72,14 +76,22 @@ impl ServerProcess {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut tx = Some(tx);
+            let mut http = None;
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                // The HTTP listener is logged first, then the gRPC one.
+                if let Some(addr) = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("http="))
+                {
+                    http = addr.parse::<SocketAddr>().ok();
+                }
                 if let Some(addr) = line
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("addr="))
                 {
                     if let (Some(tx), Ok(addr)) = (tx.take(), addr.parse::<SocketAddr>()) {
-                        let _ = tx.send(addr);
+                        let _ = tx.send((addr, http));
                     }
                 }
                 // Keep draining so the server never blocks on a full pipe;
@@ -87,10 +99,11 @@ impl ServerProcess {
                 eprintln!("[jobq serve] {line}");
             }
         });
-        let addr = rx
+        let (addr, http) = rx
             .recv_timeout(Duration::from_secs(30))
             .expect("jobq serve did not report its address");
-        ServerProcess { child, addr }
+        let http = http.expect("jobq serve did not report its HTTP address");
+        ServerProcess { child, addr, http }
     }
 
     /// The server's URL.
@@ -201,4 +214,25 @@ impl Drop for TestServer {
             task.abort();
         }
     }
+}
+
+/// A plain HTTP/1.1 GET (the dashboard and `/metrics` speak HTTP/1.1):
+/// the status code and the body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the HTTP listener");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).await.expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status code");
+    (status, body.to_owned())
 }

@@ -4,8 +4,10 @@
 
 mod bench;
 mod cli;
+mod dashboard;
 mod faults;
 mod harness;
 mod lease;
+mod observability;
 mod server;
 mod worker;

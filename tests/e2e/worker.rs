@@ -41,13 +41,13 @@ fn email_worker_bin() -> PathBuf {
 }
 
 /// A running `email_worker` process whose stdout lines arrive on a channel.
-struct EmailWorker {
-    child: Child,
+pub(crate) struct EmailWorker {
+    pub(crate) child: Child,
     lines: tokio::sync::mpsc::UnboundedReceiver<String>,
 }
 
 impl EmailWorker {
-    fn start(server: &str, mailbox: &Path, extra: &[&str]) -> EmailWorker {
+    pub(crate) fn start(server: &str, mailbox: &Path, extra: &[&str]) -> EmailWorker {
         let mut child = Command::new(email_worker_bin())
             .args(["--server", server, "--queue", "emails", "--mailbox"])
             .arg(mailbox)
@@ -80,7 +80,7 @@ impl EmailWorker {
 
     /// Waits for an output line equal to `want` (without blocking the
     /// runtime, which also runs the in-process server).
-    async fn expect_line(&mut self, want: &str) {
+    pub(crate) async fn expect_line(&mut self, want: &str) {
         self.expect(want, |line| line == want).await;
     }
 
@@ -267,16 +267,18 @@ async fn heartbeats_keep_a_job_running_for_ten_times_its_lease() {
         .await
         .expect("enqueue");
     let shutdown = CancellationToken::new();
-    // 300 ms leases (heartbeats every 100 ms): room for a loaded CI machine.
-    let w = worker(&server.url(), 1, Duration::from_millis(300), &shutdown)
+    // 1 s leases (heartbeats every ~333 ms) and a 10 s job: a loaded 2-core
+    // CI machine once stalled a 300 ms lease's heartbeat past its deadline.
+    let w = worker(&server.url(), 1, Duration::from_secs(1), &shutdown)
         .handler("long", |_ctx: JobContext| async {
-            tokio::time::sleep(Duration::from_millis(3000)).await;
+            tokio::time::sleep(Duration::from_secs(10)).await;
             Ok::<(), HandlerError>(())
         })
         .build();
     let run = tokio::spawn(w.run());
-    let done = job_where(&c, &job.id, "the long job DONE", |j| {
-        j.status == pb::JobStatus::Done as i32
+    let done = until(Duration::from_secs(30), "the long job DONE", || async {
+        let j = c.get_job(job.id.clone()).await.expect("get");
+        (j.status == pb::JobStatus::Done as i32).then_some(j)
     })
     .await;
     assert_eq!(

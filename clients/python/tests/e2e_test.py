@@ -37,7 +37,7 @@ class Server:
         self.log_path = os.path.join(tmp, "server.log")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [JOBQ_BIN, "serve", "--listen", "127.0.0.1:0",
+            [JOBQ_BIN, "serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
              "--data", os.path.join(tmp, "data")],
             stdout=self.log, stderr=self.log,
         )

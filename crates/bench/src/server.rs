@@ -64,6 +64,8 @@ impl Server {
             .arg("127.0.0.1:0")
             .arg("--data")
             .arg(data.path().join("data"))
+            .arg("--http-listen")
+            .arg("127.0.0.1:0")
             .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

@@ -14,6 +14,11 @@ pub struct Config {
     #[arg(long, env = "JOBQ_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// Address of the HTTP listener that serves Prometheus `/metrics` and
+    /// the dashboard; `off` disables it.
+    #[arg(long, env = "JOBQ_HTTP_LISTEN", default_value = "127.0.0.1:9464", value_parser = parse_http_listen)]
+    pub http_listen: HttpListen,
+
     /// Folder holding the sled database (created if missing).
     #[arg(long, env = "JOBQ_DATA", default_value = "./jobq-data")]
     pub data: PathBuf,
@@ -156,6 +161,9 @@ impl Config {
             .map(|w| w.config)
             .unwrap_or_else(|e| panic!("invalid JOBQ_* environment: {e}"));
         config.data = data.into();
+        // Embedded servers (tests, other programs) open no HTTP port unless
+        // asked to.
+        config.http_listen = HttpListen(None);
         config
     }
 
@@ -192,4 +200,17 @@ const fn libc_eio() -> i32 {
 /// ENOSPC on Linux.
 const fn libc_enospc() -> i32 {
     28
+}
+
+/// `--http-listen`: an address, or `off` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpListen(pub Option<SocketAddr>);
+
+fn parse_http_listen(s: &str) -> Result<HttpListen, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(HttpListen(None));
+    }
+    s.parse()
+        .map(|a| HttpListen(Some(a)))
+        .map_err(|e| format!("{s:?} is neither an address nor `off`: {e}"))
 }

@@ -18,6 +18,9 @@
 //! - [`service`]: the gRPC glue (`JobQueue` trait impl); no business logic.
 //! - [`server`]: `run`: builds the tonic server with reflection and health,
 //!   and shuts it down on a `CancellationToken`.
+//! - [`metrics`]: the Prometheus registry, counted from the store's facts;
+//!   [`rpc_timing`]: the tower layer that times every RPC.
+//! - [`web`]: the HTTP listener: `/metrics` and the dashboard.
 #![warn(missing_docs)]
 
 pub mod config;
@@ -26,12 +29,15 @@ pub mod error;
 pub mod job;
 pub mod leases;
 pub mod machine;
+pub mod metrics;
 pub mod reaper;
+pub mod rpc_timing;
 pub mod server;
 pub mod service;
 pub mod store;
 pub mod validate;
 pub mod waiter;
+pub mod web;
 
 pub use config::Config;
 pub use error::{Error, Result};

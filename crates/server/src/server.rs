@@ -17,10 +17,16 @@ use crate::{
     config::Config,
     error::{Error, Result},
     leases::LeaseHub,
+    metrics::{Metrics, Rates},
     reaper,
+    rpc_timing::RpcTiming,
     service::JobQueueService,
-    store::{sled::SledStore, Store},
+    store::{sled::SledStore, Fact, Store},
+    web::{self, Web},
 };
+
+/// How often the dashboard's enqueue and ack rates are sampled.
+const RATE_SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The health service name of the job queue.
 pub const SERVICE_NAME: &str = "jobq.v1.JobQueue";
@@ -87,6 +93,53 @@ pub async fn serve(
         }
     });
     let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
+    let metrics = Arc::new(Metrics::new());
+    let rates = Arc::new(Rates::default());
+    {
+        let (counted, rated) = (Arc::clone(&metrics), Arc::clone(&rates));
+        store.observe(Arc::new(move |fact: &Fact<'_>| {
+            counted.observe(fact);
+            rated.observe(fact);
+        }));
+        let timed = Arc::clone(&metrics);
+        store.on_commit(Arc::new(move |took, batch| timed.commit(took, batch)));
+    }
+    let http = match config.http_listen.0 {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await.map_err(|e| {
+                Error::Io(format!(
+                    "cannot listen for HTTP (/metrics, dashboard) on {addr}: {e}; set --http-listen to another address or `off`"
+                ))
+            })?;
+            let web = Arc::new(Web {
+                store: Arc::clone(&store),
+                metrics: Arc::clone(&metrics),
+                rates: Arc::clone(&rates),
+                streams: {
+                    let hub = Arc::clone(&hub);
+                    Arc::new(move || hub.open_streams())
+                },
+            });
+            Some(tokio::spawn(web::serve(
+                listener,
+                web::router(web),
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+    let sampler = tokio::spawn({
+        let (rates, shutdown) = (Arc::clone(&rates), shutdown.clone());
+        async move {
+            let mut every = tokio::time::interval(RATE_SAMPLE_EVERY);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => rates.sample(),
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        }
+    });
     let reaper = tokio::spawn(reaper::run(
         Arc::clone(&store),
         Arc::clone(&hub),
@@ -140,6 +193,7 @@ pub async fn serve(
     let server = Server::builder()
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
+        .layer(RpcTiming::new(Arc::clone(&metrics)))
         .add_service(
             JobQueueServer::new(service)
                 .max_decoding_message_size(config.max_message_bytes)
@@ -167,6 +221,14 @@ pub async fn serve(
     let _ = reaper.await;
     let _ = engine.await;
     let _ = fail_stop.await;
+    let _ = sampler.await;
+    if let Some(http) = http {
+        match http.await {
+            Ok(Err(err)) => warn!(cause = %err, "the HTTP listener failed"),
+            Err(err) => warn!(cause = %err, "the HTTP listener panicked"),
+            Ok(Ok(())) => {}
+        }
+    }
     if let Some(cause) = store.fail_cause() {
         error!(%cause, "jobq stopped after a storage failure (fail-stop); restart it to recover from what is on disk");
         return Err(Error::FailStopped(cause.into()));

@@ -61,6 +61,25 @@ impl LeaseEnded {
     }
 }
 
+/// A change the store applied, for observers that count facts where they
+/// happen (metrics): published once per change, when it is applied.
+#[derive(Debug, Clone, Copy)]
+pub enum Fact<'a> {
+    /// A job was created by an enqueue.
+    Created(&'a Job),
+    /// A job changed.
+    Changed {
+        /// As it was.
+        old: &'a Job,
+        /// As it is now.
+        new: &'a Job,
+    },
+}
+
+/// A subscriber to every applied change. Runs inside the store's call:
+/// quick, never blocking.
+pub type Observer = Arc<dyn Fn(&Fact<'_>) + Send + Sync>;
+
 /// A subscriber to lease-ended events. It runs inside the store's call, so
 /// it must be quick and must not block (send on a channel, update a map).
 pub type Listener = Arc<dyn Fn(&LeaseEnded) + Send + Sync>;
@@ -70,6 +89,7 @@ pub(crate) struct Signals {
     changes: watch::Sender<u64>,
     lease_changes: watch::Sender<u64>,
     listeners: RwLock<Vec<Listener>>,
+    observers: RwLock<Vec<Observer>>,
     /// The earliest lease expiry the reaper may be sleeping towards, in ms
     /// since the epoch (`u64::MAX`: none); a lease expiring sooner re-arms
     /// it. Lowered here, raised by the reaper's own query.
@@ -82,6 +102,7 @@ impl Default for Signals {
             changes: watch::Sender::new(0),
             lease_changes: watch::Sender::new(0),
             listeners: RwLock::new(Vec::new()),
+            observers: RwLock::new(Vec::new()),
             // Not armed yet: the first lease re-arms.
             armed_ms: AtomicU64::new(u64::MAX),
         }
@@ -102,6 +123,26 @@ impl Signals {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .push(listener);
+    }
+
+    pub(crate) fn observe(&self, observer: Observer) {
+        self.observers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(observer);
+    }
+
+    /// Tells the observers about applied changes.
+    pub(crate) fn facts<'a>(&self, facts: impl Iterator<Item = Fact<'a>>) {
+        let observers = self.observers.read().unwrap_or_else(|p| p.into_inner());
+        if observers.is_empty() {
+            return;
+        }
+        for fact in facts {
+            for observer in observers.iter() {
+                observer(&fact);
+            }
+        }
     }
 
     /// Wakes waiters: a job may be due.

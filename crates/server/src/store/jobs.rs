@@ -12,7 +12,7 @@ use tracing::error;
 
 use super::{
     backend::{Backend, Change},
-    events::{LeaseEnded, Listener, Signals},
+    events::{Fact, LeaseEnded, Listener, Observer, Signals},
     rules::{self, Retention},
     Enqueued, Extended, FailReport, ListFilter, Page, QueueStats, Store,
 };
@@ -109,6 +109,10 @@ impl<B: Backend> Jobs<B> {
     /// waiting), wake-ups only once durable (even if the caller stopped
     /// waiting), and fail-stop if durability failed.
     async fn commit(&self, changes: &[Change], created: bool) -> Result<()> {
+        self.signals.facts(changes.iter().map(|c| Fact::Changed {
+            old: &c.old,
+            new: &c.new,
+        }));
         let ended: Vec<LeaseEnded> = changes
             .iter()
             .filter_map(|c| LeaseEnded::of(&c.old, &c.new))
@@ -180,6 +184,12 @@ impl<B: Backend> Store for Jobs<B> {
         let rules::Deduped { unique, slots } = rules::dedupe(batch);
         let stored = self.written(self.backend.insert(unique, now).await)?;
         let created = stored.iter().any(|e| e.created);
+        self.signals.facts(
+            stored
+                .iter()
+                .filter(|e| e.created)
+                .map(|e| Fact::Created(&e.job)),
+        );
         // Also for an existing job: its own enqueue may still be in flight.
         self.commit(&[], created).await?;
         slots
@@ -213,6 +223,10 @@ impl<B: Backend> Store for Jobs<B> {
         let Some(change) = self.written(self.backend.take(queues, event, now).await)? else {
             return Ok(None);
         };
+        self.signals.facts(std::iter::once(Fact::Changed {
+            old: &change.old,
+            new: &change.new,
+        }));
         self.signals.lease_expires(rules::epoch_ms(expires));
         // The lease reaches the disk with the round asked for here (about
         // one fsync later), but the job is handed out without waiting for
@@ -446,6 +460,10 @@ impl<B: Backend> Store for Jobs<B> {
 
     fn on_lease_ended(&self, listener: Listener) {
         self.signals.subscribe(listener);
+    }
+
+    fn observe(&self, observer: Observer) {
+        self.signals.observe(observer);
     }
 
     fn fail_stopped(&self) -> CancellationToken {

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use backend::{Backend, Change};
-pub use events::{LeaseEnded, Listener};
+pub use events::{Fact, LeaseEnded, Listener, Observer};
 pub use jobs::Jobs;
 
 use crate::{
@@ -247,6 +247,10 @@ pub trait Store: Send + Sync + 'static {
     /// expiry, give-back): called synchronously when the store applies the
     /// change, whoever asked for it and whether or not they still wait.
     fn on_lease_ended(&self, listener: Listener);
+
+    /// Registers an observer of every applied change (enqueue, take, ack,
+    /// fail, reclaim, retry, …), called synchronously when it is applied.
+    fn observe(&self, observer: Observer);
 
     /// Cancelled when the store fail-stopped; [`Store::fail_cause`] says why.
     fn fail_stopped(&self) -> CancellationToken;

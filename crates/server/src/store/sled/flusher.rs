@@ -74,12 +74,18 @@ struct Rounds {
     shutdown: bool,
 }
 
+/// Called after each round with its duration and the writes it covered.
+pub type RoundHook = Arc<dyn Fn(std::time::Duration, u64) + Send + Sync>;
+
 struct Shared {
     rounds: Mutex<Rounds>,
     wake: Condvar,
     progress: watch::Sender<Progress>,
     /// Rounds run so far, for tests and benchmarks.
     flushes: AtomicU64,
+    /// Durable writes asked for since the last round began.
+    writes: AtomicU64,
+    hook: std::sync::OnceLock<RoundHook>,
 }
 
 impl Shared {
@@ -116,6 +122,8 @@ impl Flusher {
             wake: Condvar::new(),
             progress: watch::Sender::new(Progress::default()),
             flushes: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            hook: std::sync::OnceLock::new(),
         });
         let syncer = Syncer {
             db,
@@ -164,6 +172,7 @@ impl Flusher {
     /// without waiting for it; returns the round's number. For writes whose
     /// reply does not promise durability but should reach the disk soon.
     pub fn request(&self) -> u64 {
+        self.shared.writes.fetch_add(1, Ordering::Relaxed);
         let target = {
             let mut rounds = self.shared.rounds();
             // The running round (number `started`) may have begun before our
@@ -174,6 +183,12 @@ impl Flusher {
         };
         self.shared.wake.notify_one();
         target
+    }
+
+    /// Sets the hook told about every round (metrics); the first one set
+    /// stays.
+    pub fn on_round(&self, hook: RoundHook) {
+        let _ = self.shared.hook.set(hook);
     }
 
     /// How many flush rounds have run so far.
@@ -240,8 +255,13 @@ fn run(shared: &Shared, mut syncer: Syncer) {
             rounds.started += 1;
             rounds.started
         };
+        let batch = shared.writes.swap(0, Ordering::Relaxed);
+        let started = std::time::Instant::now();
         let result = syncer.sync();
         shared.flushes.fetch_add(1, Ordering::Relaxed);
+        if let Some(hook) = shared.hook.get() {
+            hook(started.elapsed(), batch);
+        }
         match result {
             Ok(()) => shared.progress.send_modify(|p| p.completed = round),
             Err(cause) => {

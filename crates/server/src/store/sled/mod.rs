@@ -94,6 +94,11 @@ impl Jobs<Sled> {
     pub fn flush_rounds(&self) -> u64 {
         self.backend().flusher.rounds()
     }
+
+    /// Tells `hook` the duration and size of every group-commit round.
+    pub fn on_commit(&self, hook: flusher::RoundHook) {
+        self.backend().flusher.on_round(hook);
+    }
 }
 
 impl Sled {

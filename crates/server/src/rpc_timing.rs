@@ -1,0 +1,91 @@
+//! A tower layer that times every `jobq.v1.JobQueue` call into
+//! `jobq_rpc_duration_seconds{method,code}`: from the request to the
+//! response headers (for a Lease stream, to its opening). The code is the
+//! `grpc-status` of a trailers-only response (how tonic answers an error),
+//! and OK otherwise.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use tonic::codegen::http;
+use tower::{Layer, Service};
+
+use crate::metrics::Metrics;
+
+const PREFIX: &str = "/jobq.v1.JobQueue/";
+
+/// The layer; see the module docs.
+#[derive(Clone)]
+pub struct RpcTiming {
+    metrics: Arc<Metrics>,
+}
+
+impl RpcTiming {
+    /// Times into `metrics`.
+    pub fn new(metrics: Arc<Metrics>) -> RpcTiming {
+        RpcTiming { metrics }
+    }
+}
+
+impl<S> Layer<S> for RpcTiming {
+    type Service = Timed<S>;
+
+    fn layer(&self, inner: S) -> Timed<S> {
+        Timed {
+            inner,
+            metrics: Arc::clone(&self.metrics),
+        }
+    }
+}
+
+/// The service the layer wraps.
+#[derive(Clone)]
+pub struct Timed<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S, B, RB> Service<http::Request<B>> for Timed<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let method = req
+            .uri()
+            .path()
+            .strip_prefix(PREFIX)
+            .map(|m| m.chars().take(32).collect::<String>());
+        let started = Instant::now();
+        let call = self.inner.call(req);
+        let metrics = Arc::clone(&self.metrics);
+        Box::pin(async move {
+            let response = call.await;
+            if let (Some(method), Ok(response)) = (method, &response) {
+                let code = response
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map_or(tonic::Code::Ok, tonic::Code::from_i32);
+                metrics.rpc(&method, code, started.elapsed());
+            }
+            response
+        })
+    }
+}

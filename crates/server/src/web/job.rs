@@ -1,0 +1,111 @@
+//! `/jobs/{id}`: one job — payload, fields, and its attempts as a
+//! timeline — and `POST /jobs/{id}/retry`.
+
+use std::{sync::Arc, time::SystemTime};
+
+use axum::{
+    extract::{Path, State},
+    response::Redirect,
+};
+use maud::{html, Markup};
+
+use super::{layout, Web, WebError};
+use crate::{
+    job::{Job, Outcome, Status},
+    store::Store,
+    validate,
+};
+
+/// The payload as people read it: pretty JSON when it parses, text when it
+/// is UTF-8, hex otherwise.
+fn payload(job: &Job) -> String {
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&job.payload) {
+        if let Ok(pretty) = serde_json::to_string_pretty(&value) {
+            return pretty;
+        }
+    }
+    match std::str::from_utf8(&job.payload) {
+        Ok(text) => text.to_owned(),
+        Err(_) => job.payload.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+fn outcome(o: Option<Outcome>) -> &'static str {
+    match o {
+        None => "RUNNING",
+        Some(Outcome::Acked) => "ACKED",
+        Some(Outcome::Failed) => "FAILED_ATTEMPT",
+        Some(Outcome::LeaseExpired) => "LEASE_EXPIRED",
+        Some(Outcome::WorkerDisconnected) => "WORKER_DISCONNECTED",
+        Some(Outcome::Revoked) => "REVOKED",
+    }
+}
+
+/// The page.
+pub async fn page<S: Store>(
+    State(web): State<Arc<Web<S>>>,
+    Path(id): Path<String>,
+) -> Result<Markup, WebError> {
+    let id = validate::job_id("id", &id)?;
+    let job = web.store.get(id).await?;
+    let now = SystemTime::now();
+    let body = html! {
+        table #fields {
+            tr { th { "status" } td #status class=(job.status) { (job.status) } }
+            tr { th { "queue" } td { a href={ "/jobs?queue=" (job.queue) } { (job.queue) } } }
+            tr { th { "kind" } td { (job.kind) } }
+            tr { th { "key" } td { (job.key.as_deref().unwrap_or("—")) } }
+            tr { th { "attempts" } td #attempts { (job.attempts) " of " (job.max_attempts) } }
+            tr { th { "enqueued" } td { (layout::time(job.enqueued_at)) } }
+            tr { th { "run at" } td { (layout::time(job.run_at)) } }
+            @if let Some(lease) = &job.lease {
+                tr { th { "leased to" } td { (lease.worker_id) " until " (layout::time(lease.expires_at))
+                    " (" (layout::span(lease.expires_at.duration_since(now).unwrap_or_default())) " left)" } }
+            }
+            tr { th { "finished" } td { (layout::maybe_time(job.finished_at)) } }
+            tr { th { "last error" } td.error { (job.last_error.as_deref().unwrap_or("—")) } }
+        }
+        @if job.status == Status::Failed {
+            form method="post" action={ "/jobs/" (job.id) "/retry" } {
+                button #retry type="submit" { "Retry this job" }
+            }
+        }
+        h2 { "Attempts" }
+        @if job.history.is_empty() {
+            p.muted { "Not run yet." }
+        } @else {
+            ol.timeline #history {
+                @for (n, a) in job.history.iter().enumerate() {
+                    li.attempt {
+                        strong { "Attempt " (n + 1) } " · "
+                        span class=(outcome(a.outcome)) { (outcome(a.outcome)) }
+                        " · worker " code { (a.worker_id) }
+                        br;
+                        span.muted {
+                            (layout::time(a.started_at)) " → " (layout::maybe_time(a.ended_at))
+                            @if let Some(end) = a.ended_at {
+                                " (" (layout::span(end.duration_since(a.started_at).unwrap_or_default())) ")"
+                            }
+                        }
+                        @if let Some(err) = &a.error {
+                            br; span.error { (err) }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Payload" }
+        pre #payload { (payload(&job)) }
+    };
+    Ok(layout::page(&format!("Job {}", job.id), body))
+}
+
+/// Retries one dead letter, then shows it.
+pub async fn retry<S: Store>(
+    State(web): State<Arc<Web<S>>>,
+    Path(id): Path<String>,
+) -> Result<Redirect, WebError> {
+    let id = validate::job_id("id", &id)?;
+    web.store.retry(id, SystemTime::now()).await?;
+    Ok(Redirect::to(&format!("/jobs/{id}")))
+}

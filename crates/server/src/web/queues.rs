@@ -1,0 +1,52 @@
+//! `/`: every queue with its counts, the oldest due job, and the rates.
+
+use std::{sync::Arc, time::Duration, time::SystemTime};
+
+use axum::extract::State;
+use maud::{html, Markup, PreEscaped};
+
+use super::{layout, Web, WebError};
+use crate::store::Store;
+
+/// The page.
+pub async fn page<S: Store>(State(web): State<Arc<Web<S>>>) -> Result<Markup, WebError> {
+    let stats = web.store.stats(None, SystemTime::now()).await?;
+    let (minute, ten) = (
+        web.rates.over(Duration::from_secs(60)),
+        web.rates.over(Duration::from_secs(600)),
+    );
+    let streams = (web.streams)();
+    let body = html! {
+        (PreEscaped(r#"<meta http-equiv="refresh" content="5">"#))
+        p.muted {
+            "Enqueued " strong #enqueue-rate { (format!("{:.1}", minute.enqueued)) } "/min over the last minute ("
+            (format!("{:.1}", ten.enqueued)) "/min over 10 min) · acked "
+            strong #ack-rate { (format!("{:.1}", minute.acked)) } "/min ("
+            (format!("{:.1}", ten.acked)) "/min over 10 min) · "
+            (streams) " Lease streams open"
+        }
+        @if stats.is_empty() {
+            p { "No jobs yet." }
+        } @else {
+            table #queues {
+                thead { tr {
+                    th { "queue" } th.num { "pending" } th.num { "running" } th.num { "done" }
+                    th.num { "failed" } th { "oldest due job waits" }
+                } }
+                tbody {
+                    @for q in &stats {
+                        tr data-queue=(q.queue) {
+                            td { a href={ "/jobs?queue=" (q.queue) } { (q.queue) } }
+                            td.num.pending { a href={ "/jobs?queue=" (q.queue) "&status=PENDING" } { (q.pending) } }
+                            td.num.running { a href={ "/jobs?queue=" (q.queue) "&status=RUNNING" } { (q.running) } }
+                            td.num.done { a href={ "/jobs?queue=" (q.queue) "&status=DONE" } { (q.done) } }
+                            td.num.failed { a href={ "/jobs?queue=" (q.queue) "&status=FAILED" } { (q.failed) } }
+                            td { (q.oldest_pending_age.map_or_else(|| "—".to_owned(), layout::span)) }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Ok(layout::page("Queues", body))
+}
