@@ -45,7 +45,9 @@ async fn metrics_count_a_scripted_day_and_agree_with_stats() {
             .await
             .expect("dequeue")
             .expect("due");
-        c.ack(l.job.expect("job").id, l.lease_id).await.expect("ack");
+        c.ack(l.job.expect("job").id, l.lease_id)
+            .await
+            .expect("ack");
     }
     let l = c
         .dequeue(["m"], "w1", None, None)
@@ -102,9 +104,17 @@ async fn metrics_count_a_scripted_day_and_agree_with_stats() {
     assert_eq!(get(&s, r#"jobq_job_wait_seconds_count{queue="m"}"#), 4.0);
     assert_eq!(get(&s, r#"jobq_job_run_seconds_count{queue="m"}"#), 3.0);
     assert_eq!(get(&s, "jobq_lease_streams"), 0.0);
-    assert!(get(&s, r#"jobq_rpc_duration_seconds_count{method="Enqueue",code="OK"}"#) >= 6.0);
+    assert!(
+        get(
+            &s,
+            r#"jobq_rpc_duration_seconds_count{method="Enqueue",code="OK"}"#
+        ) >= 6.0
+    );
     assert_eq!(
-        get(&s, r#"jobq_rpc_duration_seconds_count{method="Ack",code="OK"}"#),
+        get(
+            &s,
+            r#"jobq_rpc_duration_seconds_count{method="Ack",code="OK"}"#
+        ),
         3.0
     );
     assert!(get(&s, "jobq_commit_duration_seconds_count") >= 1.0);
@@ -161,4 +171,89 @@ fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `--log-format json`: one JSON object per line, with the job's id, queue
+/// and kind as fields of a reclaim, not inside the message.
+#[tokio::test]
+async fn json_logs_carry_job_fields() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = std::process::Command::new(crate::harness::JOBQ)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "off",
+            "--log-format",
+            "json",
+        ])
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .env("RUST_LOG", "info")
+        .env_remove("JOBQ_LISTEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn jobq serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+            if tx.send(value).is_err() {
+                break;
+            }
+        }
+    });
+    let serving = next_log(&mut rx, "jobq serving").await;
+    assert_eq!(serving["level"], "INFO");
+    let addr: std::net::SocketAddr = serving["addr"]
+        .as_str()
+        .expect("addr is a field")
+        .parse()
+        .expect("a socket address");
+    let c = jobq_client::Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let (job, _) = c
+        .enqueue("mail", "send-email", "{}", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    {
+        let mut stream = c
+            .lease(["mail"], "w1", 1, Some(Duration::from_secs(60)))
+            .await
+            .expect("lease");
+        stream.message().await.expect("ok").expect("a leased job");
+    }
+    let reclaimed = next_log(&mut rx, "reclaimed: worker disconnected").await;
+    assert_eq!(reclaimed["job.id"], job.id.as_str());
+    assert_eq!(reclaimed["queue"], "mail");
+    assert_eq!(reclaimed["kind"], "send-email");
+    assert_eq!(reclaimed["attempts"], 1);
+    crate::harness::signal(&child, libc::SIGTERM);
+    assert!(child.wait().expect("wait").success());
+}
+
+/// The next JSON log line with this message (within 20 s).
+async fn next_log(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+    message: &str,
+) -> serde_json::Value {
+    let wanted = async {
+        loop {
+            let line = rx.recv().await.expect("the server's log ended");
+            if line["message"] == message {
+                return line;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), wanted)
+        .await
+        .unwrap_or_else(|_| panic!("no log line {message:?} within 20 s"))
 }

@@ -5,6 +5,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use jobq_client::Client;
 
+use crate::logging::LogFormat;
 use crate::output::Out;
 use crate::{enqueue, get, list, retry, serve, stats, work};
 
@@ -27,6 +28,17 @@ pub struct Cli {
     /// Machine-readable output: JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+
+    /// Log lines on stderr: `text`, or `json` (one object per line, with
+    /// job ids, queues and attempts as fields).
+    #[arg(
+        long,
+        global = true,
+        env = "JOBQ_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub log_format: LogFormat,
 
     /// The subcommand.
     #[command(subcommand)]

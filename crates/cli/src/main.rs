@@ -5,6 +5,7 @@
 //! - `cli`: the clap [`Cli`] (global `--server`, `--json`) and dispatch.
 //! - `exit`: errors to exit codes and stderr text (0 ok, 1 failed call,
 //!   2 usage).
+//! - `logging`: text or JSON log lines on stderr (`--log-format`).
 //! - `output`: tables, JSON rendering of jobs, readable enum names.
 //! - one module per subcommand: `serve`, `enqueue`, `get`, `list`, `retry`,
 //!   `stats`, `work`.
@@ -15,6 +16,7 @@ mod enqueue;
 mod exit;
 mod get;
 mod list;
+mod logging;
 mod output;
 mod retry;
 mod serve;
@@ -43,14 +45,7 @@ pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:100,muzz
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(cli.default_log_level())),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    logging::init(cli.log_format, cli.default_log_level());
     match cli.run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => exit::report(&err),

@@ -531,7 +531,7 @@ impl<S: Store> LeaseHub<S> {
                 .await
             {
                 Ok(after) => {
-                    info!(job.id = %job, attempts = after.attempts, status = %after.status, "reclaimed: worker disconnected")
+                    info!(job.id = %job, queue = %after.queue, kind = %after.kind, attempts = after.attempts, status = %after.status, "reclaimed: worker disconnected")
                 }
                 // Acked, failed or expired meanwhile: nothing to take back.
                 Err(err) if err.code() != tonic::Code::Internal => {

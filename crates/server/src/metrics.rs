@@ -242,14 +242,18 @@ impl Metrics {
                         .and_then(|a| a.ended_at)
                         .and_then(|end| end.duration_since(lease.taken_at).ok())
                         .unwrap_or_default();
-                    self.job_run.get_or_create(&queue).observe(run.as_secs_f64());
+                    self.job_run
+                        .get_or_create(&queue)
+                        .observe(run.as_secs_f64());
                 }
                 Some(Outcome::Failed) => {
                     self.failed_attempts.get_or_create(&queue).inc();
                 }
-                Some(outcome @ (Outcome::LeaseExpired
-                | Outcome::WorkerDisconnected
-                | Outcome::Revoked)) => {
+                Some(
+                    outcome @ (Outcome::LeaseExpired
+                    | Outcome::WorkerDisconnected
+                    | Outcome::Revoked),
+                ) => {
                     let reason = match outcome {
                         Outcome::LeaseExpired => "lease_expired",
                         Outcome::WorkerDisconnected => "worker_disconnected",
@@ -298,7 +302,7 @@ impl Metrics {
     ///
     /// # Errors
     /// Never in practice; formatting into a string cannot fail.
-    pub fn render(&self, stats: &[QueueStats], streams: usize) -> Result<String> {
+    pub fn render(&self, stats: &[QueueStats], streams: usize, format: Format) -> Result<String> {
         let _one_at_a_time = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         self.jobs.clear();
         self.oldest_pending.clear();
@@ -327,8 +331,77 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry)
             .map_err(|e| crate::Error::Io(format!("encoding metrics: {e}")))?;
-        Ok(out)
+        Ok(match format {
+            Format::OpenMetrics => out,
+            Format::Prometheus => classic_text(&out),
+        })
     }
+}
+
+/// The two text formats a scraper may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0, which Prometheus asks for in its `Accept` header.
+    OpenMetrics,
+    /// The classic Prometheus text format 0.0.4: what `curl` and
+    /// `promtool check metrics` read.
+    Prometheus,
+}
+
+impl Format {
+    /// The `Content-Type` of this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+
+    /// The format an `Accept` header asks for.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Prometheus,
+        }
+    }
+}
+
+/// OpenMetrics text as classic Prometheus text: a counter family is named
+/// with its `_total` suffix in `# HELP`/`# TYPE` (OpenMetrics names the
+/// family without it), and the OpenMetrics-only `# UNIT` and `# EOF` lines go.
+fn classic_text(open: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len() + 16 * counters.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let total = if counters.contains(name) {
+                    "_total"
+                } else {
+                    ""
+                };
+                out.push_str(prefix);
+                out.push_str(name);
+                out.push_str(total);
+                out.push(' ');
+                out.push_str(tail);
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// The canonical upper-case name of a gRPC code.
@@ -445,4 +518,31 @@ impl Rates {
 /// Seconds since `t`, for display.
 pub fn age(t: SystemTime) -> Duration {
     SystemTime::now().duration_since(t).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_text_names_counter_families_with_total_and_drops_eof() {
+        let open = "# HELP jobq_acked Jobs acknowledged.\n# TYPE jobq_acked counter\n\
+                    jobq_acked_total{queue=\"q\"} 3\n# HELP jobq_lease_streams Open streams.\n\
+                    # TYPE jobq_lease_streams gauge\njobq_lease_streams 1\n# EOF\n";
+        assert_eq!(
+            classic_text(open),
+            "# HELP jobq_acked_total Jobs acknowledged.\n# TYPE jobq_acked_total counter\n\
+             jobq_acked_total{queue=\"q\"} 3\n# HELP jobq_lease_streams Open streams.\n\
+             # TYPE jobq_lease_streams gauge\njobq_lease_streams 1\n"
+        );
+    }
+
+    #[test]
+    fn prometheus_gets_openmetrics_and_curl_gets_classic_text() {
+        let prometheus =
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+        assert_eq!(Format::negotiate(Some(prometheus)), Format::OpenMetrics);
+        assert_eq!(Format::negotiate(Some("*/*")), Format::Prometheus);
+        assert_eq!(Format::negotiate(None), Format::Prometheus);
+    }
 }

@@ -43,7 +43,7 @@ async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &Cancell
         match store.reclaim_expired(SystemTime::now(), &undelivered).await {
             Ok(reclaimed) => {
                 for (job, _) in reclaimed {
-                    info!(job.id = %job.id, attempts = job.attempts, status = %job.status, "reclaimed: lease expired");
+                    info!(job.id = %job.id, queue = %job.queue, kind = %job.kind, attempts = job.attempts, status = %job.status, "reclaimed: lease expired");
                 }
             }
             Err(err) => {

@@ -111,6 +111,10 @@ pub async fn serve(
                     "cannot listen for HTTP (/metrics, dashboard) on {addr}: {e}; set --http-listen to another address or `off`"
                 ))
             })?;
+            // Logged before the gRPC address, which tools wait for.
+            if let Ok(bound) = listener.local_addr() {
+                info!(http = %bound, "dashboard and /metrics serving");
+            }
             let web = Arc::new(Web {
                 store: Arc::clone(&store),
                 metrics: Arc::clone(&metrics),

@@ -1,21 +1,24 @@
-//! `/metrics`: the Prometheus text exposition format.
+//! `/metrics`: OpenMetrics for Prometheus (which asks for it), the classic
+//! Prometheus text format for everyone else.
 
 use std::{sync::Arc, time::SystemTime};
 
-use axum::{extract::State, http::header, response::IntoResponse};
+use axum::{
+    extract::State,
+    http::{header, HeaderMap},
+    response::IntoResponse,
+};
 
 use super::{Web, WebError};
-use crate::store::Store;
+use crate::{metrics::Format, store::Store};
 
 /// The scrape.
-pub async fn scrape<S: Store>(State(web): State<Arc<Web<S>>>) -> Result<impl IntoResponse, WebError> {
+pub async fn scrape<S: Store>(
+    State(web): State<Arc<Web<S>>>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, WebError> {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let stats = web.store.stats(None, SystemTime::now()).await?;
-    let text = web.metrics.render(&stats, (web.streams)())?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    ))
+    let text = web.metrics.render(&stats, (web.streams)(), format)?;
+    Ok(([(header::CONTENT_TYPE, format.content_type())], text))
 }
