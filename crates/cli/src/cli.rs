@@ -40,6 +40,11 @@ pub struct Cli {
     )]
     pub log_format: LogFormat,
 
+    /// Export spans over OTLP/gRPC to this collector (e.g.
+    /// http://127.0.0.1:4317). Off by default.
+    #[arg(long, global = true, env = "JOBQ_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
     /// The subcommand.
     #[command(subcommand)]
     pub command: Command,
@@ -49,7 +54,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server (sled storage in --data).
-    Serve(jobq_server::Config),
+    Serve(Box<jobq_server::Config>),
     /// Add a job (or many, with --batch-file).
     Enqueue(enqueue::Args),
     /// Show one job with its attempt history.
@@ -77,11 +82,20 @@ impl Cli {
         }
     }
 
+    /// The OpenTelemetry `service.name` of this process's spans.
+    pub fn service_name(&self) -> &'static str {
+        match self.command {
+            Command::Serve(_) => "jobq-server",
+            Command::Work(_) => "jobq-worker",
+            _ => "jobq-cli",
+        }
+    }
+
     /// Runs the chosen subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
         let out = Out { json: self.json };
         match self.command {
-            Command::Serve(config) => serve::run(config).await,
+            Command::Serve(config) => serve::run(*config).await,
             Command::Work(args) => work::run(&self.server, args).await,
             Command::Enqueue(args) => enqueue::run(&connect(&self.server).await?, out, args).await,
             Command::Get(args) => get::run(&connect(&self.server).await?, out, args).await,

@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use jobq_client::{pb, Client, EnqueueOptions};
 use serde::Deserialize;
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::exit::{code_name, usage};
 use crate::output::{job_json, status_name, Out, Table};
@@ -49,6 +50,11 @@ pub struct Args {
     #[arg(long, value_parser = humantime::parse_duration)]
     delay: Option<Duration>,
 
+    /// Attach metadata (repeatable): a request id, a tenant tag. Stored with
+    /// the job and shown by `jobq get`.
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = key_value)]
+    meta: Vec<(String, String)>,
+
     /// Enqueue every line of FILE ("-" for stdin), JSON objects with
     /// "queue", "kind" and optional "payload" (a string), "key",
     /// "max_attempts", "delay" ("30s"). Sent with EnqueueBatch, 1000 per
@@ -56,9 +62,16 @@ pub struct Args {
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "delay"]
+        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "delay", "meta"]
     )]
     batch_file: Option<PathBuf>,
+}
+
+/// `KEY=VALUE` from the command line.
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
 /// Runs `jobq enqueue`.
@@ -80,7 +93,13 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     if let Some(delay) = args.delay {
         opts = opts.delay(delay);
     }
-    let (job, created) = client.enqueue(queue, kind, payload, opts).await?;
+    for (key, value) in args.meta {
+        opts = opts.metadata(key, value);
+    }
+    let (job, created) = client
+        .enqueue(queue, kind, payload, opts)
+        .instrument(tracing::info_span!("jobq enqueue"))
+        .await?;
     if out.json {
         out.json(&json!({ "created": created, "job": job_json(&job) }))?;
         return Ok(());

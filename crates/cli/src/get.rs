@@ -55,6 +55,11 @@ fn fields(job: &pb::Job) -> Table {
     for (name, value) in rows {
         t.row([name.to_owned(), value]);
     }
+    let mut metadata: Vec<_> = job.metadata.iter().collect();
+    metadata.sort();
+    for (key, value) in metadata {
+        t.row([format!("metadata.{key}"), value.clone()]);
+    }
     t
 }
 

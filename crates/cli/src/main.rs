@@ -45,8 +45,18 @@ pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:100,muzz
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init(cli.log_format, cli.default_log_level());
-    match cli.run().await {
+    let telemetry = match logging::init(
+        cli.log_format,
+        cli.default_log_level(),
+        cli.otlp_endpoint.as_deref(),
+        cli.service_name(),
+    ) {
+        Ok(telemetry) => telemetry,
+        Err(err) => return exit::report(&err),
+    };
+    let outcome = cli.run().await;
+    telemetry.shutdown().await;
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => exit::report(&err),
     }

@@ -228,6 +228,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "worker_id": empty_null(&job.worker_id),
         "last_error": empty_null(&job.last_error),
         "history": history,
+        "metadata": job.metadata.iter().collect::<std::collections::BTreeMap<_, _>>(),
     });
     match payload_text(&job.payload) {
         Some(text) => v["payload"] = Value::String(text.to_owned()),

@@ -8,7 +8,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use jobq::STREAM_TOKEN_HEADER;
 
-use crate::{EnqueueOptions, Error, FailOptions, Result};
+use crate::{trace, EnqueueOptions, Error, FailOptions, Result};
 
 /// A cheap-to-clone handle on a jobq server.
 ///
@@ -74,7 +74,12 @@ impl Client {
         opts: EnqueueOptions,
     ) -> Result<(pb::Job, bool)> {
         let req = opts.into_request(queue, kind, payload);
-        let resp = self.inner.clone().enqueue(req).await?.into_inner();
+        let resp = self
+            .inner
+            .clone()
+            .enqueue(trace::request(req))
+            .await?
+            .into_inner();
         Ok((resp.job.ok_or(Error::MissingField("job"))?, resp.created))
     }
 
@@ -105,7 +110,7 @@ impl Client {
         Ok(self
             .inner
             .clone()
-            .enqueue_batch(req)
+            .enqueue_batch(trace::request(req))
             .await?
             .into_inner()
             .results)
@@ -131,7 +136,13 @@ impl Client {
             lease_duration: lease.map(pb_duration),
             wait: wait.map(pb_duration),
         };
-        Ok(self.inner.clone().dequeue(req).await?.into_inner().leased)
+        Ok(self
+            .inner
+            .clone()
+            .dequeue(trace::request(req))
+            .await?
+            .into_inner()
+            .leased)
     }
 
     /// Completes a RUNNING job held under `lease_id`.
@@ -148,7 +159,12 @@ impl Client {
             job_id: job_id.into(),
             lease_id: lease_id.into(),
         };
-        let resp = self.inner.clone().ack(req).await?.into_inner();
+        let resp = self
+            .inner
+            .clone()
+            .ack(trace::request(req))
+            .await?
+            .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
     }
 
@@ -173,7 +189,12 @@ impl Client {
             retry_delay: opts.retry_delay.map(pb_duration),
             fatal: opts.fatal,
         };
-        let resp = self.inner.clone().fail(req).await?.into_inner();
+        let resp = self
+            .inner
+            .clone()
+            .fail(trace::request(req))
+            .await?
+            .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
     }
 
@@ -182,7 +203,12 @@ impl Client {
         let req = pb::RetryRequest {
             job_id: job_id.into(),
         };
-        let resp = self.inner.clone().retry(req).await?.into_inner();
+        let resp = self
+            .inner
+            .clone()
+            .retry(trace::request(req))
+            .await?
+            .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
     }
 
@@ -235,7 +261,13 @@ impl Client {
             draining,
             stream_token,
         };
-        Ok(self.inner.clone().heartbeat(req).await?.into_inner().lost)
+        Ok(self
+            .inner
+            .clone()
+            .heartbeat(trace::request(req))
+            .await?
+            .into_inner()
+            .lost)
     }
 
     /// Opens a Lease stream: the server pushes leased jobs while the stream
@@ -299,13 +331,23 @@ impl Client {
     /// `NOT_FOUND` for an unknown id.
     pub async fn get_job(&self, id: impl Into<String>) -> Result<pb::Job> {
         let req = pb::GetJobRequest { id: id.into() };
-        Ok(self.inner.clone().get_job(req).await?.into_inner())
+        Ok(self
+            .inner
+            .clone()
+            .get_job(trace::request(req))
+            .await?
+            .into_inner())
     }
 
     /// Lists one page of jobs matching `req`'s filters; pass the returned
     /// `next_page_token` back for the next page.
     pub async fn list_jobs(&self, req: pb::ListJobsRequest) -> Result<pb::ListJobsResponse> {
-        Ok(self.inner.clone().list_jobs(req).await?.into_inner())
+        Ok(self
+            .inner
+            .clone()
+            .list_jobs(trace::request(req))
+            .await?
+            .into_inner())
     }
 
     /// Counts jobs per status for `queue`, or for every queue when `None`.
@@ -313,7 +355,13 @@ impl Client {
         let req = pb::StatsRequest {
             queue: queue.unwrap_or_default().to_owned(),
         };
-        Ok(self.inner.clone().stats(req).await?.into_inner().queues)
+        Ok(self
+            .inner
+            .clone()
+            .stats(trace::request(req))
+            .await?
+            .into_inner()
+            .queues)
     }
 }
 

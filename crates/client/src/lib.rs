@@ -75,6 +75,7 @@ mod heartbeat;
 mod inflight;
 mod job;
 pub mod options;
+pub mod trace;
 pub mod worker;
 
 pub use builder::{WorkerBuilder, WorkerTarget};

@@ -1,12 +1,13 @@
 //! Per-call options: [`EnqueueOptions`] (a builder) and [`FailOptions`].
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use jobq::pb;
 
-use crate::client::pb_duration;
+use crate::{client::pb_duration, trace};
 
-/// The optional parts of an enqueue: domain key, attempt limit and delay.
+/// The optional parts of an enqueue: domain key, attempt limit, delay and
+/// metadata.
 ///
 /// ```
 /// use std::time::Duration;
@@ -23,6 +24,7 @@ pub struct EnqueueOptions {
     key: Option<String>,
     max_attempts: Option<u32>,
     delay: Option<Duration>,
+    metadata: BTreeMap<String, String>,
 }
 
 impl EnqueueOptions {
@@ -52,6 +54,20 @@ impl EnqueueOptions {
         self
     }
 
+    /// Attaches a metadata entry (a request id, a tenant tag), stored with
+    /// the job and returned as `Job.metadata`. The W3C `traceparent` and
+    /// `tracestate` of the current span are added on their own when the
+    /// application uses `tracing-opentelemetry`.
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// The metadata set with [`metadata`](Self::metadata).
+    pub fn get_metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
     /// The key set with [`key`](Self::key), if any.
     pub fn get_key(&self) -> Option<&str> {
         self.key.as_deref()
@@ -68,13 +84,16 @@ impl EnqueueOptions {
     }
 
     /// Builds the wire request these options describe; handy for
-    /// [`Client::enqueue_batch`](crate::Client::enqueue_batch).
+    /// [`Client::enqueue_batch`](crate::Client::enqueue_batch). The current
+    /// span's trace context goes into the metadata.
     pub fn into_request(
         self,
         queue: impl Into<String>,
         kind: impl Into<String>,
         payload: impl Into<Vec<u8>>,
     ) -> pb::EnqueueRequest {
+        let mut metadata = self.metadata.into_iter().collect();
+        trace::inject_metadata(&mut metadata);
         pb::EnqueueRequest {
             queue: queue.into(),
             kind: kind.into(),
@@ -82,6 +101,7 @@ impl EnqueueOptions {
             key: self.key.unwrap_or_default(),
             max_attempts: self.max_attempts.unwrap_or(0),
             delay: self.delay.map(pb_duration),
+            metadata,
         }
     }
 }

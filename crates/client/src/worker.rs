@@ -385,6 +385,8 @@ fn start(shared: &Arc<Shared>, leased: pb::LeasedJob, tasks: &mut JoinSet<()>) {
         job.attempt = ctx.attempt(),
         job.queue = %ctx.queue(),
     );
+    // Every delivery's handler span is a child of the producer's span.
+    crate::trace::continue_trace(&span, &ctx.job().metadata);
     tasks.spawn(job::run(Arc::clone(shared), ctx).instrument(span));
 }
 

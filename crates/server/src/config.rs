@@ -55,6 +55,10 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_PAYLOAD", default_value_t = 1024 * 1024)]
     pub max_payload: usize,
 
+    /// Largest enqueue metadata: the bytes of all keys and values together.
+    #[arg(long, env = "JOBQ_MAX_METADATA_BYTES", default_value_t = 8 * 1024)]
+    pub max_metadata_bytes: usize,
+
     /// Longest enqueue `delay` or Fail `retry_delay`.
     #[arg(long, env = "JOBQ_MAX_DELAY", default_value = "365days", value_parser = humantime::parse_duration)]
     pub max_delay: Duration,

@@ -91,6 +91,7 @@ impl From<Job> for pb::Job {
             worker_id,
             last_error: job.last_error.unwrap_or_default(),
             history: job.history.into_iter().map(pb::Attempt::from).collect(),
+            metadata: job.metadata.into_iter().collect(),
         }
     }
 }
@@ -147,6 +148,11 @@ mod tests {
             finished_at: None,
             last_error: Some("lease expired".into()),
             history: vec![],
+            metadata: [(
+                "traceparent".into(),
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            )]
+            .into(),
         };
         let wire = pb::LeasedJob::from(Leased::of(job).expect("running"));
         assert_eq!(wire.lease_id, "9");
@@ -156,5 +162,6 @@ mod tests {
         assert_eq!(job.status, pb::JobStatus::Running as i32);
         assert_eq!(job.worker_id, "w1");
         assert_eq!(job.lease_expires_at.map(|t| t.seconds), Some(1_700_000_030));
+        assert_eq!(job.metadata.len(), 1, "metadata goes out as it came in");
     }
 }

@@ -189,7 +189,12 @@ pub struct Job {
     pub last_error: Option<String>,
     /// One entry per attempt, oldest first.
     pub history: Vec<Attempt>,
+    /// What the producer attached: trace context, request ids, tags.
+    pub metadata: Metadata,
 }
+
+/// A job's metadata: string keys to string values, in key order.
+pub type Metadata = std::collections::BTreeMap<String, String>;
 
 impl Job {
     /// The lease's id, if the job is RUNNING.
@@ -218,6 +223,8 @@ pub struct NewJob {
     pub max_attempts: u32,
     /// How long to wait before the first run.
     pub delay: Duration,
+    /// What the producer attached (already size-checked).
+    pub metadata: Metadata,
 }
 
 /// A job leased to a worker: what Dequeue and the Lease stream hand out.

@@ -187,6 +187,7 @@ pub fn create(id: JobId, new: NewJob, now: SystemTime) -> Job {
         finished_at: None,
         last_error: None,
         history: Vec::new(),
+        metadata: new.metadata,
     }
 }
 

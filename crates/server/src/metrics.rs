@@ -277,11 +277,7 @@ impl Metrics {
 
     /// Records one JobQueue RPC.
     pub fn rpc(&self, method: &str, code: tonic::Code, took: Duration) {
-        let method = if METHODS.contains(&method) {
-            method
-        } else {
-            "unknown"
-        };
+        let method = known_method(method);
         self.rpc_duration
             .get_or_create(&MethodCode {
                 method: method.into(),
@@ -402,6 +398,16 @@ fn classic_text(open: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// `method` if it is a JobQueue method, else `unknown`: a caller cannot
+/// mint label values.
+pub fn known_method(method: &str) -> &str {
+    if METHODS.contains(&method) {
+        method
+    } else {
+        "unknown"
+    }
 }
 
 /// The canonical upper-case name of a gRPC code.

@@ -3,6 +3,11 @@
 //! response headers (for a Lease stream, to its opening). The code is the
 //! `grpc-status` of a trailers-only response (how tonic answers an error),
 //! and OK otherwise.
+//!
+//! A call whose caller sent W3C trace context (`traceparent`) runs in a
+//! `rpc` span that continues the caller's trace, so the server's part of a
+//! job's story (its Enqueue, a worker's Ack) shows in the producer's trace.
+//! Untraced calls get no span: tracing costs nothing unless a caller asks.
 
 use std::{
     future::Future,
@@ -12,8 +17,15 @@ use std::{
     time::Instant,
 };
 
+use opentelemetry::{
+    propagation::{Extractor, TextMapPropagator},
+    trace::TraceContextExt,
+};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tonic::codegen::http;
 use tower::{Layer, Service};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::metrics::Metrics;
 
@@ -72,9 +84,10 @@ where
             .strip_prefix(PREFIX)
             .map(|m| m.chars().take(32).collect::<String>());
         let started = Instant::now();
+        let span = traced_span(&req, method.as_deref());
         let call = self.inner.call(req);
         let metrics = Arc::clone(&self.metrics);
-        Box::pin(async move {
+        let call = async move {
             let response = call.await;
             if let (Some(method), Ok(response)) = (method, &response) {
                 let code = response
@@ -86,6 +99,41 @@ where
                 metrics.rpc(&method, code, started.elapsed());
             }
             response
-        })
+        };
+        match span {
+            Some(span) => Box::pin(call.instrument(span)),
+            None => Box::pin(call),
+        }
     }
+}
+
+struct Headers<'a>(&'a http::HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+/// A span for a call that carries a valid `traceparent`, as its child.
+fn traced_span<B>(req: &http::Request<B>, method: Option<&str>) -> Option<tracing::Span> {
+    req.headers().get("traceparent")?;
+    let cx = TraceContextPropagator::new().extract(&Headers(req.headers()));
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let method = crate::metrics::known_method(method.unwrap_or_default());
+    let span = tracing::info_span!(
+        "rpc",
+        otel.name = format!("jobq.v1.JobQueue/{method}"),
+        otel.kind = "server",
+        rpc.method = method,
+    );
+    // Fails only when no OpenTelemetry layer is installed.
+    let _ = span.set_parent(cx);
+    Some(span)
 }

@@ -142,6 +142,7 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
         n => n,
     };
     let delay = delay("delay", req.delay, config)?.unwrap_or_default();
+    let metadata = metadata(req.metadata, config)?;
     Ok(NewJob {
         queue: req.queue,
         kind: req.kind,
@@ -149,7 +150,27 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
         key,
         max_attempts,
         delay,
+        metadata,
     })
+}
+
+/// Enqueue metadata: keys follow the name rules; keys and values together
+/// are at most `--max-metadata-bytes`.
+fn metadata(
+    map: std::collections::HashMap<String, String>,
+    config: &Config,
+) -> Result<crate::job::Metadata> {
+    let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > config.max_metadata_bytes {
+        return Err(invalid(format!(
+            "metadata is {bytes} bytes of keys and values; the limit is {} (--max-metadata-bytes)",
+            config.max_metadata_bytes
+        )));
+    }
+    for key in map.keys() {
+        name("metadata key", key)?;
+    }
+    Ok(map.into_iter().collect())
 }
 
 /// An enqueue batch: its size is bounded by `--max-batch`; each entry is
@@ -405,6 +426,30 @@ mod tests {
         for bad in ["", "+1", "-1", " 1", "1x", "007", "99999999999999999999999"] {
             assert!(job_id("id", bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn metadata_keys_follow_the_name_rules_and_size_is_bounded() {
+        let c = config();
+        let with = |pairs: &[(&str, String)]| pb::EnqueueRequest {
+            queue: "q".into(),
+            kind: "k".into(),
+            metadata: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect(),
+            ..Default::default()
+        };
+        let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned();
+        let job = new_job(with(&[("traceparent", tp.clone())]), &c).expect("valid");
+        assert_eq!(job.metadata.get("traceparent"), Some(&tp));
+        for bad in ["", "with space", "é"] {
+            let err = new_job(with(&[(bad, "v".into())]), &c).expect_err(bad);
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}");
+        }
+        let huge = "v".repeat(c.max_metadata_bytes);
+        let err = new_job(with(&[("k", huge)]), &c).expect_err("over the limit");
+        assert!(err.to_string().contains("--max-metadata-bytes"), "{err}");
     }
 
     #[test]

@@ -68,6 +68,7 @@ fn config(data: &std::path::Path) -> Config {
     // The limit is checked the same way at any size; payloads at a 1 MiB
     // limit would make every snapshot of a debug build slow.
     c.max_payload = 16 * 1024;
+    c.max_metadata_bytes = 256;
     // One waiter: a live Lease stream makes a waiting Dequeue
     // RESOURCE_EXHAUSTED, which `quiesce` uses to see the stream's task end.
     c.max_waiters = 1;
@@ -441,6 +442,7 @@ struct EnqGen {
     key: String,
     max_attempts: u32,
     delay: Option<prost_types::Duration>,
+    metadata: std::collections::HashMap<String, String>,
 }
 
 impl EnqGen {
@@ -452,6 +454,14 @@ impl EnqGen {
             bad_if(self.payload.len() > LIMITS.max_payload),
             bad_if(self.max_attempts > LIMITS.max_attempts_limit),
             dur_v(&self.delay, DurKind::Delay),
+            all(self.metadata.keys().map(|k| name_v(k))),
+            bad_if(
+                self.metadata
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>()
+                    > LIMITS.max_metadata_bytes,
+            ),
         ]);
         let req = pb::EnqueueRequest {
             queue: self.queue.clone(),
@@ -460,6 +470,7 @@ impl EnqGen {
             key: self.key.clone(),
             max_attempts: self.max_attempts,
             delay: self.delay,
+            metadata: self.metadata.clone(),
         };
         (req, v)
     }
@@ -473,15 +484,19 @@ fn enq() -> BoxedStrategy<EnqGen> {
         opt_name(),
         max_attempts(),
         duration(),
+        metadata(),
     )
-        .prop_map(|(queue, kind, payload, key, max_attempts, delay)| EnqGen {
-            queue,
-            kind,
-            payload,
-            key,
-            max_attempts,
-            delay,
-        })
+        .prop_map(
+            |(queue, kind, payload, key, max_attempts, delay, metadata)| EnqGen {
+                queue,
+                kind,
+                payload,
+                key,
+                max_attempts,
+                delay,
+                metadata,
+            },
+        )
         .boxed()
 }
 
@@ -499,8 +514,20 @@ fn good_enq() -> BoxedStrategy<EnqGen> {
             key: key.into(),
             max_attempts,
             delay: None,
+            metadata: Default::default(),
         })
         .boxed()
+}
+
+/// Enqueue metadata: mostly none or small, sometimes bad keys, sometimes
+/// over `--max-metadata-bytes`.
+fn metadata() -> BoxedStrategy<std::collections::HashMap<String, String>> {
+    prop_oneof![
+        3 => Just(std::collections::HashMap::new()),
+        2 => prop::collection::hash_map(name(), "[ -~]{0,40}", 1..4),
+        1 => prop::collection::hash_map(name(), "[a-z]{100,200}", 1..4),
+    ]
+    .boxed()
 }
 
 #[derive(Debug, Clone)]

@@ -53,6 +53,7 @@ fn new_job(queue: &str, key: Option<&str>, delay_ms: u64) -> NewJob {
         key: key.map(Into::into),
         max_attempts: 3,
         delay: Duration::from_millis(delay_ms),
+        metadata: Default::default(),
     }
 }
 
@@ -1120,6 +1121,7 @@ async fn step(store: &SledStore, model: &mut Model, now: &mut u64, op: Op) {
             let new = NewJob {
                 max_attempts,
                 delay: Duration::from_millis(delay_ms),
+                metadata: Default::default(),
                 ..new_job(queue, key.as_deref(), 0)
             };
             let got = store.enqueue(new.clone(), t).await.unwrap();

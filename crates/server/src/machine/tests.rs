@@ -24,6 +24,7 @@ fn new_job(max_attempts: u32) -> Job {
         key: Some("order-4711".into()),
         max_attempts,
         delay: Duration::ZERO,
+        metadata: Default::default(),
     };
     create(JobId(1), new, t(0))
 }

@@ -110,6 +110,7 @@ mod tests {
             key: key.map(Into::into),
             max_attempts: 3,
             delay: Duration::ZERO,
+            metadata: Default::default(),
         }
     }
 

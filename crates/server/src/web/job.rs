@@ -41,6 +41,13 @@ fn outcome(o: Option<Outcome>) -> &'static str {
     }
 }
 
+/// The trace id of a W3C `traceparent` (`00-<trace id>-<span id>-<flags>`).
+fn trace_id(job: &crate::job::Job) -> Option<&str> {
+    let mut parts = job.metadata.get("traceparent")?.split('-');
+    let (_version, trace) = (parts.next()?, parts.next()?);
+    (trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit())).then_some(trace)
+}
+
 /// The page.
 pub async fn page<S: Store>(
     State(web): State<Arc<Web<S>>>,
@@ -91,6 +98,19 @@ pub async fn page<S: Store>(
                             br; span.error { (err) }
                         }
                     }
+                }
+            }
+        }
+        h2 { "Metadata" }
+        @if job.metadata.is_empty() {
+            p.muted { "None." }
+        } @else {
+            table #metadata {
+                @if let Some(trace) = trace_id(&job) {
+                    tr { th { "trace id" } td { code #trace-id { (trace) } } }
+                }
+                @for (k, v) in &job.metadata {
+                    tr { th { (k) } td { code { (v) } } }
                 }
             }
         }

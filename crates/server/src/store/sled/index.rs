@@ -211,6 +211,7 @@ mod tests {
             key: key.map(Into::into),
             max_attempts: 3,
             delay: Duration::ZERO,
+            metadata: Default::default(),
         };
         machine::create(
             JobId(id),
