@@ -8,6 +8,7 @@ mod dashboard;
 mod faults;
 mod harness;
 mod lease;
+mod limits;
 mod observability;
 mod server;
 mod worker;

@@ -37,7 +37,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server (sled storage in --data).
-    Serve(jobq_server::Config),
+    Serve(Box<jobq_server::Config>),
     /// Add a job (or many, with --batch-file).
     Enqueue(enqueue::Args),
     /// Show one job with its attempt history.
@@ -69,7 +69,7 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
         let out = Out { json: self.json };
         match self.command {
-            Command::Serve(config) => serve::run(config).await,
+            Command::Serve(config) => serve::run(*config).await,
             Command::Work(args) => work::run(&self.server, args).await,
             Command::Enqueue(args) => enqueue::run(&connect(&self.server).await?, out, args).await,
             Command::Get(args) => get::run(&connect(&self.server).await?, out, args).await,

@@ -63,6 +63,11 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_message_bytes: usize,
 
+    /// Most bytes of jobs on one ListJobs page (besides `page_size`); a page
+    /// holds at least one job whatever its size.
+    #[arg(long, env = "JOBQ_MAX_PAGE_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub max_page_bytes: usize,
+
     /// Longest error text kept from a Fail; longer ones are cut.
     #[arg(long, env = "JOBQ_MAX_ERROR_BYTES", default_value_t = 4096)]
     pub max_error_bytes: usize,

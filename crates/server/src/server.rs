@@ -15,7 +15,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     config::Config,
-    error::{Error, Result},
+    error::{Error, Result, TransportCodes},
     leases::LeaseHub,
     metrics::{Metrics, Rates},
     reaper,
@@ -194,6 +194,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
         .layer(RpcTiming::new(Arc::clone(&metrics)))
+        .layer(TransportCodes)
         .add_service(
             JobQueueServer::new(service)
                 .max_decoding_message_size(config.max_message_bytes)
