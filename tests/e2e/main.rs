@@ -4,6 +4,7 @@
 
 mod bench;
 mod cli;
+mod connections;
 mod dashboard;
 mod faults;
 mod harness;
