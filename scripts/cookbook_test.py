@@ -127,7 +127,8 @@ def check_enqueue(cb, block, r):
     expect(reply.get("created") is True, f"created is not true: {reply}")
     expect(job.get("id"), "no job id")
     expect(job["key"] == "order-4711" and job["status"] == "JOB_STATUS_PENDING", job)
-    expect(job["payload"] == "eyJvcmRlciI6NDcxMX0=", job)
+    # Replies to writes never echo the payload (GetJob has it).
+    expect("payload" not in job, job)
     # The README says: run it again and the same job comes back, not created.
     again = cb.run(block).ok().json()
     expect(again["job"]["id"] == job["id"], f"second enqueue made a new job: {again}")

@@ -7,6 +7,8 @@
 //!   `jobq-server`.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set, for gRPC server
 //!   reflection and for tools that need the schema at run time.
+//! - The limits client and server share: [`MAX_HEARTBEAT_LEASES`],
+//!   [`MAX_DECODE_BYTES`].
 #![warn(missing_docs)]
 
 /// Generated protobuf messages and gRPC stubs for package `jobq.v1`.
@@ -23,3 +25,16 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// The response header of a `Lease` stream that carries its token; a
 /// worker presents it in `HeartbeatRequest.stream_token`.
 pub const STREAM_TOKEN_HEADER: &str = "jobq-stream-token";
+
+/// Most leases one `Heartbeat` call may name. The server refuses a call
+/// over it (INVALID_ARGUMENT); clients send one call per this many leases.
+/// It is independent of a stream's capacity and of `--max-capacity`: a
+/// worker may hold leases of several streams (after a reconnect), and a
+/// server with a small `--max-capacity` must still take its heartbeats.
+pub const MAX_HEARTBEAT_LEASES: usize = 1000;
+
+/// The largest reply jobq's clients decode: 64 MiB, above the server's
+/// largest message by default (`--max-message-bytes`, 16 MiB), so a job
+/// with a big payload and a long history can always be read back. gRPC's
+/// usual client default (4 MiB) is below a single maximal job.
+pub const MAX_DECODE_BYTES: usize = 64 * 1024 * 1024;

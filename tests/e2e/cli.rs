@@ -210,7 +210,11 @@ async fn enqueue_with_a_known_key_says_so() {
         .ok()
         .json();
     assert_eq!(json["created"], false);
-    assert_eq!(json["job"]["payload"], "a");
+    // A write's reply echoes no payload; GetJob has the first one's.
+    assert!(json["job"].get("payload").is_none(), "{json}");
+    let id = json["job"]["id"].as_str().expect("id");
+    let stored = jobq(&url, &["get", id, "--json"]).await.ok().json();
+    assert_eq!(stored["payload"], "a");
 }
 
 #[tokio::test]
@@ -658,4 +662,42 @@ async fn work_kills_a_command_that_outlives_the_drain() {
     })
     .await;
     assert_eq!(back.attempts, 1);
+}
+
+/// Issue 11 hole 9: a SIGKILLed `jobq work` left its command running, and
+/// the server gave the job to another worker: two copies at once.
+#[tokio::test]
+async fn a_sigkilled_work_takes_its_command_with_it() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    client
+        .enqueue("slow", "shell", "", EnqueueOptions::new())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // `exec`: the command itself (jobq work's child) is the long runner.
+    let script = format!("echo $$ > {}; exec sleep 600", pidfile.display());
+    let mut worker = command(
+        &url,
+        &["work", "--queue", "slow", "--", "sh", "-c", &script],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let pid: libc::pid_t = until(LIMIT, "the command to start", || {
+        let read = std::fs::read_to_string(&pidfile).ok();
+        async move { read.and_then(|s| s.trim().parse().ok()) }
+    })
+    .await;
+    assert!(alive(pid));
+
+    signal(&worker, libc::SIGKILL);
+    let _ = worker.wait().await;
+    until(LIMIT, "the command to die with its worker", || async move {
+        (!alive(pid)).then_some(())
+    })
+    .await;
 }

@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     path::Path,
     process::{Child, Command, Stdio},
-    sync::mpsc,
+    sync::{mpsc, Arc, Mutex},
     time::Duration,
 };
 
@@ -44,6 +44,8 @@ pub struct ServerProcess {
     pub addr: SocketAddr,
     /// The HTTP listener (`/metrics`, dashboard).
     pub http: SocketAddr,
+    /// Every line the server logged so far.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl ServerProcess {
@@ -56,7 +58,20 @@ impl ServerProcess {
     /// Like [`start`](Self::start) on a given address (to restart a server
     /// where its clients will reconnect).
     pub fn start_at(data: &Path, listen: &str, extra: &[&str]) -> ServerProcess {
-        let mut child = Command::new(JOBQ)
+        ServerProcess::start_with(data, listen, extra, |_| {})
+    }
+
+    /// Like [`start_at`](Self::start_at), with `tweak` applied to the
+    /// command first (e.g. a `pre_exec` that lowers a resource limit).
+    pub fn start_with(
+        data: &Path,
+        listen: &str,
+        extra: &[&str],
+        tweak: impl FnOnce(&mut Command),
+    ) -> ServerProcess {
+        let mut command = Command::new(JOBQ);
+        tweak(&mut command);
+        let mut child = command
             .arg("serve")
             .arg("--listen")
             .arg(listen)
@@ -74,6 +89,8 @@ impl ServerProcess {
             .expect("spawn jobq serve");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let lines = Arc::clone(&log);
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             let mut http = None;
@@ -97,13 +114,28 @@ impl ServerProcess {
                 // Keep draining so the server never blocks on a full pipe;
                 // echo for failing tests' output.
                 eprintln!("[jobq serve] {line}");
+                lines.lock().unwrap_or_else(|p| p.into_inner()).push(line);
             }
         });
         let (addr, http) = rx
             .recv_timeout(Duration::from_secs(30))
             .expect("jobq serve did not report its address");
         let http = http.expect("jobq serve did not report its HTTP address");
-        ServerProcess { child, addr, http }
+        ServerProcess {
+            child,
+            addr,
+            http,
+            log,
+        }
+    }
+
+    /// Whether the server has logged a line containing `needle`.
+    pub fn logged(&self, needle: &str) -> bool {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|line| line.contains(needle))
     }
 
     /// The server's URL.

@@ -4,10 +4,12 @@
 
 mod bench;
 mod cli;
+mod connections;
 mod dashboard;
 mod faults;
 mod harness;
 mod lease;
+mod limits;
 mod observability;
 mod server;
 mod traces;

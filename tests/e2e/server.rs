@@ -229,6 +229,10 @@ async fn the_status_machine_over_grpc() {
         code(c.retry(job.id.clone()).await.expect_err("retry DONE")),
         Code::FailedPrecondition
     );
+    // The ack's reply carries the latest attempt; GetJob the whole history.
+    assert_eq!(done.history.len(), 1);
+    assert_eq!(done.history[0].outcome, pb::AttemptOutcome::Acked as i32);
+    let done = c.get_job(job.id.clone()).await.expect("get");
     assert_eq!(done.history.len(), 2);
     assert_eq!(done.history[0].outcome, pb::AttemptOutcome::Failed as i32);
     assert_eq!(done.history[1].outcome, pb::AttemptOutcome::Acked as i32);

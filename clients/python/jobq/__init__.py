@@ -55,6 +55,15 @@ log = logging.getLogger("jobq")
 Seconds = Union[int, float, timedelta]
 
 #: JobStatus number -> short name ("PENDING", "RUNNING", "DONE", "FAILED").
+# Most leases in one Heartbeat call: the server refuses more (the same limit
+# as the Rust client's jobq::MAX_HEARTBEAT_LEASES); heartbeat() splits.
+MAX_HEARTBEAT_LEASES = 1000
+
+# The largest reply decoded (64 MiB, above the server's default
+# --max-message-bytes of 16 MiB): a page of big jobs, or one job with a long
+# history, is over gRPC's 4 MiB default.
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
 STATUS_NAMES = {
     v.number: v.name.replace("JOB_STATUS_", "")
     for v in pb.JobStatus.DESCRIPTOR.values
@@ -98,6 +107,7 @@ class Client:
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
             ],
         )
         self.stub = pb_grpc.JobQueueStub(self.channel)
@@ -199,16 +209,23 @@ class Client:
         """Extends leases [(job_id, lease_id)]; returns the ones lost, same shape.
 
         ``stream_token`` is the ``jobq-stream-token`` header of the sender's
-        Lease stream: ``draining`` applies to that stream alone.
+        Lease stream: ``draining`` applies to that stream alone. One call per
+        MAX_HEARTBEAT_LEASES leases (the server's per-call limit).
         """
-        req = pb.HeartbeatRequest(
-            worker_id=worker_id,
-            leases=[pb.LeaseRef(job_id=j, lease_id=l) for j, l in leases],
-            extend_by=_duration(extend_by), draining=draining,
-            stream_token=stream_token,
-        )
-        resp = self.stub.Heartbeat(req, timeout=self.timeout)
-        return [(r.job_id, r.lease_id) for r in resp.lost]
+        leases = list(leases)
+        chunks = [leases[i:i + MAX_HEARTBEAT_LEASES]
+                  for i in range(0, len(leases), MAX_HEARTBEAT_LEASES)] or [[]]
+        lost = []
+        for chunk in chunks:
+            req = pb.HeartbeatRequest(
+                worker_id=worker_id,
+                leases=[pb.LeaseRef(job_id=j, lease_id=l) for j, l in chunk],
+                extend_by=_duration(extend_by), draining=draining,
+                stream_token=stream_token,
+            )
+            resp = self.stub.Heartbeat(req, timeout=self.timeout)
+            lost.extend((r.job_id, r.lease_id) for r in resp.lost)
+        return lost
 
     # -- operator ----------------------------------------------------------
     def retry(self, job_id: str) -> pb.Job:
@@ -219,10 +236,11 @@ class Client:
 
     def list_jobs(
         self, queue: str = "", status: Union[int, str] = 0, key: str = "",
-        page_size: int = 0,
+        page_size: int = 0, omit_payload: bool = False,
     ) -> Iterator[pb.Job]:
         """Every matching job, following next_page_token. status: a JobStatus
-        number or a name ("DONE" or "JOB_STATUS_DONE")."""
+        number or a name ("DONE" or "JOB_STATUS_DONE"). ``omit_payload``
+        leaves payloads out (for listings that do not show them)."""
         if isinstance(status, str):
             name = status if status.startswith("JOB_STATUS_") else "JOB_STATUS_" + status
             status = pb.JobStatus.Value(name)
@@ -230,7 +248,8 @@ class Client:
         while True:
             resp = self.stub.ListJobs(
                 pb.ListJobsRequest(queue=queue, status=status, key=key,
-                                   page_size=page_size, page_token=token),
+                                   page_size=page_size, page_token=token,
+                                   omit_payload=omit_payload),
                 timeout=self.timeout,
             )
             yield from resp.jobs

@@ -11,7 +11,7 @@ use serde_json::json;
 use tracing::Instrument;
 
 use crate::exit::{code_name, usage};
-use crate::output::{job_json, status_name, Out, Table};
+use crate::output::{receipt_json, status_name, Out, Table};
 
 /// Most entries per EnqueueBatch call (the server's default `--max-batch`).
 const BATCH_CHUNK: usize = 1000;
@@ -101,7 +101,7 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
         .instrument(tracing::info_span!("jobq enqueue"))
         .await?;
     if out.json {
-        out.json(&json!({ "created": created, "job": job_json(&job) }))?;
+        out.json(&json!({ "created": created, "job": receipt_json(&job) }))?;
         return Ok(());
     }
     // The id alone on stdout, so `ID=$(jobq enqueue ...)` works either way.
@@ -223,7 +223,7 @@ async fn batch(client: &Client, out: Out, path: &Path) -> anyhow::Result<()> {
                 (Some(job), 0) => {
                     if out.json {
                         out.json(
-                            &json!({"line": line, "created": result.created, "job": job_json(job)}),
+                            &json!({"line": line, "created": result.created, "job": receipt_json(job)}),
                         )?;
                     } else {
                         let what = if result.created {

@@ -62,6 +62,9 @@ pub struct Filter {
     pub status: Option<pb::JobStatus>,
     /// Empty: any key.
     pub key: String,
+    /// Leave payloads out (a table does not show them, and a page of big
+    /// jobs would otherwise be many megabytes).
+    pub omit_payload: bool,
 }
 
 /// Fetches up to `limit` jobs (0: all) matching `filter`, following
@@ -82,6 +85,7 @@ pub async fn fetch(client: &Client, filter: &Filter, limit: usize) -> anyhow::Re
                 key: filter.key.clone(),
                 page_size: wanted,
                 page_token,
+                omit_payload: filter.omit_payload,
             })
             .await?;
         jobs.extend(page.jobs);
@@ -103,6 +107,8 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
         queue: args.queue.unwrap_or_default(),
         status: args.status.map(Into::into),
         key: args.key.unwrap_or_default(),
+        // JSON shows payloads; the table does not, so it never fetches them.
+        omit_payload: !out.json,
     };
     let jobs = fetch(client, &filter, args.limit).await?;
     if out.json {

@@ -237,6 +237,19 @@ pub fn job_json(job: &pb::Job) -> Value {
     v
 }
 
+/// A job from a write's reply (enqueue) as JSON: like [`job_json`], but
+/// without `payload` and `history`, which such replies never carry (the
+/// server does not echo what it was sent).
+pub fn receipt_json(job: &pb::Job) -> Value {
+    let mut v = job_json(job);
+    if let Some(fields) = v.as_object_mut() {
+        for absent in ["payload", "payload_hex", "history"] {
+            fields.remove(absent);
+        }
+    }
+    v
+}
+
 /// The payload for people: the text, or `<N bytes, not UTF-8>`.
 pub fn payload_display(payload: &[u8]) -> String {
     match payload_text(payload) {

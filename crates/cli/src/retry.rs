@@ -33,6 +33,8 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
                 queue: queue.clone(),
                 status: Some(pb::JobStatus::Failed),
                 key: String::new(),
+                // Only the ids are needed.
+                omit_payload: true,
             };
             // Collect first, then retry: the listing is in id order and a
             // retried job could fail again while we page.

@@ -92,6 +92,33 @@ pub async fn run(server: &str, args: Args) -> anyhow::Result<()> {
     worker.run().await.context("jobq work")
 }
 
+/// Makes the command die with `jobq work` (issue 11 hole 9): a SIGKILLed
+/// worker runs no cleanup, and the server hands its job to someone else, so
+/// a command that lived on would run twice at once. The kernel sends the
+/// command SIGKILL when the thread that started it ends (a tokio worker
+/// thread, which lives as long as the process), through
+/// `PR_SET_PDEATHSIG`.
+#[cfg(target_os = "linux")]
+fn die_with_worker(cmd: &mut tokio::process::Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (prctl, getppid) with no
+    // allocation.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The worker may have died between fork and prctl: then the
+            // signal will never come, so do not start at all.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::other("jobq work exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Runs `command` for one job and maps its exit to ack (Ok) or fail (Err).
 async fn run_job(command: &[String], ctx: JobContext) -> HandlerResult {
     let (program, rest) = command
@@ -112,6 +139,8 @@ async fn run_job(command: &[String], ctx: JobContext) -> HandlerResult {
         .kill_on_drop(true);
     #[cfg(unix)]
     cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    die_with_worker(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|err| HandlerError::retry(format!("cannot start {program:?}: {err}")))?;

@@ -54,7 +54,9 @@ impl Client {
     /// Wraps an existing channel (custom TLS, timeouts, in-process tests).
     pub fn from_channel(channel: Channel) -> Self {
         Self {
-            inner: JobQueueClient::new(channel),
+            // A page of big jobs, or one job with a long history, is
+            // bigger than tonic's 4 MiB default.
+            inner: JobQueueClient::new(channel).max_decoding_message_size(jobq::MAX_DECODE_BYTES),
         }
     }
 

@@ -1,6 +1,6 @@
-//! The heartbeat task: one batched `Heartbeat` call per tick (one per 500
-//! leases) for every in-flight lease, cancelling the handlers of leases the
-//! server says are lost.
+//! The heartbeat task: one batched `Heartbeat` call per tick (one per
+//! [`jobq::MAX_HEARTBEAT_LEASES`] leases) for every in-flight lease,
+//! cancelling the handlers of leases the server says are lost.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,11 +28,6 @@ pub(crate) async fn run(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Most leases in one Heartbeat call: below the server's default
-/// `--max-capacity` (1000), which also bounds a call's leases. A worker
-/// can briefly hold more leases than its capacity after a reconnect.
-const MAX_LEASES_PER_CALL: usize = 500;
-
 /// One heartbeat. Sent even with no leases while draining, because that call
 /// is what tells the server to push nothing more to this worker's stream,
 /// and while a stream is open, because it says the worker is alive.
@@ -48,7 +43,10 @@ pub(crate) async fn beat(shared: &Shared) {
     if all.is_empty() {
         return beat_some(shared, Vec::new(), draining).await;
     }
-    for chunk in all.chunks(MAX_LEASES_PER_CALL) {
+    // The server's per-call limit, shared through the contract crate and
+    // independent of any capacity: a worker can briefly hold more leases
+    // than its capacity after a reconnect.
+    for chunk in all.chunks(jobq::MAX_HEARTBEAT_LEASES) {
         beat_some(shared, chunk.to_vec(), draining).await;
     }
 }

@@ -67,6 +67,11 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_message_bytes: usize,
 
+    /// Most bytes of jobs on one ListJobs page (besides `page_size`); a page
+    /// holds at least one job whatever its size.
+    #[arg(long, env = "JOBQ_MAX_PAGE_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub max_page_bytes: usize,
+
     /// Longest error text kept from a Fail; longer ones are cut.
     #[arg(long, env = "JOBQ_MAX_ERROR_BYTES", default_value_t = 4096)]
     pub max_error_bytes: usize,
@@ -109,6 +114,21 @@ pub struct Config {
     /// connection (and reclaiming its streams' jobs).
     #[arg(long, env = "JOBQ_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub keepalive_timeout: Duration,
+
+    /// Most client connections open at once; one more is closed as soon as
+    /// it is accepted (and logged). Default: three quarters of the fd limit
+    /// (RLIMIT_NOFILE), so connections cannot starve the store of fds.
+    #[arg(long, env = "JOBQ_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+
+    /// How long a new connection may send nothing before it is closed.
+    #[arg(long, env = "JOBQ_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// How long a connection with no call in flight and no open stream is
+    /// kept before it is closed (clients reconnect on their next call).
+    #[arg(long, env = "JOBQ_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
 
     /// sled's page cache, in bytes.
     #[arg(long, env = "JOBQ_CACHE_BYTES", default_value_t = 32 * 1024 * 1024)]

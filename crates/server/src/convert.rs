@@ -96,6 +96,26 @@ impl From<Job> for pb::Job {
     }
 }
 
+/// The job as a write's reply (Ack, Fail, Retry) carries it: no payload,
+/// and only the latest attempt of its history. A reply never echoes the
+/// request's bytes, so it cannot be too big to send once the change is
+/// durable (issue 11 hole 13); GetJob has the whole job.
+pub fn receipt(mut job: Job) -> pb::Job {
+    job.payload = Vec::new();
+    let keep = job.history.len().saturating_sub(1);
+    job.history.drain(..keep);
+    job.into()
+}
+
+/// The job as an enqueue's reply (Enqueue, EnqueueBatch) carries it: no
+/// payload and no history, so a batch's reply stays small however big its
+/// jobs (or the existing jobs its keys name) are.
+pub fn enqueue_receipt(mut job: Job) -> pb::Job {
+    job.payload = Vec::new();
+    job.history = Vec::new();
+    job.into()
+}
+
 impl From<Leased> for pb::LeasedJob {
     fn from(l: Leased) -> Self {
         pb::LeasedJob {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tonic::{Code, Status};
+use tonic::{codegen::http, Code, Status};
 
 use crate::{job::JobId, machine::TransitionError};
 
@@ -77,5 +77,79 @@ impl From<Error> for Status {
         } else {
             Status::new(code, err.to_string())
         }
+    }
+}
+
+/// The code a status that tonic's transport made, before any handler ran,
+/// is answered with. tonic reports a request over
+/// `max_decoding_message_size` (`--max-message-bytes`) as OUT_OF_RANGE;
+/// DESIGN.md §2 answers limits with RESOURCE_EXHAUSTED. No handler of ours
+/// returns OUT_OF_RANGE ([`Error::code`]), so the rewrite touches nothing
+/// else.
+pub fn transport_code(code: Code) -> Code {
+    match code {
+        Code::OutOfRange => Code::ResourceExhausted,
+        other => other,
+    }
+}
+
+/// A tower layer that applies [`transport_code`] to every trailers-only
+/// response (how tonic answers a request it could not decode), so the
+/// mapping lives here, beside [`Error::code`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TransportCodes;
+
+impl<S> tower::Layer<S> for TransportCodes {
+    type Service = TransportCoded<S>;
+
+    fn layer(&self, inner: S) -> TransportCoded<S> {
+        TransportCoded { inner }
+    }
+}
+
+/// The service [`TransportCodes`] wraps.
+#[derive(Debug, Clone)]
+pub struct TransportCoded<S> {
+    inner: S,
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for TransportCoded<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let call = self.inner.call(req);
+        Box::pin(async move {
+            let mut response = call.await?;
+            let code = response
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<i32>().ok())
+                .map(Code::from_i32);
+            if let Some(code) = code {
+                let mapped = transport_code(code);
+                if mapped != code {
+                    response
+                        .headers_mut()
+                        .insert("grpc-status", http::HeaderValue::from(mapped as i32));
+                }
+            }
+            Ok(response)
+        })
     }
 }

@@ -18,12 +18,16 @@
 //! - [`service`]: the gRPC glue (`JobQueue` trait impl); no business logic.
 //! - [`server`]: `run`: builds the tonic server with reflection and health,
 //!   and shuts it down on a `CancellationToken`.
+//! - [`connections`]: the accept loop and each connection's limits
+//!   (`--max-connections`, handshake and idle timeouts, EMFILE backoff,
+//!   closing at shutdown).
 //! - [`metrics`]: the Prometheus registry, counted from the store's facts;
 //!   [`rpc_timing`]: the tower layer that times every RPC.
 //! - [`web`]: the HTTP listener: `/metrics` and the dashboard.
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod connections;
 pub mod convert;
 pub mod error;
 pub mod job;

@@ -7,7 +7,6 @@ use std::{sync::Arc, time::SystemTime};
 
 use jobq::pb::job_queue_server::JobQueueServer;
 use tokio::net::TcpListener;
-use tokio_stream::{wrappers::TcpListenerStream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
@@ -15,7 +14,8 @@ use tracing::{error, info, warn};
 
 use crate::{
     config::Config,
-    error::{Error, Result},
+    connections::{self, TrackCalls},
+    error::{Error, Result, TransportCodes},
     leases::LeaseHub,
     metrics::{Metrics, Rates},
     reaper,
@@ -175,12 +175,13 @@ pub async fn serve(
     let addr = listener
         .local_addr()
         .map_err(|e| Error::Io(e.to_string()))?;
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        conn.inspect(|stream| {
-            // Latency matters more than packet count for small RPCs.
-            let _ = stream.set_nodelay(true);
-        })
-    });
+    // Our own accept loop: connection limits, timeouts, EMFILE backoff,
+    // and closing connections at shutdown (see connections.rs).
+    let incoming = connections::incoming(
+        listener,
+        connections::Limits::from_config(&config),
+        shutdown.clone(),
+    );
     let signal = {
         let (shutdown, health) = (shutdown.clone(), health.clone());
         async move {
@@ -197,7 +198,9 @@ pub async fn serve(
     let server = Server::builder()
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
+        .layer(TrackCalls)
         .layer(RpcTiming::new(Arc::clone(&metrics)))
+        .layer(TransportCodes)
         .add_service(
             JobQueueServer::new(service)
                 .max_decoding_message_size(config.max_message_bytes)

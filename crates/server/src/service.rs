@@ -11,6 +11,7 @@ use tracing::instrument;
 
 use crate::{
     config::Config,
+    convert,
     error::{Error, Result},
     leases::{LeaseEvents, LeaseHub},
     store::Store,
@@ -79,7 +80,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let enqueued = self.store.enqueue(new, now()).await?;
         tracing::Span::current().record("job.id", tracing::field::display(enqueued.job.id));
         Ok(Response::new(pb::EnqueueResponse {
-            job: Some(enqueued.job.into()),
+            job: Some(convert::enqueue_receipt(enqueued.job)),
             created: enqueued.created,
         }))
     }
@@ -101,7 +102,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             .map(|entry| match entry {
                 Ok(_) => match stored.next() {
                     Some(e) => pb::EnqueueResult {
-                        job: Some(e.job.into()),
+                        job: Some(convert::enqueue_receipt(e.job)),
                         created: e.created,
                         ..Default::default()
                     },
@@ -141,7 +142,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         // here: this future is dropped if the client cancels the call.
         let job = self.store.ack(id, lease, now()).await?;
         Ok(Response::new(pb::AckResponse {
-            job: Some(job.into()),
+            job: Some(convert::receipt(job)),
         }))
     }
 
@@ -153,7 +154,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let (id, report) = validate::fail(req.into_inner(), &self.config)?;
         let job = self.store.fail(id, report, now()).await?;
         Ok(Response::new(pb::FailResponse {
-            job: Some(job.into()),
+            job: Some(convert::receipt(job)),
         }))
     }
 
@@ -166,7 +167,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let id = validate::job_id("job_id", &req.into_inner().job_id)?;
         let job = self.store.retry(id, now()).await?;
         Ok(Response::new(pb::RetryResponse {
-            job: Some(job.into()),
+            job: Some(convert::receipt(job)),
         }))
     }
 
@@ -224,7 +225,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        let filter = validate::list(req.into_inner())?;
+        let filter = validate::list(req.into_inner(), &self.config)?;
         let page = self.store.list(filter).await?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: page.jobs.into_iter().map(Into::into).collect(),

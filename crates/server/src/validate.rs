@@ -62,11 +62,22 @@ pub fn lease_id(value: &str) -> Result<LeaseId> {
     value.parse().map_err(|e| invalid(format!("lease_id: {e}")))
 }
 
-/// A non-negative protobuf duration as a std one.
+/// Largest `nanos` of a protobuf `Duration` (google/protobuf/duration.proto).
+const MAX_NANOS: i32 = 999_999_999;
+
+/// A non-negative protobuf duration as a std one. A `nanos` outside
+/// `0..=999_999_999` is malformed, and is named as such: it is not a
+/// negative duration.
 fn duration(field: &str, value: Option<prost_types::Duration>) -> Result<Option<Duration>> {
     value
         .map(|d| {
-            if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+            if !(-MAX_NANOS..=MAX_NANOS).contains(&d.nanos) {
+                return Err(invalid(format!(
+                    "{field}.nanos {} is out of range -{MAX_NANOS}..={MAX_NANOS}",
+                    d.nanos
+                )));
+            }
+            if d.seconds < 0 || d.nanos < 0 {
                 return Err(invalid(format!("{field} must be a non-negative duration")));
             }
             Duration::try_from(d).map_err(|_| invalid(format!("{field} is not a valid duration")))
@@ -260,11 +271,14 @@ pub fn lease_stream(req: pb::LeaseRequest, config: &Config) -> Result<StreamSpec
         }
         n => n,
     };
-    if req.held.len() > config.max_capacity as usize {
+    // Held leases are real: refusing them would keep a worker from ever
+    // reconnecting (say, after --max-capacity was lowered). They count
+    // against the capacity, so a stream holding more is pushed nothing.
+    if req.held.len() > jobq::MAX_HEARTBEAT_LEASES {
         return Err(invalid(format!(
-            "held lists {} leases; a stream holds at most {} (--max-capacity)",
+            "held lists {} leases; the limit is {} per call",
             req.held.len(),
-            config.max_capacity
+            jobq::MAX_HEARTBEAT_LEASES
         )));
     }
     let held = req
@@ -296,20 +310,13 @@ pub fn ack(req: pb::AckRequest) -> Result<(JobId, LeaseId)> {
 
 /// A Fail: which job, under which lease, why and when to retry. The error
 /// text is cut to `--max-error-bytes` rather than refused: a handler's
-/// error should never be lost for being long.
+/// error should never be lost for being long. The cut text ends in "…",
+/// which counts against the limit.
 pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)> {
     let id = job_id("job_id", &req.job_id)?;
     let lease_id = lease_id(&req.lease_id)?;
     let retry_delay = delay("retry_delay", req.retry_delay, config)?;
-    let mut error = req.error;
-    if error.len() > config.max_error_bytes {
-        let mut cut = config.max_error_bytes;
-        while !error.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        error.truncate(cut);
-        error.push('…');
-    }
+    let mut error = cut_error(req.error, config.max_error_bytes);
     if error.is_empty() {
         error = "failed (no error given)".to_owned();
     }
@@ -324,21 +331,43 @@ pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)
     ))
 }
 
+/// Cuts `error` to at most `limit` bytes, on a char boundary, marking the
+/// cut with "…" inside the limit (left out when even that does not fit).
+fn cut_error(mut error: String, limit: usize) -> String {
+    const MARK: char = '…';
+    if error.len() <= limit {
+        return error;
+    }
+    let room = limit.saturating_sub(MARK.len_utf8());
+    let mut cut = room;
+    while !error.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    error.truncate(cut);
+    if limit >= MARK.len_utf8() {
+        error.push(MARK);
+    }
+    error
+}
+
 /// A (job, lease) pair named by a heartbeat.
 pub type LeaseRef = (JobId, LeaseId);
 
-/// A Heartbeat: who, which leases (at most `--max-capacity`), and how far
-/// to extend them.
+/// A Heartbeat: who, which leases (at most [`jobq::MAX_HEARTBEAT_LEASES`],
+/// the per-call limit clients chunk by; not `--max-capacity`, which bounds
+/// one stream, while a worker's leases may span streams), and how far to
+/// extend them.
 pub fn heartbeat(
     req: pb::HeartbeatRequest,
     config: &Config,
 ) -> Result<(Vec<LeaseRef>, Option<Duration>)> {
     name("worker_id", &req.worker_id)?;
-    if req.leases.len() > config.max_capacity as usize {
+    if req.leases.len() > jobq::MAX_HEARTBEAT_LEASES {
         return Err(invalid(format!(
-            "heartbeat lists {} leases; the limit is {} (--max-capacity)",
+            "heartbeat lists {} leases; the limit is {} per call: send one call per {} leases",
             req.leases.len(),
-            config.max_capacity
+            jobq::MAX_HEARTBEAT_LEASES,
+            jobq::MAX_HEARTBEAT_LEASES
         )));
     }
     let leases = req
@@ -370,8 +399,9 @@ pub fn status_filter(value: i32) -> Result<Option<Status>> {
     }
 }
 
-/// A ListJobs request as a store filter.
-pub fn list(req: pb::ListJobsRequest) -> Result<ListFilter> {
+/// A ListJobs request as a store filter, its page bounded by count and by
+/// `--max-page-bytes`.
+pub fn list(req: pb::ListJobsRequest, config: &Config) -> Result<ListFilter> {
     let queue = optional_name("queue", req.queue)?;
     let key = optional_name("key", req.key)?;
     let status = status_filter(req.status)?;
@@ -390,6 +420,8 @@ pub fn list(req: pb::ListJobsRequest) -> Result<ListFilter> {
         key,
         after,
         limit,
+        max_bytes: config.max_page_bytes,
+        omit_payload: req.omit_payload,
     })
 }
 
@@ -514,6 +546,47 @@ mod tests {
             ..Default::default()
         };
         let (_, report) = fail(req, &c).expect("valid");
-        assert!(report.error.len() <= c.max_error_bytes + '…'.len_utf8());
+        assert!(
+            report.error.len() <= c.max_error_bytes,
+            "the cut text, \"…\" included, fits the limit"
+        );
+        assert!(report.error.ends_with("é…"));
+    }
+
+    #[test]
+    fn cut_errors_keep_the_mark_within_the_limit() {
+        for limit in 0..12 {
+            let cut = cut_error("aé€😀bcdefghij".into(), limit);
+            assert!(cut.len() <= limit, "{limit}: {cut:?}");
+            if limit >= 3 {
+                assert!(cut.ends_with('…'), "{limit}: {cut:?}");
+            }
+        }
+        assert_eq!(cut_error("short".into(), 5), "short");
+    }
+
+    #[test]
+    fn out_of_range_nanos_are_named_as_such() {
+        for nanos in [2_000_000_000, 1_000_000_000, -1_000_000_000, i32::MIN] {
+            let d = Some(prost_types::Duration { seconds: 1, nanos });
+            let err = duration("delay", d).expect_err("malformed").to_string();
+            assert!(
+                err.contains("delay.nanos") && err.contains("out of range"),
+                "{err}"
+            );
+        }
+        let negative = Some(prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        });
+        let err = duration("delay", negative)
+            .expect_err("negative")
+            .to_string();
+        assert!(err.contains("non-negative"), "{err}");
+        let ok = Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 999_999_999,
+        });
+        assert!(duration("delay", ok).is_ok());
     }
 }

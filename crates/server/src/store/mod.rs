@@ -55,7 +55,7 @@ pub struct FailReport {
 }
 
 /// Filters and paging for [`Store::list`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListFilter {
     /// Only this queue.
     pub queue: Option<String>,
@@ -67,6 +67,26 @@ pub struct ListFilter {
     pub after: Option<JobId>,
     /// Most jobs to return (at least 1).
     pub limit: usize,
+    /// Most bytes of stored jobs on a page (`--max-page-bytes`); a page
+    /// always holds at least one job, so paging makes progress.
+    pub max_bytes: usize,
+    /// Leave payloads out (and out of the byte count).
+    pub omit_payload: bool,
+}
+
+impl Default for ListFilter {
+    /// Everything, one job per page, no byte bound, payloads included.
+    fn default() -> Self {
+        ListFilter {
+            queue: None,
+            status: None,
+            key: None,
+            after: None,
+            limit: 1,
+            max_bytes: usize::MAX,
+            omit_payload: false,
+        }
+    }
 }
 
 /// One page of [`Store::list`].

@@ -68,6 +68,8 @@ impl Filter {
             key: opt("key", &self.key)?,
             after,
             limit,
+            // The table shows no payloads.
+            omit_payload: true,
             ..ListFilter::default()
         })
     }

@@ -342,7 +342,12 @@ impl Sled {
             let id = self.lock().key(queue, key);
             let jobs = match id.filter(|id| id.0 >= start) {
                 Some(id) => match self.load(id) {
-                    Ok(job) if matches(&job) => vec![job],
+                    Ok(mut job) if matches(&job) => {
+                        if filter.omit_payload {
+                            job.payload = Vec::new();
+                        }
+                        vec![job]
+                    }
                     Ok(_) | Err(Error::NotFound(_)) => vec![],
                     Err(e) => return Err(e),
                 },
@@ -350,21 +355,39 @@ impl Sled {
             };
             return Ok(Page { jobs, next: None });
         }
+        // The page ends at `limit` jobs or at `max_bytes` of them, whichever
+        // comes first, so it is never built bigger than that in memory (nor
+        // too big for the reply); a job alone over the bound still makes a
+        // page, so paging always moves on.
         let mut jobs = Vec::new();
+        let (mut bytes, mut full) = (0usize, false);
         let mut records = self.jobs.range(start.to_be_bytes()..);
         for record in records.by_ref() {
             let (key, value) = record.map_err(SledError::from)?;
-            let job = decode(&key, &value)?;
-            if matches(&job) {
-                jobs.push(job);
-                if jobs.len() == limit {
-                    break;
-                }
+            let mut job = decode(&key, &value)?;
+            if !matches(&job) {
+                continue;
+            }
+            let mut size = value.len();
+            if filter.omit_payload {
+                size = size.saturating_sub(job.payload.len());
+                job.payload = Vec::new();
+            }
+            if !jobs.is_empty() && bytes.saturating_add(size) > filter.max_bytes {
+                full = true;
+                break;
+            }
+            bytes = bytes.saturating_add(size);
+            jobs.push(job);
+            if jobs.len() == limit {
+                full = true;
+                break;
             }
         }
         // A full page may have a successor; an exhausted scan has none.
+        // (Stopped by bytes, the job that did not fit is the successor.)
         let next = match jobs.last() {
-            Some(last) if jobs.len() == limit && records.next().is_some() => Some(last.id),
+            Some(last) if full && (jobs.len() < limit || records.next().is_some()) => Some(last.id),
             _ => None,
         };
         Ok(Page { jobs, next })
