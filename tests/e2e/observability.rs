@@ -257,3 +257,65 @@ async fn next_log(
         .await
         .unwrap_or_else(|_| panic!("no log line {message:?} within 20 s"))
 }
+
+/// The Rust Worker's own metrics (the `metrics` feature): runs by outcome
+/// and handler durations, by kind.
+#[tokio::test]
+async fn the_worker_counts_its_runs_by_outcome() {
+    use jobq_client::{HandlerError, JobContext, Worker};
+    let server = crate::harness::TestServer::start().await;
+    let c = server.client().await;
+    for payload in ["ok", "ok", "bad"] {
+        c.enqueue("wm", "m", payload, EnqueueOptions::new())
+            .await
+            .expect("enqueue");
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = Worker::builder(server.url())
+        .queues(["wm"])
+        .capacity(3)
+        .lease(Duration::from_secs(30))
+        .shutdown(shutdown.clone())
+        .metrics(&mut registry)
+        .handler("m", |ctx: JobContext| async move {
+            if ctx.payload() == b"bad" {
+                return Err(HandlerError::fatal("bad input"));
+            }
+            Ok(())
+        })
+        .build();
+    let run = tokio::spawn(worker.run());
+    until(Duration::from_secs(20), "2 DONE and 1 FAILED", || {
+        let c = c.clone();
+        async move {
+            let s = c.stats(Some("wm")).await.ok()?;
+            (s.first().map(|q| (q.done, q.failed)) == Some((2, 1))).then_some(())
+        }
+    })
+    .await;
+    shutdown.cancel();
+    run.await.expect("join").expect("worker");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let s = samples(&text);
+    assert_eq!(
+        get(&s, r#"jobq_worker_jobs_total{kind="m",outcome="acked"}"#),
+        2.0
+    );
+    assert_eq!(
+        get(&s, r#"jobq_worker_jobs_total{kind="m",outcome="fatal"}"#),
+        1.0
+    );
+    assert_eq!(
+        get(
+            &s,
+            r#"jobq_worker_handler_duration_seconds_count{kind="m"}"#
+        ),
+        3.0
+    );
+    assert!(
+        !text.contains("jobq_worker_leases_lost_total{"),
+        "no lease was lost"
+    );
+}

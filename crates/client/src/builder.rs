@@ -55,6 +55,7 @@ pub(crate) struct Config {
     pub(crate) handlers: HashMap<String, BoxedHandler>,
     pub(crate) fallback: Option<BoxedHandler>,
     pub(crate) on_ready: Option<ReadyHook>,
+    pub(crate) metrics: crate::metrics::Recorder,
 }
 
 /// Builds a [`Worker`]; start with [`Worker::builder`].
@@ -74,6 +75,7 @@ pub struct WorkerBuilder {
     handlers: HashMap<String, BoxedHandler>,
     fallback: Option<BoxedHandler>,
     on_ready: Option<ReadyHook>,
+    metrics: crate::metrics::Recorder,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -108,6 +110,7 @@ impl WorkerBuilder {
             handlers: HashMap::new(),
             fallback: None,
             on_ready: None,
+            metrics: crate::metrics::Recorder::default(),
         }
     }
 
@@ -189,6 +192,15 @@ impl WorkerBuilder {
         self
     }
 
+    /// Registers the worker's own metrics (jobs run by outcome, handler
+    /// duration, leases lost by reason) in `registry`, which the
+    /// application serves to Prometheus. Needs the `metrics` feature.
+    #[cfg(feature = "metrics")]
+    pub fn metrics(mut self, registry: &mut prometheus_client::registry::Registry) -> Self {
+        self.metrics = crate::metrics::Recorder::register(registry);
+        self
+    }
+
     /// Calls `hook` each time a Lease stream is established (at start and
     /// after every reconnect), e.g. to print a readiness line.
     pub fn on_ready(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
@@ -262,6 +274,7 @@ impl WorkerBuilder {
             handlers: self.handlers,
             fallback: self.fallback,
             on_ready: self.on_ready,
+            metrics: self.metrics,
         })
     }
 }

@@ -10,6 +10,7 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::metrics::Lost;
 use crate::worker::Shared;
 
 /// Heartbeats every `heartbeat_every` until `stop` fires. Runs beside the
@@ -69,6 +70,7 @@ async fn beat_some(shared: &Shared, sent: Vec<jobq::pb::LeaseRef>, draining: boo
                 .apply_heartbeat(&sent, &lost, sent_at + cfg.lease);
             for (r, token) in cancelled {
                 warn!(job.id = %r.job_id, lease.id = %r.lease_id, "lease lost; cancelling its handler");
+                cfg.metrics.lease_lost(Lost::Heartbeat);
                 token.cancel();
             }
             debug!(

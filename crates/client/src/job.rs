@@ -10,6 +10,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::backoff::Backoff;
 use crate::handler::{panic_message, BoxedHandler, HandlerResult};
+use crate::metrics::{Lost, Outcome};
 use crate::worker::Shared;
 use crate::{HandlerError, JobContext};
 
@@ -30,10 +31,23 @@ pub(crate) async fn run(shared: Arc<Shared>, ctx: JobContext) {
         )))),
         Some(handler) => execute(&shared, handler, &ctx).await,
     };
-    if let Some(outcome) = outcome {
-        settle(&shared, &ctx, outcome).await;
+    match outcome {
+        Some(outcome) => settle(&shared, &ctx, outcome).await,
+        None => shared
+            .cfg
+            .metrics
+            .job(label(&shared, &ctx), Outcome::Abandoned),
     }
     shared.forget(&ctx);
+}
+
+/// The `kind` label: a kind with its own handler, else `other`.
+fn label<'a>(shared: &Shared, ctx: &'a JobContext) -> &'a str {
+    if shared.cfg.handlers.contains_key(ctx.kind()) {
+        ctx.kind()
+    } else {
+        "other"
+    }
 }
 
 /// Runs the handler in one of the worker's `capacity` slots. `None` when the
@@ -68,10 +82,15 @@ async fn execute(
             // down): past the deadline the server may have handed the job
             // to someone else, so stop rather than run it twice at once.
             warn!("lease deadline passed without a successful heartbeat; cancelling the handler");
+            shared.cfg.metrics.lease_lost(Lost::Deadline);
             return None;
         }
         result = run => result,
     };
+    shared
+        .cfg
+        .metrics
+        .handler_ran(label(shared, ctx), started.elapsed());
     let elapsed_ms = started.elapsed().as_millis() as u64;
     Some(match result {
         Ok(Ok(())) => {
@@ -121,14 +140,26 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
         match (result, &outcome) {
             (Ok(()), Ok(())) => {
                 info!("acked");
+                shared.cfg.metrics.job(label(shared, ctx), Outcome::Acked);
                 return;
             }
             (Ok(()), Err(err)) => {
                 warn!(error = %err, fatal = err.is_fatal(), "failed");
+                let outcome = if err.is_fatal() {
+                    Outcome::Fatal
+                } else {
+                    Outcome::Failed
+                };
+                shared.cfg.metrics.job(label(shared, ctx), outcome);
                 return;
             }
             (Err(err), _) if err.code() == Some(tonic::Code::Aborted) => {
                 warn!(cause = %err, "lease no longer held; ack/fail rejected, not retried");
+                shared
+                    .cfg
+                    .metrics
+                    .job(label(shared, ctx), Outcome::Rejected);
+                shared.cfg.metrics.lease_lost(Lost::Aborted);
                 return;
             }
             (Err(err), _) if err.is_transient() && SystemTime::now() < ctx.lease_expires_at() => {

@@ -74,6 +74,7 @@ pub mod handler;
 mod heartbeat;
 mod inflight;
 mod job;
+mod metrics;
 pub mod options;
 pub mod trace;
 pub mod worker;

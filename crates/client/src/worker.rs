@@ -340,6 +340,7 @@ fn on_event(shared: &Arc<Shared>, event: pb::LeaseEvent, tasks: &mut JoinSet<()>
             match shared.book().revoke(&revoked.job_id, &revoked.lease_id) {
                 Some(token) => {
                     warn!(job.id = %revoked.job_id, reason = %revoked.reason, "lease revoked; cancelling its handler");
+                    shared.cfg.metrics.lease_lost(crate::metrics::Lost::Revoked);
                     token.cancel();
                 }
                 None => debug!(job.id = %revoked.job_id, "revoked a lease not in flight"),
