@@ -120,6 +120,12 @@ pub struct Config {
     #[arg(long, env = "JOBQ_RESTART_GRACE", value_parser = humantime::parse_duration)]
     pub restart_grace: Option<Duration>,
 
+    /// TOML file of bearer tokens (`[[token]]` entries: name, sha256 of
+    /// the secret, queue globs, roles). Unset: no tokens, anyone may call
+    /// anything. SIGHUP reloads it.
+    #[arg(long, env = "JOBQ_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+
     /// Fault injection for tests of fail-stop: every fsync after this many
     /// successful ones fails.
     #[arg(long, hide = true, env = "JOBQ_FAULT_SYNC_AFTER")]

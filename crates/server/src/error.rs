@@ -23,6 +23,13 @@ pub enum Error {
     /// Lease streams). Oversized requests are `InvalidArgument`.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// No token, or an unknown one, where tokens are required.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A known token outside its roles or queues, or acting on another
+    /// token's lease.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -61,6 +68,8 @@ impl Error {
                 | TransitionError::NotExpired { .. } => Code::FailedPrecondition,
             },
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::Unauthenticated(_) => Code::Unauthenticated,
+            Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::ShuttingDown | Error::FailStopped(_) => Code::Unavailable,
             Error::Storage(_) | Error::Corrupt(_) | Error::Io(_) => Code::Internal,
         }

@@ -1,6 +1,8 @@
 //! The jobq server.
 //!
 //! Layout:
+//! - [`auth`]: bearer tokens (`--auth-tokens`), the interceptor that names
+//!   the caller, and the one per-RPC check of role, queue and lease owner.
 //! - [`job`]: the domain types (job, status, attempt, lease, ids).
 //! - [`machine`]: the pure state machine `apply(job, event, now)` that every
 //!   store calls; backoff.
@@ -23,6 +25,7 @@
 //! - [`web`]: the HTTP listener: `/metrics` and the dashboard.
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod config;
 pub mod convert;
 pub mod error;

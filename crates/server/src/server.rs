@@ -9,11 +9,12 @@ use jobq::pb::job_queue_server::JobQueueServer;
 use tokio::net::TcpListener;
 use tokio_stream::{wrappers::TcpListenerStream, StreamExt};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
+use tonic::{service::interceptor::InterceptedService, transport::Server};
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
 use crate::{
+    auth::Auth,
     config::Config,
     error::{Error, Result},
     leases::LeaseHub,
@@ -56,6 +57,10 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let config = Arc::new(config);
+    let auth = match &config.auth_tokens {
+        Some(path) => Auth::from_file(path).map_err(|e| Error::Io(e.to_string()))?,
+        None => Auth::off(),
+    };
     let data = config.data.clone();
     let opened = {
         let config = Arc::clone(&config);
@@ -167,7 +172,9 @@ pub async fn serve(
         Arc::clone(&hub),
         Arc::clone(&config),
         shutdown.clone(),
-    );
+    )
+    .with_auth(auth.clone());
+    let reload = tokio::spawn(reload_on_sighup(auth.clone(), shutdown.clone()));
     let addr = listener
         .local_addr()
         .map_err(|e| Error::Io(e.to_string()))?;
@@ -194,11 +201,14 @@ pub async fn serve(
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
         .layer(RpcTiming::new(Arc::clone(&metrics)))
-        .add_service(
+        // Only the job queue is behind the token check: health and
+        // reflection reveal no jobs.
+        .add_service(InterceptedService::new(
             JobQueueServer::new(service)
                 .max_decoding_message_size(config.max_message_bytes)
                 .max_encoding_message_size(config.max_message_bytes),
-        )
+            auth,
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -219,6 +229,7 @@ pub async fn serve(
     // The transport may stop on its own (an error): stop the rest too.
     shutdown.cancel();
     let _ = reaper.await;
+    let _ = reload.await;
     let _ = engine.await;
     let _ = fail_stop.await;
     let _ = sampler.await;
@@ -236,4 +247,33 @@ pub async fn serve(
     store.flush().await?;
     info!("jobq stopped; data flushed");
     served
+}
+
+/// Reloads the tokens file on SIGHUP until `shutdown`; connections and
+/// calls in flight are not touched. A bad file keeps the old tokens.
+async fn reload_on_sighup(auth: Auth, shutdown: CancellationToken) {
+    if !auth.enabled() {
+        return;
+    }
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(err) => {
+            warn!(cause = %err, "cannot listen for SIGHUP; the tokens file will not be reloaded");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            got = hangups.recv() => {
+                if got.is_none() {
+                    return;
+                }
+                match auth.reload() {
+                    Ok(n) => info!(tokens = n, "SIGHUP: tokens file reloaded"),
+                    Err(err) => error!(cause = %err, "SIGHUP: tokens file refused; keeping the old tokens"),
+                }
+            }
+            () = shutdown.cancelled() => return,
+        }
+    }
 }

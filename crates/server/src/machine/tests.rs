@@ -34,6 +34,7 @@ fn take(job: Job, lease: u64, now: SystemTime) -> Result<Job, TransitionError> {
         Event::Take {
             lease_id: LeaseId(lease),
             worker_id: "w1".into(),
+            owner: None,
             lease: LEASE,
         },
         now,
@@ -84,6 +85,7 @@ fn the_transition_table() {
             Event::Take {
                 lease_id: LeaseId(8),
                 worker_id: "w2".into(),
+                owner: None,
                 lease: LEASE,
             },
             Ok(Running),
@@ -93,6 +95,7 @@ fn the_transition_table() {
             Event::Take {
                 lease_id: LeaseId(8),
                 worker_id: "w2".into(),
+                owner: None,
                 lease: LEASE,
             },
             Err("not allowed"),
@@ -102,6 +105,7 @@ fn the_transition_table() {
             Event::Take {
                 lease_id: LeaseId(8),
                 worker_id: "w2".into(),
+                owner: None,
                 lease: LEASE,
             },
             Err("not allowed"),
@@ -111,6 +115,7 @@ fn the_transition_table() {
             Event::Take {
                 lease_id: LeaseId(8),
                 worker_id: "w2".into(),
+                owner: None,
                 lease: LEASE,
             },
             Err("not allowed"),
