@@ -9,5 +9,7 @@ mod faults;
 mod harness;
 mod lease;
 mod observability;
+mod pki;
+mod security;
 mod server;
 mod worker;

@@ -42,6 +42,10 @@ pub enum Error {
     /// (`store::sled::SledError`, …) behind this.
     #[error("storage failure: {0}")]
     Storage(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The server would be reachable from the network without TLS and
+    /// tokens, and was not told `--insecure`.
+    #[error("{0}")]
+    Exposed(String),
     /// Binding, opening files, or the transport failed.
     #[error("{0}")]
     Io(String),
@@ -71,7 +75,9 @@ impl Error {
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::ShuttingDown | Error::FailStopped(_) => Code::Unavailable,
-            Error::Storage(_) | Error::Corrupt(_) | Error::Io(_) => Code::Internal,
+            Error::Storage(_) | Error::Corrupt(_) | Error::Io(_) | Error::Exposed(_) => {
+                Code::Internal
+            }
         }
     }
 }

@@ -18,6 +18,7 @@
 //! - [`leases`]: the Lease streams: push delivery, capacity, stream-drop
 //!   reclaim and revocation.
 //! - [`service`]: the gRPC glue (`JobQueue` trait impl); no business logic.
+//! - [`tls`]: the listener's TLS and mTLS settings (rustls, ring).
 //! - [`server`]: `run`: builds the tonic server with reflection and health,
 //!   and shuts it down on a `CancellationToken`.
 //! - [`metrics`]: the Prometheus registry, counted from the store's facts;
@@ -38,6 +39,7 @@ pub mod rpc_timing;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tls;
 pub mod validate;
 pub mod waiter;
 pub mod web;

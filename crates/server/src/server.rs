@@ -35,9 +35,12 @@ pub const SERVICE_NAME: &str = "jobq.v1.JobQueue";
 /// Binds `config.listen` and serves until `shutdown` fires.
 ///
 /// # Errors
-/// When the address cannot be bound, the data folder cannot be opened, or
-/// the transport fails.
+/// When the address cannot be bound, the data folder cannot be opened, the
+/// TLS or tokens files are wrong, the transport fails, or the address is
+/// not loopback and the server is neither secured nor told `--insecure`
+/// ([`Config::check_exposure`]).
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    config.check_exposure().map_err(Error::Exposed)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::Io(format!("cannot listen on {}: {e}", config.listen)))?;
@@ -57,6 +60,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let config = Arc::new(config);
+    let tls = crate::tls::server_config(&config)?;
     let auth = match &config.auth_tokens {
         Some(path) => Auth::from_file(path).map_err(|e| Error::Io(e.to_string()))?,
         None => Auth::off(),
@@ -174,6 +178,7 @@ pub async fn serve(
         shutdown.clone(),
     )
     .with_auth(auth.clone());
+    let auth_on = auth.enabled();
     let reload = tokio::spawn(reload_on_sighup(auth.clone(), shutdown.clone()));
     let addr = listener
         .local_addr()
@@ -197,7 +202,13 @@ pub async fn serve(
                 .await;
         }
     };
-    let server = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| Error::Io(format!("TLS: {e}")))?;
+    }
+    let server = builder
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
         .layer(RpcTiming::new(Arc::clone(&metrics)))
@@ -213,7 +224,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, signal);
-    info!(%addr, data = %data.display(), "jobq serving");
+    info!(%addr, data = %data.display(), tls = config.tls_cert.is_some(), mtls = config.tls_client_ca.is_some(), tokens = auth_on, "jobq serving");
 
     let drain_deadline = async {
         shutdown.cancelled().await;
