@@ -61,6 +61,9 @@ async fn browser(profile: &std::path::Path) -> (Driver, Browser) {
         chrome["binary"] = "/usr/bin/chromium".into();
     }
     caps.insert("goog:chromeOptions".into(), chrome);
+    // Both ring (jobq's TLS) and aws-lc-rs (fantoccini's) are linked in:
+    // rustls needs to be told which one builds the WebDriver client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let browser = until(
         Duration::from_secs(20),
         "chromedriver to accept a session",

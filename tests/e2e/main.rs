@@ -11,6 +11,8 @@ mod harness;
 mod lease;
 mod limits;
 mod observability;
+mod pki;
+mod security;
 mod server;
 mod traces;
 mod worker;

@@ -19,7 +19,10 @@ use jobq::pb;
 use jobq_client::{Client, EnqueueOptions, HandlerError, JobContext, Worker};
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{until, ServerProcess, TestServer};
+use crate::{
+    harness::{until, ServerProcess, TestServer},
+    pki::{tokens_file, Pki},
+};
 
 /// The `email_worker` example binary, built by `cargo test --workspace`
 /// next to the test binaries (target/<profile>/examples/).
@@ -129,12 +132,48 @@ async fn job_where(c: &Client, id: &str, what: &str, ok: impl Fn(&pb::Job) -> bo
     .await
 }
 
-/// The seed's story. Returns how many emails order 4711 got.
-async fn order_4711_worker_dies_after_sending(idempotent: bool) -> usize {
-    let server = TestServer::start().await;
-    let c = server.client().await;
+/// The seed's story. Returns how many emails order 4711 got. `secure`:
+/// the server runs with TLS and tokens, the producer and the workers each
+/// with a token of their own.
+async fn order_4711_worker_dies_after_sending(idempotent: bool, secure: bool) -> usize {
     let dir = tempfile::tempdir().expect("tempdir");
     let mailbox = dir.path().join("mailbox");
+    let pki = Pki::new(dir.path(), "e2e");
+    let tokens = dir.path().join("tokens.toml");
+    tokens_file(
+        &tokens,
+        &[
+            ("shop", "shop-secret", &["produce", "read"], &["emails"]),
+            ("mailer", "mailer-secret", &["consume"], &["emails"]),
+        ],
+    );
+    let (server, url, c, worker_args) = if secure {
+        let server = TestServer::with(|c| {
+            c.tls_cert = Some(pki.server_cert.clone());
+            c.tls_key = Some(pki.server_key.clone());
+            c.auth_tokens = Some(tokens.clone());
+        })
+        .await;
+        let url = format!("https://localhost:{}", server.addr.port());
+        let c = Client::builder(url.clone())
+            .token("shop-secret")
+            .ca_cert(pki.ca_pem())
+            .connect()
+            .await
+            .expect("connect over TLS");
+        let args = vec![
+            "--token".to_owned(),
+            "mailer-secret".to_owned(),
+            "--ca-cert".to_owned(),
+            pki.ca.display().to_string(),
+        ];
+        (server, url, c, args)
+    } else {
+        let server = TestServer::start().await;
+        let (url, c) = (server.url(), server.client().await);
+        (server, url, c, Vec::new())
+    };
+    let worker_args: Vec<&str> = worker_args.iter().map(String::as_str).collect();
     let email = serde_json::json!({ "order": "order-4711", "to": "ada@example.com" });
     let (job, _) = c
         .enqueue_json(
@@ -153,9 +192,9 @@ async fn order_4711_worker_dies_after_sending(idempotent: bool) -> usize {
     };
     // Worker 1 sends the email, then dies before it can ack.
     let mut first = EmailWorker::start(
-        &server.url(),
+        &url,
         &mailbox,
-        &[mode, &["--hang-after-send"]].concat(),
+        &[mode, &["--hang-after-send"], &worker_args].concat(),
     );
     first.expect_line("SENT order-4711").await;
     first.child.kill().expect("SIGKILL");
@@ -179,7 +218,7 @@ async fn order_4711_worker_dies_after_sending(idempotent: bool) -> usize {
     assert_eq!(back.last_error, "worker disconnected");
 
     // Worker 2 takes it and finishes it.
-    let mut second = EmailWorker::start(&server.url(), &mailbox, mode);
+    let mut second = EmailWorker::start(&url, &mailbox, &[mode, &worker_args].concat());
     second
         .expect_line(if idempotent {
             "SKIP order-4711"
@@ -192,13 +231,14 @@ async fn order_4711_worker_dies_after_sending(idempotent: bool) -> usize {
     })
     .await;
     assert_eq!(done.history.len(), 2);
+    drop(server);
     emails_for(&mailbox, "order-4711")
 }
 
 #[tokio::test]
 async fn order_4711_gets_one_email_when_the_worker_dies_before_acking() {
     assert_eq!(
-        order_4711_worker_dies_after_sending(true).await,
+        order_4711_worker_dies_after_sending(true, false).await,
         1,
         "the idempotent handler sends one email"
     );
@@ -207,7 +247,12 @@ async fn order_4711_gets_one_email_when_the_worker_dies_before_acking() {
 #[tokio::test]
 async fn without_the_idempotency_check_order_4711_gets_two_emails() {
     // The rule's reason, kept as a test: at-least-once means twice here.
-    assert_eq!(order_4711_worker_dies_after_sending(false).await, 2);
+    assert_eq!(order_4711_worker_dies_after_sending(false, false).await, 2);
+}
+
+#[tokio::test]
+async fn order_4711_gets_one_email_with_tls_and_tokens_on() {
+    assert_eq!(order_4711_worker_dies_after_sending(true, true).await, 1);
 }
 
 fn worker(

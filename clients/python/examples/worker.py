@@ -28,6 +28,8 @@ def main() -> int:
     ap.add_argument("--fail-first-attempt-every", type=int, default=0,
                     help="orders divisible by N fail their first attempt")
     ap.add_argument("--log", default=None, help="append 'job_id order' per handled job")
+    ap.add_argument("--token", default=os.environ.get("JOBQ_TOKEN"),
+                    help="bearer token (default: $JOBQ_TOKEN)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -44,7 +46,7 @@ def main() -> int:
         if log_file:
             log_file.write(f"{job.id} {order}\n")
 
-    client = Client(args.target)
+    client = Client(args.target, token=args.token)
     client.wait_ready()
     worker = Worker(client, [args.queue], {"send-email": send_email},
                     worker_id=args.worker_id, capacity=args.capacity, lease=args.lease)

@@ -88,33 +88,96 @@ class JobLost(Exception):
     """Ack or Fail was refused because this worker no longer holds the lease."""
 
 
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, details, metadata):
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
+
+
+class _Bearer(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer <token>` to every call."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", f"Bearer {token.strip()}")
+
+    def _details(self, details):
+        return _CallDetails(details, list(details.metadata or ()) + [self._header])
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
 class Client:
-    """Every JobQueue RPC, with Python arguments. Thread-safe (one channel)."""
+    """Every JobQueue RPC, with Python arguments. Thread-safe (one channel).
+
+    `token` is sent as `authorization: Bearer <token>` (a server with
+    `--auth-tokens`). TLS: a target of `https://host:port`, or `tls=True`, or
+    any of `root_certificates` (the CA's PEM, default: the system's roots),
+    `certificate_chain` and `private_key` (the client's PEM, for mTLS).
+    """
 
     def __init__(
         self,
         target: str = "127.0.0.1:50051",
         channel: Optional[grpc.Channel] = None,
         timeout: float = 30.0,
+        *,
+        token: Optional[str] = None,
+        tls: bool = False,
+        root_certificates: Optional[bytes] = None,
+        certificate_chain: Optional[bytes] = None,
+        private_key: Optional[bytes] = None,
     ):
+        if target.startswith("https://"):
+            target, tls = target[len("https://"):], True
+        elif target.startswith("http://"):
+            target = target[len("http://"):]
+        tls = tls or bool(root_certificates or certificate_chain or private_key)
         self.target = target
         self.timeout = timeout
         # Keepalive pings let both sides find a silent peer (the server
         # reclaims a dead worker's jobs when its stream drops).
-        self.channel = channel or grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.keepalive_time_ms", 10_000),
-                ("grpc.keepalive_timeout_ms", 10_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-            ],
-        )
+        options = [
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+        ]
+        if channel is None:
+            if tls:
+                creds = grpc.ssl_channel_credentials(
+                    root_certificates=root_certificates,
+                    private_key=private_key,
+                    certificate_chain=certificate_chain,
+                )
+                channel = grpc.secure_channel(target, creds, options=options)
+            else:
+                channel = grpc.insecure_channel(target, options=options)
+        self._raw_channel = channel
+        self.channel = grpc.intercept_channel(channel, _Bearer(token)) if token else channel
         self.stub = pb_grpc.JobQueueStub(self.channel)
 
     # -- lifecycle ---------------------------------------------------------
     def close(self) -> None:
-        self.channel.close()
+        self._raw_channel.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -124,7 +187,7 @@ class Client:
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         """Blocks until the channel is connected (raises grpc.FutureTimeoutError)."""
-        grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        grpc.channel_ready_future(self._raw_channel).result(timeout=timeout)
 
     # -- producer ----------------------------------------------------------
     def enqueue(

@@ -34,12 +34,12 @@ EXAMPLES = os.path.join(PYCLIENT, "examples")
 class Server:
     """A `jobq serve` on a free port with its own data folder."""
 
-    def __init__(self, tmp):
-        self.log_path = os.path.join(tmp, "server.log")
+    def __init__(self, tmp, *extra, name="server"):
+        self.log_path = os.path.join(tmp, f"{name}.log")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [JOBQ_BIN, "serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-             "--data", os.path.join(tmp, "data")],
+             "--data", os.path.join(tmp, f"{name}-data"), *extra],
             stdout=self.log, stderr=self.log,
         )
         deadline = time.monotonic() + 30
@@ -254,7 +254,57 @@ def trace_follows_the_job(tmp, client, addr):
     assert sorted(s.attributes["job.attempt"] for s in spans) == [1, 2]
 
 
-TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job]
+def tokens(tmp, client, addr):
+    """A server with --auth-tokens: no token is UNAUTHENTICATED, a token
+    outside its queues PERMISSION_DENIED; a worker with a consume token
+    runs what a producer token enqueued."""
+    import grpc
+    import json
+
+    def new_token(name, roles, queues):
+        out = subprocess.run(
+            [JOBQ_BIN, "--json", "token", "new", name, "--roles", roles, "--queues", queues],
+            check=True, capture_output=True, text=True, timeout=30,
+        ).stdout
+        return json.loads(out)
+
+    producer = new_token("producer", "produce,read", "email")
+    worker = new_token("worker", "consume", "email")
+    path = os.path.join(tmp, "tokens.toml")
+    with open(path, "w") as f:
+        f.write(producer["toml"] + "\n" + worker["toml"])
+    server = Server(tmp, "--auth-tokens", path, name="token-server")
+    anon = Client(server.addr)
+    mine = Client(server.addr, token=producer["secret"])
+    proc = None
+    try:
+        anon.wait_ready()
+        try:
+            anon.stats()
+            raise AssertionError("a call without a token was accepted")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
+        try:
+            mine.enqueue("billing", "send-email", b"{}")
+            raise AssertionError("a token outside its queues was accepted")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e
+        for order in range(5):
+            mine.enqueue("email", "send-email", json.dumps({"order": order}).encode(),
+                         key=f"order-{order}")
+        proc, log = start_worker(tmp, server.addr, "py-token-worker", "--token", worker["secret"])
+        wait_for(lambda: mine.stats("email")["email"]["done"] == 5, 30,
+                 "the token worker to finish 5 jobs")
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
+        anon.close()
+        mine.close()
+        server.stop()
+
+
+TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens]
 
 
 def main():

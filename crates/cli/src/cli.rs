@@ -1,13 +1,12 @@
 //! The command line: global options and one variant per subcommand, and the
 //! dispatch from a parsed [`Cli`] to the subcommand modules.
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use jobq_client::Client;
 
+use crate::conn::Conn;
 use crate::logging::LogFormat;
 use crate::output::Out;
-use crate::{enqueue, get, list, retry, serve, stats, work};
+use crate::{enqueue, get, list, retry, serve, stats, token, work};
 
 /// jobq: a durable job queue with a gRPC API.
 ///
@@ -16,14 +15,9 @@ use crate::{enqueue, get, list, retry, serve, stats, work};
 #[derive(Debug, Parser)]
 #[command(name = "jobq", version, about, long_about, propagate_version = true)]
 pub struct Cli {
-    /// The jobq server to talk to (client commands and `work`).
-    #[arg(
-        long,
-        global = true,
-        env = "JOBQ_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
-    pub server: String,
+    /// Where the server is and how to reach it (token, TLS).
+    #[command(flatten)]
+    pub conn: Conn,
 
     /// Machine-readable output: JSON instead of tables.
     #[arg(long, global = true)]
@@ -67,6 +61,8 @@ pub enum Command {
     Stats(stats::Args),
     /// Run a command for each job of a queue: a worker in any language.
     Work(work::Args),
+    /// Make bearer tokens for `serve --auth-tokens`.
+    Token(token::Args),
     /// Measure throughput and latency (durable replies) on this machine.
     Bench(jobq_bench::BenchArgs),
 }
@@ -96,33 +92,15 @@ impl Cli {
         let out = Out { json: self.json };
         match self.command {
             Command::Serve(config) => serve::run(*config).await,
-            Command::Work(args) => work::run(&self.server, args).await,
-            Command::Enqueue(args) => enqueue::run(&connect(&self.server).await?, out, args).await,
-            Command::Get(args) => get::run(&connect(&self.server).await?, out, args).await,
-            Command::List(args) => list::run(&connect(&self.server).await?, out, args).await,
-            Command::Retry(args) => retry::run(&connect(&self.server).await?, out, args).await,
-            Command::Stats(args) => stats::run(&connect(&self.server).await?, out, args).await,
+            Command::Work(args) => work::run(&self.conn, args).await,
+            Command::Enqueue(args) => enqueue::run(&self.conn.client().await?, out, args).await,
+            Command::Get(args) => get::run(&self.conn.client().await?, out, args).await,
+            Command::List(args) => list::run(&self.conn.client().await?, out, args).await,
+            Command::Retry(args) => retry::run(&self.conn.client().await?, out, args).await,
+            Command::Stats(args) => stats::run(&self.conn.client().await?, out, args).await,
+            Command::Token(args) => token::run(out, args),
             Command::Bench(args) => jobq_bench::run(args).await,
         }
-    }
-}
-
-/// Connects to `server`; a refused connection reads as UNAVAILABLE.
-async fn connect(server: &str) -> anyhow::Result<Client> {
-    match Client::connect(server).await {
-        Ok(client) => Ok(client),
-        Err(jobq_client::Error::Transport(err)) => {
-            // tonic's transport error prints only "transport error"; the
-            // cause (connection refused, bad URI) is in its source chain.
-            let mut why = String::new();
-            let mut source: Option<&dyn std::error::Error> = Some(&err);
-            while let Some(cause) = source {
-                why = cause.to_string();
-                source = cause.source();
-            }
-            Err(tonic::Status::unavailable(format!("cannot connect to {server}: {why}")).into())
-        }
-        Err(err) => Err(err).with_context(|| format!("cannot connect to {server}")),
     }
 }
 
@@ -144,6 +122,6 @@ mod tests {
         let cli =
             Cli::try_parse_from(["jobq", "list", "--json", "--server", "http://h:1"]).unwrap();
         assert!(cli.json);
-        assert_eq!(cli.server, "http://h:1");
+        assert_eq!(cli.conn.server, "http://h:1");
     }
 }

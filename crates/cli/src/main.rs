@@ -2,16 +2,18 @@
 //! off to one subcommand module.
 //!
 //! Layout:
-//! - `cli`: the clap [`Cli`] (global `--server`, `--json`) and dispatch.
+//! - `cli`: the clap [`Cli`] (global `--server`, `--json`) and dispatch;
+//!   `conn`: the connection flags (`--server`, `--token`, TLS).
 //! - `exit`: errors to exit codes and stderr text (0 ok, 1 failed call,
 //!   2 usage).
 //! - `logging`: text or JSON log lines on stderr (`--log-format`).
 //! - `output`: tables, JSON rendering of jobs, readable enum names.
 //! - one module per subcommand: `serve`, `enqueue`, `get`, `list`, `retry`,
-//!   `stats`, `work`.
+//!   `stats`, `work`, `token` (`jobq token new`).
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 
 mod cli;
+mod conn;
 mod enqueue;
 mod exit;
 mod get;
@@ -22,6 +24,7 @@ mod retry;
 mod serve;
 mod shutdown;
 mod stats;
+mod token;
 mod work;
 
 use std::process::ExitCode;

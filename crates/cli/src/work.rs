@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use jobq_client::{HandlerError, HandlerResult, JobContext, Worker};
+use jobq_client::{HandlerError, HandlerResult, JobContext};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 /// How much of the child's stderr becomes the job's error.
@@ -62,9 +62,10 @@ pub struct Args {
 }
 
 /// Runs `jobq work` until SIGINT/SIGTERM and the drain are over.
-pub async fn run(server: &str, args: Args) -> anyhow::Result<()> {
+pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
     let command: Arc<[String]> = args.command.into();
-    let mut builder = Worker::builder(server)
+    let mut builder = conn
+        .worker()?
         .queues(args.queues)
         .capacity(args.capacity)
         .lease(args.lease)

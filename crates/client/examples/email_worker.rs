@@ -40,6 +40,12 @@ struct Args {
     /// The jobq server.
     #[arg(long, env = "JOBQ_SERVER", default_value = "http://127.0.0.1:50051")]
     server: String,
+    /// Bearer token for a server with `--auth-tokens`.
+    #[arg(long, env = "JOBQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA (PEM) of an `https://` server.
+    #[arg(long, env = "JOBQ_CA_CERT")]
+    ca_cert: Option<PathBuf>,
     /// The queue to take jobs from.
     #[arg(long, env = "JOBQ_QUEUE", default_value = "emails")]
     queue: String,
@@ -191,6 +197,12 @@ async fn main() -> anyhow::Result<()> {
         .on_ready(|| println!("READY"));
     if let Some(id) = &args.worker_id {
         builder = builder.worker_id(id);
+    }
+    if let Some(token) = &args.token {
+        builder = builder.token(token.as_str());
+    }
+    if let Some(ca) = &args.ca_cert {
+        builder = builder.ca_cert(fs::read(ca)?);
     }
     if let Some(every) = args.heartbeat {
         builder = builder.heartbeat_every(every);

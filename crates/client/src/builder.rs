@@ -65,6 +65,9 @@ pub(crate) struct Config {
 /// token nobody cancels.
 pub struct WorkerBuilder {
     target: WorkerTarget,
+    token: Option<String>,
+    ca_cert: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
     queues: Vec<String>,
     worker_id: Option<String>,
     capacity: u32,
@@ -100,6 +103,9 @@ impl WorkerBuilder {
     pub(crate) fn new(target: WorkerTarget) -> Self {
         Self {
             target,
+            token: None,
+            ca_cert: None,
+            identity: None,
             queues: vec!["default".to_owned()],
             worker_id: None,
             capacity: 1,
@@ -112,6 +118,25 @@ impl WorkerBuilder {
             on_ready: None,
             metrics: crate::metrics::Recorder::default(),
         }
+    }
+
+    /// Sends `authorization: Bearer <token>` (for a URL target; a
+    /// [`Client`] target brings its own, see [`Client::builder`]).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Trusts this CA (PEM) for an `https://` URL target.
+    pub fn ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM) to an mTLS server.
+    pub fn identity(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert_pem.into(), key_pem.into()));
+        self
     }
 
     /// The queues to take jobs from, in strict priority order.
@@ -258,9 +283,28 @@ impl WorkerBuilder {
         if let Some(problem) = problem {
             return Err(Error::Config(problem));
         }
+        let connection_set =
+            self.token.is_some() || self.ca_cert.is_some() || self.identity.is_some();
         let client = match self.target {
+            WorkerTarget::Client(_) if connection_set => {
+                return Err(Error::Config(
+                    "token, CA and identity apply to a URL target; set them on the Client (Client::builder) instead".into(),
+                ))
+            }
             WorkerTarget::Client(client) => client,
-            WorkerTarget::Url(url) => Client::connect_lazy(url)?,
+            WorkerTarget::Url(url) => {
+                let mut connect = Client::builder(url);
+                if let Some(token) = self.token {
+                    connect = connect.token(token);
+                }
+                if let Some(pem) = self.ca_cert {
+                    connect = connect.ca_cert(pem);
+                }
+                if let Some((cert, key)) = self.identity {
+                    connect = connect.identity(cert, key);
+                }
+                connect.connect_lazy()?
+            }
         };
         Ok(Config {
             client,

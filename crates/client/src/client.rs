@@ -4,11 +4,17 @@ use std::time::Duration;
 
 use jobq::pb::{self, job_queue_client::JobQueueClient};
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::{service::interceptor::InterceptedService, transport::Channel};
 
 use jobq::STREAM_TOKEN_HEADER;
 
-use crate::{trace, EnqueueOptions, Error, FailOptions, Result};
+use crate::{
+    connect::{Connect, Credentials},
+    trace, EnqueueOptions, Error, FailOptions, Result,
+};
+
+/// The generated client under [`Client`], with the token interceptor.
+pub type RawClient = JobQueueClient<InterceptedService<Channel, Credentials>>;
 
 /// A cheap-to-clone handle on a jobq server.
 ///
@@ -17,28 +23,22 @@ use crate::{trace, EnqueueOptions, Error, FailOptions, Result};
 /// tonic re-establishes on its own after the server restarts.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: JobQueueClient<Channel>,
-}
-
-/// HTTP/2 keepalive, so a server that vanished without a FIN (power loss,
-/// network partition) is noticed by the open Lease stream instead of it
-/// hanging forever.
-fn endpoint(url: String) -> Result<Endpoint> {
-    Ok(Endpoint::from_shared(url)?
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(true))
+    inner: RawClient,
 }
 
 impl Client {
+    /// Connection options (token, TLS) for the server at `url`:
+    /// `Client::builder("https://jobq:50051").token(t).ca_cert(pem).connect()`.
+    pub fn builder(url: impl Into<String>) -> Connect {
+        Connect::new(url.into())
+    }
+
     /// Connects to the server at `url` (e.g. `http://127.0.0.1:50051`).
     ///
     /// # Errors
     /// [`Error::Transport`] when the URL is malformed or nothing answers.
     pub async fn connect(url: impl Into<String>) -> Result<Self> {
-        let channel = endpoint(url.into())?.connect().await?;
-        Ok(Self::from_channel(channel))
+        Self::builder(url).connect().await
     }
 
     /// Like [`connect`](Self::connect), but connects on first use, so it
@@ -48,20 +48,26 @@ impl Client {
     /// # Errors
     /// [`Error::Transport`] when the URL is malformed.
     pub fn connect_lazy(url: impl Into<String>) -> Result<Self> {
-        Ok(Self::from_channel(endpoint(url.into())?.connect_lazy()))
+        Self::builder(url).connect_lazy()
     }
 
     /// Wraps an existing channel (custom TLS, timeouts, in-process tests).
     pub fn from_channel(channel: Channel) -> Self {
+        Self::with_credentials(channel, Credentials::none())
+    }
+
+    /// Wraps an existing channel, sending `credentials` with every call.
+    pub fn with_credentials(channel: Channel, credentials: Credentials) -> Self {
         Self {
             // A page of big jobs, or one job with a long history, is
             // bigger than tonic's 4 MiB default.
-            inner: JobQueueClient::new(channel).max_decoding_message_size(jobq::MAX_DECODE_BYTES),
+            inner: JobQueueClient::with_interceptor(channel, credentials)
+                .max_decoding_message_size(jobq::MAX_DECODE_BYTES),
         }
     }
 
     /// The raw generated client, for calls this wrapper does not cover.
-    pub fn inner(&self) -> JobQueueClient<Channel> {
+    pub fn inner(&self) -> RawClient {
         self.inner.clone()
     }
 

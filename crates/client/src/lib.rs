@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`client`]: [`Client`], one typed method per `JobQueue` RPC, plus
-//!   JSON helpers.
+//!   JSON helpers; [`connect`]: how it reaches the server ([`Connect`]:
+//!   bearer token, TLS and mTLS).
 //! - [`options`]: [`EnqueueOptions`] (key, attempts, delay) and
 //!   [`FailOptions`] (retry delay, fatal).
 //! - [`error`]: [`enum@Error`], the crate's one error type, and [`Result`].
@@ -68,6 +69,7 @@
 mod backoff;
 pub mod builder;
 pub mod client;
+pub mod connect;
 pub mod context;
 pub mod error;
 pub mod handler;
@@ -81,6 +83,7 @@ pub mod worker;
 
 pub use builder::{WorkerBuilder, WorkerTarget};
 pub use client::Client;
+pub use connect::{Connect, Credentials};
 pub use context::JobContext;
 pub use error::{Error, Result};
 pub use handler::{HandlerError, HandlerResult};

@@ -144,6 +144,31 @@ pub struct Config {
     #[arg(long, env = "JOBQ_RESTART_GRACE", value_parser = humantime::parse_duration)]
     pub restart_grace: Option<Duration>,
 
+    /// TOML file of bearer tokens (`[[token]]` entries: name, sha256 of
+    /// the secret, queue globs, roles). Unset: no tokens, anyone may call
+    /// anything. SIGHUP reloads it.
+    #[arg(long, env = "JOBQ_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+
+    /// Server certificate chain (PEM): serve gRPC over TLS.
+    #[arg(long, env = "JOBQ_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The server certificate's private key (PEM).
+    #[arg(long, env = "JOBQ_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CA (PEM) whose client certificates are accepted; makes client
+    /// certificates mandatory (mTLS).
+    #[arg(long, env = "JOBQ_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Listen on a non-loopback address without TLS and without tokens
+    /// (or client certificates): anyone who reaches the port may read and
+    /// change every job.
+    #[arg(long, env = "JOBQ_INSECURE")]
+    pub insecure: bool,
+
     /// Fault injection for tests of fail-stop: every fsync after this many
     /// successful ones fails.
     #[arg(long, hide = true, env = "JOBQ_FAULT_SYNC_AFTER")]
@@ -205,6 +230,44 @@ impl Config {
             },
             delay: self.fault_sync_delay,
         })
+    }
+
+    /// Refuses to expose the queue by accident: a non-loopback `--listen`
+    /// needs TLS and a way to tell callers apart (tokens or client
+    /// certificates), and a non-loopback `--http-listen` needs tokens,
+    /// unless `--insecure`.
+    ///
+    /// # Errors
+    /// The reason, naming the flags that would fix it.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        if self.insecure {
+            return Ok(());
+        }
+        let tls = self.tls_cert.is_some();
+        let callers_known = self.auth_tokens.is_some() || self.tls_client_ca.is_some();
+        let secured = tls && callers_known;
+        if !(self.listen.ip().is_loopback() || secured) {
+            let missing = match (tls, callers_known) {
+                (false, false) => "without TLS and without tokens",
+                (false, true) => "without TLS (tokens would cross the network in clear)",
+                _ => "without tokens or client certificates (anyone could call it)",
+            };
+            return Err(format!(
+                "refusing to listen on {} {missing}: anyone who can reach it could read every payload and ack, fail or retry any job. \
+                 Use --tls-cert/--tls-key with --auth-tokens (or --tls-client-ca), listen on 127.0.0.1, \
+                 or pass --insecure if the network is trusted",
+                self.listen
+            ));
+        }
+        if let Some(http) = self.http_listen.0 {
+            if !http.ip().is_loopback() && self.auth_tokens.is_none() {
+                return Err(format!(
+                    "refusing to serve the dashboard and /metrics on {http} without --auth-tokens: anyone who can reach it could read jobs and retry them. \
+                     Use --auth-tokens, --http-listen 127.0.0.1:PORT or off, or pass --insecure"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The backoff policy.

@@ -164,6 +164,7 @@ mod tests {
                 taken_at: now,
                 expires_at: now + Duration::from_secs(30),
                 duration: Duration::from_secs(30),
+                owner: None,
             }),
             finished_at: None,
             last_error: Some("lease expired".into()),

@@ -23,6 +23,13 @@ pub enum Error {
     /// Lease streams). Oversized requests are `InvalidArgument`.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// No token, or an unknown one, where tokens are required.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A known token outside its roles or queues, or acting on another
+    /// token's lease.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -35,6 +42,10 @@ pub enum Error {
     /// (`store::sled::SledError`, …) behind this.
     #[error("storage failure: {0}")]
     Storage(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The server would be reachable from the network without TLS and
+    /// tokens, and was not told `--insecure`.
+    #[error("{0}")]
+    Exposed(String),
     /// Binding, opening files, or the transport failed.
     #[error("{0}")]
     Io(String),
@@ -61,8 +72,12 @@ impl Error {
                 | TransitionError::NotExpired { .. } => Code::FailedPrecondition,
             },
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::Unauthenticated(_) => Code::Unauthenticated,
+            Error::PermissionDenied(_) => Code::PermissionDenied,
             Error::ShuttingDown | Error::FailStopped(_) => Code::Unavailable,
-            Error::Storage(_) | Error::Corrupt(_) | Error::Io(_) => Code::Internal,
+            Error::Storage(_) | Error::Corrupt(_) | Error::Io(_) | Error::Exposed(_) => {
+                Code::Internal
+            }
         }
     }
 }

@@ -156,6 +156,10 @@ pub struct Lease {
     pub expires_at: SystemTime,
     /// Its length, reused by heartbeats that do not say how far to extend.
     pub duration: Duration,
+    /// The name of the token that took it (`None` when tokens are off):
+    /// only that token may ack, fail or extend it.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// A job and everything the queue remembers about it.

@@ -1,6 +1,8 @@
 //! The jobq server.
 //!
 //! Layout:
+//! - [`auth`]: bearer tokens (`--auth-tokens`), the interceptor that names
+//!   the caller, and the one per-RPC check of role, queue and lease owner.
 //! - [`job`]: the domain types (job, status, attempt, lease, ids).
 //! - [`machine`]: the pure state machine `apply(job, event, now)` that every
 //!   store calls; backoff.
@@ -16,6 +18,7 @@
 //! - [`leases`]: the Lease streams: push delivery, capacity, stream-drop
 //!   reclaim and revocation.
 //! - [`service`]: the gRPC glue (`JobQueue` trait impl); no business logic.
+//! - [`tls`]: the listener's TLS and mTLS settings (rustls, ring).
 //! - [`server`]: `run`: builds the tonic server with reflection and health,
 //!   and shuts it down on a `CancellationToken`.
 //! - [`connections`]: the accept loop and each connection's limits
@@ -26,6 +29,7 @@
 //! - [`web`]: the HTTP listener: `/metrics` and the dashboard.
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod config;
 pub mod connections;
 pub mod convert;
@@ -39,6 +43,7 @@ pub mod rpc_timing;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tls;
 pub mod validate;
 pub mod waiter;
 pub mod web;

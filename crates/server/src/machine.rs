@@ -43,6 +43,8 @@ pub enum Event {
         lease_id: LeaseId,
         /// Who takes it.
         worker_id: String,
+        /// The token it is taken with (`None` when tokens are off).
+        owner: Option<String>,
         /// How long the lease lasts.
         lease: Duration,
     },
@@ -203,6 +205,7 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
         Event::Take {
             lease_id,
             worker_id,
+            owner,
             lease,
         } => {
             if job.status != Status::Pending {
@@ -229,6 +232,7 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
                 taken_at: now,
                 expires_at: now + lease,
                 duration: lease,
+                owner,
             });
             job.status = Status::Running;
             Ok(job)

@@ -8,11 +8,12 @@ use std::{sync::Arc, time::SystemTime};
 use jobq::pb::job_queue_server::JobQueueServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
+use tonic::{service::interceptor::InterceptedService, transport::Server};
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
 use crate::{
+    auth::Auth,
     config::Config,
     connections::{self, TrackCalls},
     error::{Error, Result, TransportCodes},
@@ -34,9 +35,12 @@ pub const SERVICE_NAME: &str = "jobq.v1.JobQueue";
 /// Binds `config.listen` and serves until `shutdown` fires.
 ///
 /// # Errors
-/// When the address cannot be bound, the data folder cannot be opened, or
-/// the transport fails.
+/// When the address cannot be bound, the data folder cannot be opened, the
+/// TLS or tokens files are wrong, the transport fails, or the address is
+/// not loopback and the server is neither secured nor told `--insecure`
+/// ([`Config::check_exposure`]).
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    config.check_exposure().map_err(Error::Exposed)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::Io(format!("cannot listen on {}: {e}", config.listen)))?;
@@ -56,6 +60,11 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let config = Arc::new(config);
+    let tls = crate::tls::server_config(&config)?;
+    let auth = match &config.auth_tokens {
+        Some(path) => Auth::from_file(path).map_err(|e| Error::Io(e.to_string()))?,
+        None => Auth::off(),
+    };
     let data = config.data.clone();
     let opened = {
         let config = Arc::clone(&config);
@@ -171,7 +180,10 @@ pub async fn serve(
         Arc::clone(&hub),
         Arc::clone(&config),
         shutdown.clone(),
-    );
+    )
+    .with_auth(auth.clone());
+    let auth_on = auth.enabled();
+    let reload = tokio::spawn(reload_on_sighup(auth.clone(), shutdown.clone()));
     let addr = listener
         .local_addr()
         .map_err(|e| Error::Io(e.to_string()))?;
@@ -195,22 +207,31 @@ pub async fn serve(
                 .await;
         }
     };
-    let server = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| Error::Io(format!("TLS: {e}")))?;
+    }
+    let server = builder
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
         .layer(TrackCalls)
         .layer(RpcTiming::new(Arc::clone(&metrics)))
         .layer(TransportCodes)
-        .add_service(
+        // Only the job queue is behind the token check: health and
+        // reflection reveal no jobs.
+        .add_service(InterceptedService::new(
             JobQueueServer::new(service)
                 .max_decoding_message_size(config.max_message_bytes)
                 .max_encoding_message_size(config.max_message_bytes),
-        )
+            auth,
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, signal);
-    info!(%addr, data = %data.display(), "jobq serving");
+    info!(%addr, data = %data.display(), tls = config.tls_cert.is_some(), mtls = config.tls_client_ca.is_some(), tokens = auth_on, "jobq serving");
 
     let drain_deadline = async {
         shutdown.cancelled().await;
@@ -226,6 +247,7 @@ pub async fn serve(
     // The transport may stop on its own (an error): stop the rest too.
     shutdown.cancel();
     let _ = reaper.await;
+    let _ = reload.await;
     let _ = engine.await;
     let _ = fail_stop.await;
     let _ = sampler.await;
@@ -243,4 +265,33 @@ pub async fn serve(
     store.flush().await?;
     info!("jobq stopped; data flushed");
     served
+}
+
+/// Reloads the tokens file on SIGHUP until `shutdown`; connections and
+/// calls in flight are not touched. A bad file keeps the old tokens.
+async fn reload_on_sighup(auth: Auth, shutdown: CancellationToken) {
+    if !auth.enabled() {
+        return;
+    }
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(err) => {
+            warn!(cause = %err, "cannot listen for SIGHUP; the tokens file will not be reloaded");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            got = hangups.recv() => {
+                if got.is_none() {
+                    return;
+                }
+                match auth.reload() {
+                    Ok(n) => info!(tokens = n, "SIGHUP: tokens file reloaded"),
+                    Err(err) => error!(cause = %err, "SIGHUP: tokens file refused; keeping the old tokens"),
+                }
+            }
+            () = shutdown.cancelled() => return,
+        }
+    }
 }

@@ -1,5 +1,6 @@
-//! The gRPC glue: validate the request, call the store (or the lease hub),
-//! convert the reply. No business logic lives here.
+//! The gRPC glue: validate the request, ask [`auth::authorize`] whether the
+//! caller may, call the store (or the lease hub), convert the reply. No
+//! business logic lives here.
 
 use std::{sync::Arc, time::SystemTime};
 
@@ -10,6 +11,7 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use crate::{
+    auth::{self, Access, Auth},
     config::Config,
     convert,
     error::{Error, Result},
@@ -26,6 +28,8 @@ pub struct JobQueueService<S> {
     shutdown: CancellationToken,
     /// Bounds long-polling Dequeues and Lease streams (`--max-waiters`).
     waiters: Arc<Semaphore>,
+    /// Who may call what; off unless [`JobQueueService::with_auth`].
+    auth: Auth,
 }
 
 impl<S: Store> JobQueueService<S> {
@@ -44,7 +48,15 @@ impl<S: Store> JobQueueService<S> {
             config,
             shutdown,
             waiters,
+            auth: Auth::off(),
         }
+    }
+
+    /// Checks every call against `auth` (the same table the interceptor
+    /// in front of this service authenticates with).
+    pub fn with_auth(mut self, auth: Auth) -> Self {
+        self.auth = auth;
+        self
     }
 
     fn waiter_permit(&self) -> Result<OwnedSemaphorePermit> {
@@ -76,7 +88,9 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         req: Request<pb::EnqueueRequest>,
     ) -> Result<Response<pb::EnqueueResponse>, Status> {
         self.live()?;
+        let who = self.auth.who(&req)?;
         let new = validate::new_job(req.into_inner(), &self.config)?;
+        auth::authorize(&*self.store, &who, Access::Produce(vec![&new.queue])).await?;
         let enqueued = self.store.enqueue(new, now()).await?;
         tracing::Span::current().record("job.id", tracing::field::display(enqueued.job.id));
         Ok(Response::new(pb::EnqueueResponse {
@@ -91,11 +105,14 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         req: Request<pb::EnqueueBatchRequest>,
     ) -> Result<Response<pb::EnqueueBatchResponse>, Status> {
         self.live()?;
+        let who = self.auth.who(&req)?;
         let checked = validate::batch(req.into_inner().jobs, &self.config)?;
         let valid: Vec<_> = checked
             .iter()
             .filter_map(|r| r.as_ref().ok().cloned())
             .collect();
+        let queues = valid.iter().map(|j| j.queue.as_str()).collect();
+        auth::authorize(&*self.store, &who, Access::Produce(queues)).await?;
         let mut stored = self.store.enqueue_batch(valid, now()).await?.into_iter();
         let results = checked
             .into_iter()
@@ -120,7 +137,14 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         req: Request<pb::DequeueRequest>,
     ) -> Result<Response<pb::DequeueResponse>, Status> {
         self.live()?;
-        let (spec, wait) = validate::dequeue(req.into_inner(), &self.config)?;
+        let who = self.auth.who(&req)?;
+        let (mut spec, wait) = validate::dequeue(req.into_inner(), &self.config)?;
+        let access = Access::Take {
+            queues: &spec.queues,
+            held: &[],
+        };
+        auth::authorize(&*self.store, &who, access).await?;
+        spec.owner = who.owner();
         let _permit = if wait.is_zero() {
             None
         } else {
@@ -137,7 +161,9 @@ impl<S: Store> JobQueue for JobQueueService<S> {
 
     #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err(level = "debug"))]
     async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+        let who = self.auth.who(&req)?;
         let (id, lease) = validate::ack(req.into_inner())?;
+        auth::authorize(&*self.store, &who, Access::Leases(&[(id, lease)])).await?;
         // The stream's slot is freed by the store's lease-ended event, not
         // here: this future is dropped if the client cancels the call.
         let job = self.store.ack(id, lease, now()).await?;
@@ -151,7 +177,10 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         &self,
         req: Request<pb::FailRequest>,
     ) -> Result<Response<pb::FailResponse>, Status> {
+        let who = self.auth.who(&req)?;
         let (id, report) = validate::fail(req.into_inner(), &self.config)?;
+        let access = Access::Leases(&[(id, report.lease_id)]);
+        auth::authorize(&*self.store, &who, access).await?;
         let job = self.store.fail(id, report, now()).await?;
         Ok(Response::new(pb::FailResponse {
             job: Some(convert::receipt(job)),
@@ -164,7 +193,9 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         req: Request<pb::RetryRequest>,
     ) -> Result<Response<pb::RetryResponse>, Status> {
         self.live()?;
+        let who = self.auth.who(&req)?;
         let id = validate::job_id("job_id", &req.into_inner().job_id)?;
+        auth::authorize(&*self.store, &who, Access::Administer(id)).await?;
         let job = self.store.retry(id, now()).await?;
         Ok(Response::new(pb::RetryResponse {
             job: Some(convert::receipt(job)),
@@ -179,7 +210,14 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         req: Request<pb::LeaseRequest>,
     ) -> Result<Response<Self::LeaseStream>, Status> {
         self.live()?;
-        let spec = validate::lease_stream(req.into_inner(), &self.config)?;
+        let who = self.auth.who(&req)?;
+        let mut spec = validate::lease_stream(req.into_inner(), &self.config)?;
+        let access = Access::Take {
+            queues: &spec.take.queues,
+            held: &spec.held,
+        };
+        auth::authorize(&*self.store, &who, access).await?;
+        spec.take.owner = who.owner();
         let permit = self.waiter_permit()?;
         let (events, token) = self.hub.open(spec, permit);
         let mut response = Response::new(events);
@@ -196,10 +234,12 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         &self,
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let who = self.auth.who(&req)?;
         let req = req.into_inner();
         let (worker_id, draining) = (req.worker_id.clone(), req.draining);
         let token = validate::stream_token(&req.stream_token)?.to_owned();
         let (leases, extend_by) = validate::heartbeat(req, &self.config)?;
+        auth::authorize(&*self.store, &who, Access::Leases(&leases)).await?;
         let results = self.store.extend(&leases, extend_by, now()).await?;
         let lost = leases
             .iter()
@@ -216,7 +256,9 @@ impl<S: Store> JobQueue for JobQueueService<S> {
 
     #[instrument(skip_all, fields(job.id = %req.get_ref().id), err(level = "debug"))]
     async fn get_job(&self, req: Request<pb::GetJobRequest>) -> Result<Response<pb::Job>, Status> {
+        let who = self.auth.who(&req)?;
         let id = validate::job_id("id", &req.into_inner().id)?;
+        auth::authorize(&*self.store, &who, Access::ReadJob(id)).await?;
         Ok(Response::new(self.store.get(id).await?.into()))
     }
 
@@ -225,8 +267,14 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         &self,
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let who = self.auth.who(&req)?;
         let filter = validate::list(req.into_inner(), &self.config)?;
-        let page = self.store.list(filter).await?;
+        let access = Access::ReadQueue(filter.queue.as_deref());
+        auth::authorize(&*self.store, &who, access).await?;
+        let mut page = self.store.list(filter).await?;
+        // Without a queue, a page shows only the queues the token reads;
+        // it may then hold fewer jobs than asked for (follow the token).
+        page.jobs.retain(|job| who.sees(&job.queue));
         Ok(Response::new(pb::ListJobsResponse {
             jobs: page.jobs.into_iter().map(Into::into).collect(),
             next_page_token: page.next.map(|id| id.to_string()).unwrap_or_default(),
@@ -238,8 +286,11 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         &self,
         req: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsResponse>, Status> {
+        let who = self.auth.who(&req)?;
         let queue = validate::optional_name("queue", req.into_inner().queue)?;
-        let stats = self.store.stats(queue.as_deref(), now()).await?;
+        auth::authorize(&*self.store, &who, Access::ReadQueue(queue.as_deref())).await?;
+        let mut stats = self.store.stats(queue.as_deref(), now()).await?;
+        stats.retain(|s| who.sees(&s.queue));
         Ok(Response::new(pb::StatsResponse {
             queues: stats.into_iter().map(Into::into).collect(),
         }))

@@ -208,6 +208,8 @@ pub struct TakeSpec {
     pub queues: Vec<String>,
     /// Who takes.
     pub worker_id: String,
+    /// The token taking (set from the caller, not from the request).
+    pub owner: Option<String>,
     /// Lease length.
     pub lease: Duration,
 }
@@ -239,6 +241,7 @@ fn take_spec(
     Ok(TakeSpec {
         queues: unique,
         worker_id,
+        owner: None,
         lease,
     })
 }

@@ -38,7 +38,13 @@ pub async fn take_waiting<S: Store>(
         // lands between the look and the sleep still wakes us.
         changes.borrow_and_update();
         if let Some(leased) = store
-            .take(&spec.queues, &spec.worker_id, spec.lease, SystemTime::now())
+            .take(
+                &spec.queues,
+                &spec.worker_id,
+                spec.owner.as_deref(),
+                spec.lease,
+                SystemTime::now(),
+            )
             .await?
         {
             return Ok(Some(leased));

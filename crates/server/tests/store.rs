@@ -77,7 +77,7 @@ async fn enqueue(
 
 async fn take(store: &SledStore, queue: &str, now: SystemTime) -> Option<Leased> {
     store
-        .take(&qs(&[queue]), "worker-1", LEASE, now)
+        .take(&qs(&[queue]), "worker-1", None, LEASE, now)
         .await
         .expect("take")
 }
@@ -475,18 +475,18 @@ async fn queues_are_tried_in_the_given_order() {
     let high = enqueue(&store, "high", None, 0, at(10)).await;
     let queues = qs(&["high", "low"]);
     let first = store
-        .take(&queues, "w", LEASE, at(20))
+        .take(&queues, "w", None, LEASE, at(20))
         .await
         .unwrap()
         .unwrap();
     let second = store
-        .take(&queues, "w", LEASE, at(20))
+        .take(&queues, "w", None, LEASE, at(20))
         .await
         .unwrap()
         .unwrap();
     assert_eq!((first.job.id, second.job.id), (high.id, low.id));
     assert!(store
-        .take(&queues, "w", LEASE, at(20))
+        .take(&queues, "w", None, LEASE, at(20))
         .await
         .unwrap()
         .is_none());
@@ -715,7 +715,11 @@ async fn out_of_range_times_are_invalid_not_panics() {
     );
     enqueue(&store, "q", None, 0, at(0)).await;
     assert_eq!(
-        code(store.take(&qs(&["q"]), "w", Duration::MAX, at(0)).await),
+        code(
+            store
+                .take(&qs(&["q"]), "w", None, Duration::MAX, at(0))
+                .await
+        ),
         Code::InvalidArgument
     );
     let leased = take(&store, "q", at(0)).await.unwrap();
@@ -868,7 +872,7 @@ async fn sixteen_workers_get_every_job_exactly_once() {
             let worker = format!("worker-{w}");
             let mut got = Vec::new();
             while let Some(leased) = store
-                .take(&qs(&["q"]), &worker, Duration::from_secs(60), at(100))
+                .take(&qs(&["q"]), &worker, None, Duration::from_secs(60), at(100))
                 .await
                 .unwrap()
             {
@@ -1182,7 +1186,7 @@ async fn step(store: &SledStore, model: &mut Model, now: &mut u64, op: Op) {
                 .map(|&q| QUEUES[q as usize].to_string())
                 .collect();
             let lease = Duration::from_millis(lease_ms);
-            let got = store.take(&queues, "w", lease, t).await.unwrap();
+            let got = store.take(&queues, "w", None, lease, t).await.unwrap();
             match (got, model.first_due(&queues, t)) {
                 (None, None) => {}
                 (Some(leased), Some(id)) => {
@@ -1194,6 +1198,7 @@ async fn step(store: &SledStore, model: &mut Model, now: &mut u64, op: Op) {
                     let event = Event::Take {
                         lease_id: leased.lease_id,
                         worker_id: "w".into(),
+                        owner: None,
                         lease,
                     };
                     let expected = model.apply(id, event, t).unwrap();
@@ -1468,6 +1473,7 @@ async fn throughput() {
                 .take(
                     &qs(&["con"]),
                     &worker,
+                    None,
                     Duration::from_secs(60),
                     at(1_000_000),
                 )

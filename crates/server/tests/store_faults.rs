@@ -70,7 +70,7 @@ async fn a_cancelled_ack_still_publishes_its_lease_ended_event() {
         .unwrap()
         .job;
     let leased = store
-        .take(&queues(), "w", LEASE, SystemTime::now())
+        .take(&queues(), "w", None, LEASE, SystemTime::now())
         .await
         .unwrap()
         .expect("due");
@@ -99,7 +99,7 @@ async fn every_way_a_lease_ends_is_published_once() {
         store.enqueue(new_job(None), t0).await.unwrap();
     }
     let qs = queues();
-    let take = || store.take(&qs, "w", LEASE, t0);
+    let take = || store.take(&qs, "w", None, LEASE, t0);
     let a = take().await.unwrap().unwrap();
     let b = take().await.unwrap().unwrap();
     let c = take().await.unwrap().unwrap();
@@ -175,7 +175,7 @@ async fn a_given_back_job_spends_no_attempt_and_keeps_its_place() {
     let first = store.enqueue(new_job(None), t0).await.unwrap().job;
     let second = store.enqueue(new_job(None), t0).await.unwrap().job;
     let leased = store
-        .take(&queues(), "w", LEASE, t0)
+        .take(&queues(), "w", None, LEASE, t0)
         .await
         .unwrap()
         .unwrap();
@@ -187,7 +187,7 @@ async fn a_given_back_job_spends_no_attempt_and_keeps_its_place() {
     assert_eq!((back.status, back.attempts), (Status::Pending, 0));
     assert!(back.history.is_empty());
     let again = store
-        .take(&queues(), "w", LEASE, t0)
+        .take(&queues(), "w", None, LEASE, t0)
         .await
         .unwrap()
         .unwrap();
@@ -212,7 +212,7 @@ async fn a_lease_that_ran_out_during_a_restart_gets_a_grace() {
         let store = SledStore::open(&config(&dir)).unwrap();
         let job = store.enqueue(new_job(None), t0).await.unwrap().job;
         let leased = store
-            .take(&queues(), "w", LEASE, t0)
+            .take(&queues(), "w", None, LEASE, t0)
             .await
             .unwrap()
             .unwrap();
@@ -269,7 +269,7 @@ async fn fail_stop_after_a_failed_sync(error: &str) {
     let cause = store.fail_cause().expect("a cause");
     assert!(cause.contains("injected"), "{cause}");
     // Nothing more is served: no take, no read of what may not be on disk.
-    let take = store.take(&queues(), "w", LEASE, t0).await;
+    let take = store.take(&queues(), "w", None, LEASE, t0).await;
     assert_eq!(take.unwrap_err().code(), Code::Unavailable);
     assert_eq!(
         store.get(JobId(1)).await.unwrap_err().code(),
@@ -317,7 +317,7 @@ async fn a_failed_background_sync_stops_the_store_without_any_waiter() {
         .expect("the first sync works");
     // A take asks for a round without waiting for it; that round fails.
     store
-        .take(&queues(), "w", LEASE, t0)
+        .take(&queues(), "w", None, LEASE, t0)
         .await
         .unwrap()
         .expect("due");

@@ -35,6 +35,7 @@ fn take(job: Job, lease: u64, now: SystemTime) -> Result<Job, TransitionError> {
         Event::Take {
             lease_id: LeaseId(lease),
             worker_id: "w1".into(),
+            owner: None,
             lease: LEASE,
         },
         now,
@@ -85,6 +86,7 @@ fn the_transition_table() {
             Event::Take {
                 lease_id: LeaseId(8),
                 worker_id: "w2".into(),
+                owner: None,
                 lease: LEASE,
             },
             Ok(Running),
@@ -94,6 +96,7 @@ fn the_transition_table() {
             Event::Take {
                 lease_id: LeaseId(8),
                 worker_id: "w2".into(),
+                owner: None,
                 lease: LEASE,
             },
             Err("not allowed"),
@@ -103,6 +106,7 @@ fn the_transition_table() {
             Event::Take {
                 lease_id: LeaseId(8),
                 worker_id: "w2".into(),
+                owner: None,
                 lease: LEASE,
             },
             Err("not allowed"),
@@ -112,6 +116,7 @@ fn the_transition_table() {
             Event::Take {
                 lease_id: LeaseId(8),
                 worker_id: "w2".into(),
+                owner: None,
                 lease: LEASE,
             },
             Err("not allowed"),

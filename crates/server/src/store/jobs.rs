@@ -210,6 +210,7 @@ impl<B: Backend> Store for Jobs<B> {
         &self,
         queues: &[String],
         worker_id: &str,
+        owner: Option<&str>,
         lease: Duration,
         now: SystemTime,
     ) -> Result<Option<Leased>> {
@@ -218,6 +219,7 @@ impl<B: Backend> Store for Jobs<B> {
         let event = Event::Take {
             lease_id: rules::fresh_lease_id(),
             worker_id: worker_id.to_owned(),
+            owner: owner.map(str::to_owned),
             lease,
         };
         let Some(change) = self.written(self.backend.take(queues, event, now).await)? else {

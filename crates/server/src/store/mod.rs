@@ -143,13 +143,15 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
 
     /// Leases the first due job of the first queue (in the given priority
-    /// order) that has one. `Ok(None)` when nothing is due. Not waited on:
+    /// order) that has one, for `worker_id`, owned by the token `owner`.
+    /// `Ok(None)` when nothing is due. Not waited on:
     /// the take is made durable by the next flush round (asked for here),
     /// and losing it in a crash only causes a redelivery.
     fn take(
         &self,
         queues: &[String],
         worker_id: &str,
+        owner: Option<&str>,
         lease: Duration,
         now: SystemTime,
     ) -> impl Future<Output = Result<Option<Leased>>> + Send;

@@ -1,0 +1,184 @@
+//! How a [`Client`] reaches its server: the URL, a bearer token, and TLS
+//! (a CA to trust, a client identity for mTLS). [`Connect`] is the builder;
+//! [`Credentials`] is the interceptor that adds the token to every call.
+
+use std::{fmt, time::Duration};
+
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    service::Interceptor,
+    transport::{Certificate, ClientTlsConfig, Endpoint, Identity},
+    Request, Status,
+};
+
+use crate::{Client, Error, Result};
+
+/// Adds `authorization: Bearer <token>` to every call (or nothing).
+#[derive(Clone, Default)]
+pub struct Credentials {
+    bearer: Option<MetadataValue<Ascii>>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the secret.
+        f.debug_struct("Credentials")
+            .field("token", &self.bearer.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// No token.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// A bearer token.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the token has characters a header cannot carry.
+    pub fn bearer(token: &str) -> Result<Self> {
+        let value = format!("Bearer {}", token.trim())
+            .parse()
+            .map_err(|_| Error::Config("the token has characters a header cannot carry".into()))?;
+        Ok(Self {
+            bearer: Some(value),
+        })
+    }
+}
+
+impl Interceptor for Credentials {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        if let Some(value) = &self.bearer {
+            req.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// Connection options for a [`Client`]; start with [`Client::builder`].
+///
+/// `https://` URLs use TLS: the server's certificate is checked against
+/// [`ca_cert`](Self::ca_cert) if given, else against the system's roots.
+#[derive(Clone)]
+pub struct Connect {
+    url: String,
+    token: Option<String>,
+    ca_cert: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+    domain: Option<String>,
+}
+
+impl fmt::Debug for Connect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connect")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ca_cert", &self.ca_cert.is_some())
+            .field("identity", &self.identity.is_some())
+            .field("domain", &self.domain)
+            .finish()
+    }
+}
+
+impl Connect {
+    pub(crate) fn new(url: String) -> Self {
+        Self {
+            url,
+            token: None,
+            ca_cert: None,
+            identity: None,
+            domain: None,
+        }
+    }
+
+    /// Sends `authorization: Bearer <token>` with every call.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Trusts this CA (PEM) for the server's certificate.
+    pub fn ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents this certificate chain and key (PEM) to a server that asks
+    /// for client certificates (mTLS).
+    pub fn identity(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// The name the server's certificate must carry, when it differs from
+    /// the URL's host.
+    pub fn domain(mut self, name: impl Into<String>) -> Self {
+        self.domain = Some(name.into());
+        self
+    }
+
+    /// HTTP/2 keepalive, so a server that vanished without a FIN (power
+    /// loss, network partition) is noticed by the open Lease stream instead
+    /// of it hanging forever; TLS when the URL is `https://`.
+    fn endpoint(&self) -> Result<Endpoint> {
+        let mut endpoint = Endpoint::from_shared(self.url.clone())?
+            .connect_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true);
+        let tls_asked = self.ca_cert.is_some() || self.identity.is_some();
+        if self.url.starts_with("https://") {
+            let mut tls = ClientTlsConfig::new();
+            tls = match &self.ca_cert {
+                Some(pem) => tls.ca_certificate(Certificate::from_pem(pem)),
+                None => tls.with_native_roots(),
+            };
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(domain) = &self.domain {
+                tls = tls.domain_name(domain.clone());
+            }
+            endpoint = endpoint.tls_config(tls)?;
+        } else if tls_asked {
+            return Err(Error::Config(format!(
+                "a CA or client certificate was given, but {} is not an https:// URL",
+                self.url
+            )));
+        }
+        Ok(endpoint)
+    }
+
+    fn credentials(&self) -> Result<Credentials> {
+        match &self.token {
+            Some(t) => Credentials::bearer(t),
+            None => Ok(Credentials::none()),
+        }
+    }
+
+    /// Connects now.
+    ///
+    /// # Errors
+    /// [`Error::Transport`] when the URL or TLS settings are malformed or
+    /// nothing answers; [`Error::Config`] for a bad token.
+    pub async fn connect(self) -> Result<Client> {
+        let credentials = self.credentials()?;
+        let channel = self.endpoint()?.connect().await?;
+        Ok(Client::with_credentials(channel, credentials))
+    }
+
+    /// Connects on first use, so it succeeds while the server is still
+    /// down; calls made before it is up fail with `UNAVAILABLE`.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), except that nothing is dialled yet.
+    pub fn connect_lazy(self) -> Result<Client> {
+        let credentials = self.credentials()?;
+        Ok(Client::with_credentials(
+            self.endpoint()?.connect_lazy(),
+            credentials,
+        ))
+    }
+}

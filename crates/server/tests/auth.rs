@@ -1,0 +1,525 @@
+//! Tokens end to end (issue 8): a real server on 127.0.0.1:0 with an
+//! `--auth-tokens` file, called over gRPC with `authorization: Bearer`.
+//!
+//! - `every_rpc_by_every_role_in_and_out_of_its_queues`: the matrix, every
+//!   RPC × role × a queue the token covers and one it does not.
+//! - no token and unknown tokens are UNAUTHENTICATED on every RPC; health
+//!   and reflection stay open.
+//! - a lease belongs to the token that took it.
+//! - ListJobs and Stats without a queue show only the token's queues.
+
+use std::{net::SocketAddr, path::Path, time::Duration};
+
+use jobq::pb::{self, job_queue_client::JobQueueClient};
+use jobq_server::{auth::digest_hex, Config};
+use tempfile::TempDir;
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tonic::{transport::Channel, Code, Request, Status};
+
+type Cli = JobQueueClient<Channel>;
+
+/// The tokens: one per role on `in.*`, a second consumer, and `root` (admin
+/// on everything) to set up jobs.
+const TOKENS: &[(&str, &str, &str)] = &[
+    ("producer", "produce", "in.*"),
+    ("consumer", "consume", "in.*"),
+    ("consumer2", "consume", "in.*"),
+    ("reader", "read", "in.*"),
+    ("admin", "admin", "in.*"),
+    ("root", "admin", "*"),
+];
+
+fn secret(name: &str) -> String {
+    format!("secret-of-{name}-0123456789abcdef")
+}
+
+fn tokens_file(dir: &Path) -> std::path::PathBuf {
+    let mut text = String::new();
+    for (name, role, queues) in TOKENS {
+        text.push_str(&format!(
+            "[[token]]\nname = \"{name}\"\nsha256 = \"{}\"\nqueues = [\"{queues}\"]\nroles = [\"{role}\"]\n\n",
+            digest_hex(&secret(name))
+        ));
+    }
+    let path = dir.join("tokens.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+struct TestServer {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    _dir: TempDir,
+}
+
+impl TestServer {
+    async fn start() -> TestServer {
+        let dir = TempDir::new().unwrap();
+        let mut config = Config::with_data(dir.path().join("data"));
+        config.auth_tokens = Some(tokens_file(dir.path()));
+        config.min_lease = Duration::from_millis(10);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                jobq_server::serve(config, listener, shutdown)
+                    .await
+                    .unwrap()
+            }
+        });
+        TestServer {
+            addr,
+            shutdown,
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    async fn client(&self) -> Cli {
+        let url = format!("http://{}", self.addr);
+        for _ in 0..200 {
+            if let Ok(c) = JobQueueClient::connect(url.clone()).await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("server did not come up");
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A request as `token` (None: no header).
+fn req<T>(msg: T, token: Option<&str>) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Some(t) = token {
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", secret(t)).parse().unwrap(),
+        );
+    }
+    r
+}
+
+fn code<T>(r: Result<T, Status>) -> Code {
+    match r {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rpc {
+    Enqueue,
+    EnqueueBatch,
+    Dequeue,
+    Lease,
+    Ack,
+    Fail,
+    Heartbeat,
+    Retry,
+    GetJob,
+    ListJobs,
+    Stats,
+}
+
+const RPCS: [Rpc; 11] = [
+    Rpc::Enqueue,
+    Rpc::EnqueueBatch,
+    Rpc::Dequeue,
+    Rpc::Lease,
+    Rpc::Ack,
+    Rpc::Fail,
+    Rpc::Heartbeat,
+    Rpc::Retry,
+    Rpc::GetJob,
+    Rpc::ListJobs,
+    Rpc::Stats,
+];
+
+/// The role an RPC needs (admin may do everything).
+fn needs(rpc: Rpc) -> &'static str {
+    match rpc {
+        Rpc::Enqueue | Rpc::EnqueueBatch => "produce",
+        Rpc::Dequeue | Rpc::Lease | Rpc::Ack | Rpc::Fail | Rpc::Heartbeat => "consume",
+        Rpc::GetJob | Rpc::ListJobs | Rpc::Stats => "read",
+        Rpc::Retry => "admin",
+    }
+}
+
+fn enqueue_req(queue: &str, max_attempts: u32) -> pb::EnqueueRequest {
+    pb::EnqueueRequest {
+        queue: queue.into(),
+        kind: "k".into(),
+        payload: b"p".to_vec(),
+        max_attempts,
+        ..Default::default()
+    }
+}
+
+async fn enqueue(c: &mut Cli, queue: &str, as_: &str) -> String {
+    let r = c
+        .enqueue(req(enqueue_req(queue, 1), Some(as_)))
+        .await
+        .unwrap();
+    r.into_inner().job.unwrap().id
+}
+
+/// Enqueues into `queue` and leases it as `as_`: (job id, lease id).
+async fn leased(c: &mut Cli, queue: &str, as_: &str) -> (String, String) {
+    enqueue(c, queue, "root").await;
+    let r = c
+        .dequeue(req(
+            pb::DequeueRequest {
+                queues: vec![queue.into()],
+                worker_id: format!("w-{as_}"),
+                ..Default::default()
+            },
+            Some(as_),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let l = r.leased.expect("a job is due");
+    (l.job.unwrap().id, l.lease_id)
+}
+
+/// Calls `rpc` on `queue` as `token`, after setting up what it needs.
+async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
+    // Leases for Ack/Fail/Heartbeat are taken by the caller when it could,
+    // so that only the role and queue decide; else by root.
+    let taker = match token {
+        Some(t @ ("consumer" | "admin")) if queue.starts_with("in.") => t,
+        _ => "root",
+    };
+    match rpc {
+        Rpc::Enqueue => code(c.enqueue(req(enqueue_req(queue, 0), token)).await),
+        Rpc::EnqueueBatch => code(
+            c.enqueue_batch(req(
+                pb::EnqueueBatchRequest {
+                    jobs: vec![enqueue_req(queue, 0), enqueue_req(queue, 0)],
+                },
+                token,
+            ))
+            .await,
+        ),
+        Rpc::Dequeue => code(
+            c.dequeue(req(
+                pb::DequeueRequest {
+                    queues: vec![queue.into()],
+                    worker_id: "w".into(),
+                    ..Default::default()
+                },
+                token,
+            ))
+            .await,
+        ),
+        Rpc::Lease => code(
+            c.lease(req(
+                pb::LeaseRequest {
+                    queues: vec![queue.into()],
+                    worker_id: "w".into(),
+                    capacity: 1,
+                    ..Default::default()
+                },
+                token,
+            ))
+            .await,
+        ),
+        Rpc::Ack => {
+            let (job_id, lease_id) = leased(c, queue, taker).await;
+            code(c.ack(req(pb::AckRequest { job_id, lease_id }, token)).await)
+        }
+        Rpc::Fail => {
+            let (job_id, lease_id) = leased(c, queue, taker).await;
+            code(
+                c.fail(req(
+                    pb::FailRequest {
+                        job_id,
+                        lease_id,
+                        error: "boom".into(),
+                        ..Default::default()
+                    },
+                    token,
+                ))
+                .await,
+            )
+        }
+        Rpc::Heartbeat => {
+            let (job_id, lease_id) = leased(c, queue, taker).await;
+            code(
+                c.heartbeat(req(
+                    pb::HeartbeatRequest {
+                        worker_id: "w".into(),
+                        leases: vec![pb::LeaseRef { job_id, lease_id }],
+                        ..Default::default()
+                    },
+                    token,
+                ))
+                .await,
+            )
+        }
+        Rpc::Retry => {
+            let (job_id, lease_id) = leased(c, queue, "root").await;
+            let failed = c
+                .fail(req(
+                    pb::FailRequest {
+                        job_id: job_id.clone(),
+                        lease_id,
+                        error: "dead".into(),
+                        fatal: true,
+                        ..Default::default()
+                    },
+                    Some("root"),
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(failed.job.unwrap().status, pb::JobStatus::Failed as i32);
+            code(c.retry(req(pb::RetryRequest { job_id }, token)).await)
+        }
+        Rpc::GetJob => {
+            let id = enqueue(c, queue, "root").await;
+            code(c.get_job(req(pb::GetJobRequest { id }, token)).await)
+        }
+        Rpc::ListJobs => code(
+            c.list_jobs(req(
+                pb::ListJobsRequest {
+                    queue: queue.into(),
+                    ..Default::default()
+                },
+                token,
+            ))
+            .await,
+        ),
+        Rpc::Stats => code(
+            c.stats(req(
+                pb::StatsRequest {
+                    queue: queue.into(),
+                },
+                token,
+            ))
+            .await,
+        ),
+    }
+}
+
+#[tokio::test]
+async fn every_rpc_by_every_role_in_and_out_of_its_queues() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let mut n = 0;
+    let mut failures = Vec::new();
+    for rpc in RPCS {
+        for &(token, role, _) in TOKENS
+            .iter()
+            .filter(|t| t.0 != "root" && t.0 != "consumer2")
+        {
+            for inside in [true, false] {
+                n += 1;
+                let queue = if inside {
+                    format!("in.q{n}")
+                } else {
+                    format!("out.q{n}")
+                };
+                let allowed = inside && (role == "admin" || role == needs(rpc));
+                let want = if allowed {
+                    Code::Ok
+                } else {
+                    Code::PermissionDenied
+                };
+                let got = call(&mut c, rpc, &queue, Some(token)).await;
+                if got != want {
+                    failures.push(format!(
+                        "{rpc:?} as {token} on {queue}: {got:?}, want {want:?}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test]
+async fn no_token_or_an_unknown_one_is_unauthenticated_on_every_rpc() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    for rpc in RPCS {
+        assert_eq!(
+            call(&mut c, rpc, "in.anon", None).await,
+            Code::Unauthenticated,
+            "{rpc:?} without a token"
+        );
+        assert_eq!(
+            call(&mut c, rpc, "in.anon", Some("nobody")).await,
+            Code::Unauthenticated,
+            "{rpc:?} with an unknown token"
+        );
+    }
+    // A malformed header too.
+    let mut r = Request::new(pb::StatsRequest::default());
+    r.metadata_mut()
+        .insert("authorization", "Basic dXNlcjpwdw==".parse().unwrap());
+    assert_eq!(code(c.stats(r).await), Code::Unauthenticated);
+}
+
+#[tokio::test]
+async fn health_and_reflection_stay_open() {
+    let server = TestServer::start().await;
+    let channel = Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "jobq.v1.JobQueue".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    let mut reflection =
+        tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(channel);
+    let ask = tonic_reflection::pb::v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            ),
+        ),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::iter(vec![ask]))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = answers.message().await.unwrap().expect("an answer");
+    assert!(format!("{first:?}").contains("jobq.v1.JobQueue"));
+}
+
+#[tokio::test]
+async fn a_lease_belongs_to_the_token_that_took_it() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let (job_id, lease_id) = leased(&mut c, "in.owned", "consumer").await;
+    let lease = pb::LeaseRef {
+        job_id: job_id.clone(),
+        lease_id: lease_id.clone(),
+    };
+    // Another token with the same role and queues knows the ids: still no.
+    let other = Some("consumer2");
+    let ack = pb::AckRequest {
+        job_id: job_id.clone(),
+        lease_id: lease_id.clone(),
+    };
+    assert_eq!(
+        code(c.ack(req(ack.clone(), other)).await),
+        Code::PermissionDenied
+    );
+    let fail = pb::FailRequest {
+        job_id: job_id.clone(),
+        lease_id: lease_id.clone(),
+        error: "x".into(),
+        ..Default::default()
+    };
+    assert_eq!(code(c.fail(req(fail, other)).await), Code::PermissionDenied);
+    let beat = pb::HeartbeatRequest {
+        worker_id: "w".into(),
+        leases: vec![lease.clone()],
+        ..Default::default()
+    };
+    assert_eq!(
+        code(c.heartbeat(req(beat.clone(), other)).await),
+        Code::PermissionDenied
+    );
+    // Nor may it adopt the lease on a Lease stream of its own.
+    let adopt = pb::LeaseRequest {
+        queues: vec!["in.owned".into()],
+        worker_id: "w".into(),
+        capacity: 1,
+        held: vec![lease.clone()],
+        ..Default::default()
+    };
+    assert_eq!(
+        code(c.lease(req(adopt, other)).await),
+        Code::PermissionDenied
+    );
+    // The job is untouched, and its own token completes it.
+    let job = c
+        .get_job(req(pb::GetJobRequest { id: job_id.clone() }, Some("root")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(job.status, pb::JobStatus::Running as i32);
+    let beat = c
+        .heartbeat(req(beat, Some("consumer")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(beat.lost.is_empty());
+    let done = c
+        .ack(req(ack, Some("consumer")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.job.unwrap().status, pb::JobStatus::Done as i32);
+}
+
+#[tokio::test]
+async fn listing_without_a_queue_shows_only_the_tokens_queues() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    enqueue(&mut c, "in.mine", "root").await;
+    enqueue(&mut c, "out.theirs", "root").await;
+    let all = c
+        .list_jobs(req(pb::ListJobsRequest::default(), Some("root")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(all.jobs.len(), 2);
+    let mine = c
+        .list_jobs(req(pb::ListJobsRequest::default(), Some("reader")))
+        .await
+        .unwrap()
+        .into_inner();
+    let queues: Vec<_> = mine.jobs.iter().map(|j| j.queue.as_str()).collect();
+    assert_eq!(queues, ["in.mine"]);
+    let stats = c
+        .stats(req(pb::StatsRequest::default(), Some("reader")))
+        .await
+        .unwrap()
+        .into_inner();
+    let queues: Vec<_> = stats.queues.iter().map(|q| q.queue.as_str()).collect();
+    assert_eq!(queues, ["in.mine"]);
+    // A token without read sees nothing.
+    assert_eq!(
+        code(
+            c.stats(req(pb::StatsRequest::default(), Some("producer")))
+                .await
+        ),
+        Code::Ok
+    );
+    let none = c
+        .stats(req(pb::StatsRequest::default(), Some("producer")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(none.queues.is_empty());
+}
