@@ -52,6 +52,9 @@ pub enum Command {
     Work(work::Args),
     /// Measure throughput and latency (durable replies) on this machine.
     Bench(jobq_bench::BenchArgs),
+    /// Internal: kills `jobq work`'s commands when it dies (see watchdog.rs).
+    #[command(name = crate::watchdog::SUBCOMMAND, hide = true)]
+    Watchdog,
 }
 
 impl Cli {
@@ -77,6 +80,10 @@ impl Cli {
             Command::Retry(args) => retry::run(&connect(&self.server).await?, out, args).await,
             Command::Stats(args) => stats::run(&connect(&self.server).await?, out, args).await,
             Command::Bench(args) => jobq_bench::run(args).await,
+            Command::Watchdog => match crate::watchdog::run() {
+                code if code == std::process::ExitCode::SUCCESS => Ok(()),
+                _ => anyhow::bail!("watchdog failed"),
+            },
         }
     }
 }

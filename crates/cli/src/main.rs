@@ -9,6 +9,8 @@
 //! - one module per subcommand: `serve`, `enqueue`, `get`, `list`, `retry`,
 //!   `stats`, `work`.
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
+//! - `watchdog`: `jobq __watchdog`, which kills `jobq work`'s commands
+//!   when `jobq work` dies without cleaning up.
 
 mod cli;
 mod enqueue;
@@ -20,6 +22,7 @@ mod retry;
 mod serve;
 mod shutdown;
 mod stats;
+mod watchdog;
 mod work;
 
 use std::process::ExitCode;
