@@ -238,18 +238,18 @@ async fn sigterm_does_not_wait_for_idle_or_non_reading_peers() {
         (stats.first()?.running == 1).then_some(())
     })
     .await;
-    // An idle connection, and one that said hello and nothing more.
-    let pid = server.child.id();
-    let fds = open_fds(pid);
-    let _silent = TcpStream::connect(server.addr).await.expect("connect");
+    // An idle connection, and one that said hello and nothing more; each
+    // is accepted once the server sends its HTTP/2 SETTINGS.
+    let mut silent = TcpStream::connect(server.addr).await.expect("connect");
     let mut hello = TcpStream::connect(server.addr).await.expect("connect");
     hello.write_all(H2_HELLO).await.expect("hello");
-    until(
-        Duration::from_secs(10),
-        "the server to accept both",
-        || async { (open_fds(pid) >= fds + 2).then_some(()) },
-    )
-    .await;
+    for conn in [&mut silent, &mut hello] {
+        let mut first = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut first))
+            .await
+            .expect("the server speaks first");
+        assert_eq!(read.expect("read"), 1, "accepted, not closed");
+    }
 
     let started = Instant::now();
     let status = tokio::task::spawn_blocking(move || server.terminate())
