@@ -676,8 +676,9 @@ async fn a_sigkilled_work_takes_its_command_with_it() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
-    // `exec`: the command itself (jobq work's child) is the long runner.
-    let script = format!("echo $$ > {}; exec sleep 600", pidfile.display());
+    // The command (a shell, jobq work's child) and what it started (a
+    // background sleep in its process group): both must die.
+    let script = format!("sleep 600 & echo $$ $! > {}; wait", pidfile.display());
     let mut worker = command(
         &url,
         &["work", "--queue", "slow", "--", "sh", "-c", &script],
@@ -687,17 +688,27 @@ async fn a_sigkilled_work_takes_its_command_with_it() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    let pid: libc::pid_t = until(LIMIT, "the command to start", || {
+    let (shell, sleep): (libc::pid_t, libc::pid_t) = until(LIMIT, "the command to start", || {
         let read = std::fs::read_to_string(&pidfile).ok();
-        async move { read.and_then(|s| s.trim().parse().ok()) }
+        async move {
+            let read = read?;
+            let mut pids = read.split_whitespace().map(|p| p.parse().ok());
+            Some((pids.next()??, pids.next()??))
+        }
     })
     .await;
-    assert!(alive(pid));
+    assert!(alive(shell) && alive(sleep));
 
     signal(&worker, libc::SIGKILL);
     let _ = worker.wait().await;
     until(LIMIT, "the command to die with its worker", || async move {
-        (!alive(pid)).then_some(())
+        (!alive(shell)).then_some(())
     })
+    .await;
+    until(
+        LIMIT,
+        "what the command started to die too",
+        || async move { (!alive(sleep)).then_some(()) },
+    )
     .await;
 }

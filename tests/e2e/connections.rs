@@ -59,19 +59,20 @@ async fn an_idle_connection_is_closed() {
         c.idle_timeout = Duration::from_secs(1);
     })
     .await;
-    let mut idle = TcpStream::connect(server.addr).await.expect("connect");
-    idle.write_all(H2_HELLO).await.expect("hello");
-    closed_within(&mut idle, Duration::from_secs(15)).await;
     // A Lease stream is a call in flight: its connection is not idle.
     let c = server.client().await;
     let mut stream = c
         .lease(["q"], "w1", 1, Some(Duration::from_secs(60)))
         .await
         .expect("lease");
+    let mut idle = TcpStream::connect(server.addr).await.expect("connect");
+    idle.write_all(H2_HELLO).await.expect("hello");
+    closed_within(&mut idle, Duration::from_secs(15)).await;
+    // The idle timeout has passed for the stream's connection too (it was
+    // opened first), and it still delivers.
     c.enqueue("q", "k", b"x".to_vec(), EnqueueOptions::new())
         .await
         .expect("enqueue");
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let event = tokio::time::timeout(Duration::from_secs(10), stream.message())
         .await
         .expect("an event")
@@ -237,12 +238,18 @@ async fn sigterm_does_not_wait_for_idle_or_non_reading_peers() {
         (stats.first()?.running == 1).then_some(())
     })
     .await;
-    // An idle connection, and one that said hello and nothing more.
-    let _silent = TcpStream::connect(server.addr).await.expect("connect");
+    // An idle connection, and one that said hello and nothing more; each
+    // is accepted once the server sends its HTTP/2 SETTINGS.
+    let mut silent = TcpStream::connect(server.addr).await.expect("connect");
     let mut hello = TcpStream::connect(server.addr).await.expect("connect");
     hello.write_all(H2_HELLO).await.expect("hello");
-    // Let the server accept them.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    for conn in [&mut silent, &mut hello] {
+        let mut first = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut first))
+            .await
+            .expect("the server speaks first");
+        assert_eq!(read.expect("read"), 1, "accepted, not closed");
+    }
 
     let started = Instant::now();
     let status = tokio::task::spawn_blocking(move || server.terminate())

@@ -93,22 +93,26 @@ impl ServerProcess {
         let lines = Arc::clone(&log);
         std::thread::spawn(move || {
             let mut tx = Some(tx);
-            let mut http = None;
+            let (mut addr, mut http) = (None, None);
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                // The HTTP listener is logged first, then the gRPC one.
-                if let Some(addr) = line
+                // The two listeners log from different tasks, in either
+                // order: report once both are known.
+                if let Some(found) = line
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("http="))
                 {
-                    http = addr.parse::<SocketAddr>().ok();
+                    http = found.parse::<SocketAddr>().ok();
                 }
-                if let Some(addr) = line
+                if let Some(found) = line
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("addr="))
                 {
-                    if let (Some(tx), Ok(addr)) = (tx.take(), addr.parse::<SocketAddr>()) {
-                        let _ = tx.send((addr, http));
+                    addr = found.parse::<SocketAddr>().ok();
+                }
+                if let (Some(addr), Some(http)) = (addr, http) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send((addr, Some(http)));
                     }
                 }
                 // Keep draining so the server never blocks on a full pipe;

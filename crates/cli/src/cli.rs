@@ -65,6 +65,9 @@ pub enum Command {
     Token(token::Args),
     /// Measure throughput and latency (durable replies) on this machine.
     Bench(jobq_bench::BenchArgs),
+    /// Internal: kills `jobq work`'s commands when it dies (see watchdog.rs).
+    #[command(name = crate::watchdog::SUBCOMMAND, hide = true)]
+    Watchdog,
 }
 
 impl Cli {
@@ -100,6 +103,10 @@ impl Cli {
             Command::Stats(args) => stats::run(&self.conn.client().await?, out, args).await,
             Command::Token(args) => token::run(out, args),
             Command::Bench(args) => jobq_bench::run(args).await,
+            Command::Watchdog => match crate::watchdog::run() {
+                code if code == std::process::ExitCode::SUCCESS => Ok(()),
+                _ => anyhow::bail!("watchdog failed"),
+            },
         }
     }
 }

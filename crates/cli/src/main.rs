@@ -11,6 +11,8 @@
 //! - one module per subcommand: `serve`, `enqueue`, `get`, `list`, `retry`,
 //!   `stats`, `work`, `token` (`jobq token new`).
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
+//! - `watchdog`: `jobq __watchdog`, which kills `jobq work`'s commands
+//!   when `jobq work` dies without cleaning up.
 
 mod cli;
 mod conn;
@@ -25,6 +27,7 @@ mod serve;
 mod shutdown;
 mod stats;
 mod token;
+mod watchdog;
 mod work;
 
 use std::process::ExitCode;

@@ -11,7 +11,10 @@
 //! - the child runs in its own process group, so a Ctrl-C at the terminal
 //!   reaches only `jobq work` (which drains) and not the running jobs; when
 //!   a job's lease is lost, or the drain deadline passes, the Worker drops
-//!   the job's future and [`KillOnDrop`] SIGKILLs the whole group.
+//!   the job's future and [`KillOnDrop`] SIGKILLs the whole group;
+//! - when `jobq work` itself dies (SIGKILL, OOM), each command gets SIGKILL
+//!   from the kernel (`PR_SET_PDEATHSIG`) and the [`Watchdog`] kills the
+//!   rest of its process group.
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
@@ -20,6 +23,8 @@ use std::time::Duration;
 use anyhow::Context;
 use jobq_client::{HandlerError, HandlerResult, JobContext};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use crate::watchdog::Watchdog;
 
 /// How much of the child's stderr becomes the job's error.
 const STDERR_TAIL: usize = 2048;
@@ -63,7 +68,18 @@ pub struct Args {
 
 /// Runs `jobq work` until SIGINT/SIGTERM and the drain are over.
 pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
-    let command: Arc<[String]> = args.command.into();
+    let watchdog = match Watchdog::start() {
+        Ok(w) => Some(Arc::new(w)),
+        Err(err) => {
+            tracing::warn!(cause = %err, "cannot start the watchdog; if jobq work is killed, what its commands started may live on");
+            None
+        }
+    };
+    let command = Job {
+        command: args.command.into(),
+        watchdog,
+    };
+    let command = Arc::new(command);
     let mut builder = conn
         .worker()?
         .queues(args.queues)
@@ -89,7 +105,7 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
         });
     }
     let worker = builder.build();
-    tracing::info!(worker.id = worker.worker_id(), command = ?command, "jobq work starting");
+    tracing::info!(worker.id = worker.worker_id(), command = ?command.command, "jobq work starting");
     worker.run().await.context("jobq work")
 }
 
@@ -120,9 +136,17 @@ fn die_with_worker(cmd: &mut tokio::process::Command) {
     }
 }
 
+/// What runs each job: the command, and the watchdog that kills it if
+/// `jobq work` dies.
+struct Job {
+    command: Box<[String]>,
+    watchdog: Option<Arc<Watchdog>>,
+}
+
 /// Runs `command` for one job and maps its exit to ack (Ok) or fail (Err).
-async fn run_job(command: &[String], ctx: JobContext) -> HandlerResult {
-    let (program, rest) = command
+async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
+    let (program, rest) = job
+        .command
         .split_first()
         .ok_or_else(|| HandlerError::fatal("no command"))?;
     let mut cmd = tokio::process::Command::new(program);
@@ -145,7 +169,13 @@ async fn run_job(command: &[String], ctx: JobContext) -> HandlerResult {
     let mut child = cmd
         .spawn()
         .map_err(|err| HandlerError::retry(format!("cannot start {program:?}: {err}")))?;
-    let mut guard = KillOnDrop(child.id());
+    let mut guard = KillOnDrop {
+        pid: child.id(),
+        watchdog: job.watchdog.clone(),
+    };
+    if let (Some(w), Some(pid)) = (&job.watchdog, guard.pid) {
+        w.started(pid);
+    }
     let stdin = child.stdin.take();
     let stderr = child.stderr.take();
     let payload = ctx.payload();
@@ -236,18 +266,23 @@ fn describe(status: ExitStatus) -> String {
 /// when dropped before [`disarm`](Self::disarm): the job's future was
 /// dropped because its lease was lost, the drain deadline passed, or the
 /// process is exiting.
-struct KillOnDrop(Option<u32>);
+struct KillOnDrop {
+    pid: Option<u32>,
+    watchdog: Option<Arc<Watchdog>>,
+}
 
 impl KillOnDrop {
     /// The child was reaped: its pid, and so its group id, may be reused.
     fn disarm(&mut self) {
-        self.0 = None;
+        if let (Some(w), Some(pid)) = (&self.watchdog, self.pid.take()) {
+            w.ended(pid);
+        }
     }
 }
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let Some(pid) = self.0 else { return };
+        let Some(pid) = self.pid else { return };
         tracing::warn!(pid, "job cancelled; killing its command");
         #[cfg(unix)]
         if let Ok(pgid) = libc::pid_t::try_from(pid) {
@@ -259,6 +294,9 @@ impl Drop for KillOnDrop {
             }
         }
         // Elsewhere, tokio's kill_on_drop kills the child itself.
+        if let Some(w) = &self.watchdog {
+            w.ended(pid);
+        }
     }
 }
 

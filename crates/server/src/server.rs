@@ -189,11 +189,14 @@ pub async fn serve(
         .map_err(|e| Error::Io(e.to_string()))?;
     // Our own accept loop: connection limits, timeouts, EMFILE backoff,
     // and closing connections at shutdown (see connections.rs).
-    let incoming = connections::incoming(
-        listener,
-        connections::Limits::from_config(&config),
-        shutdown.clone(),
+    let limits = connections::Limits::from_config(&config);
+    info!(
+        max_connections = limits.max_connections,
+        handshake_timeout = ?limits.handshake_timeout,
+        idle_timeout = ?limits.idle_timeout,
+        "connection limits"
     );
+    let incoming = connections::incoming(listener, limits, shutdown.clone());
     let signal = {
         let (shutdown, health) = (shutdown.clone(), health.clone());
         async move {
