@@ -61,17 +61,21 @@ async fn browser(profile: &std::path::Path) -> (Driver, Browser) {
         chrome["binary"] = "/usr/bin/chromium".into();
     }
     caps.insert("goog:chromeOptions".into(), chrome);
-    let browser = until(Duration::from_secs(20), "chromedriver to accept a session", || {
-        let (url, caps) = (url.clone(), caps.clone());
-        async move {
-            ClientBuilder::rustls()
-                .ok()?
-                .capabilities(caps)
-                .connect(&url)
-                .await
-                .ok()
-        }
-    })
+    let browser = until(
+        Duration::from_secs(20),
+        "chromedriver to accept a session",
+        || {
+            let (url, caps) = (url.clone(), caps.clone());
+            async move {
+                ClientBuilder::rustls()
+                    .ok()?
+                    .capabilities(caps)
+                    .connect(&url)
+                    .await
+                    .ok()
+            }
+        },
+    )
     .await;
     (driver, browser)
 }
@@ -91,9 +95,14 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
     let server = ServerProcess::start(&dir.path().join("data"), &[]);
     let c = server.client().await;
     for i in 0..3 {
-        c.enqueue("emails", "send-email", format!("{{\"n\":{i}}}"), EnqueueOptions::new())
-            .await
-            .expect("enqueue");
+        c.enqueue(
+            "emails",
+            "send-email",
+            format!("{{\"n\":{i}}}"),
+            EnqueueOptions::new(),
+        )
+        .await
+        .expect("enqueue");
     }
     // A job reclaimed once (its worker's stream dropped), then acked.
     let stream_job = {
@@ -107,27 +116,43 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
         };
         l.job.expect("job").id
     };
-    let again = until(Duration::from_secs(10), "the job back and taken again", || {
-        let (c, id) = (c.clone(), stream_job.clone());
-        async move {
-            let l = c.dequeue(["emails"], "w2", None, None).await.ok()??;
-            let job = l.job.clone()?;
-            if job.id == id {
-                Some(l)
-            } else {
-                // Another job: give it back and keep looking.
-                c.fail(job.id, l.lease_id, "not this one", FailOptions::retry_after(Duration::ZERO))
+    let again = until(
+        Duration::from_secs(10),
+        "the job back and taken again",
+        || {
+            let (c, id) = (c.clone(), stream_job.clone());
+            async move {
+                let l = c.dequeue(["emails"], "w2", None, None).await.ok()??;
+                let job = l.job.clone()?;
+                if job.id == id {
+                    Some(l)
+                } else {
+                    // Another job: give it back and keep looking.
+                    c.fail(
+                        job.id,
+                        l.lease_id,
+                        "not this one",
+                        FailOptions::retry_after(Duration::ZERO),
+                    )
                     .await
                     .ok()?;
-                None
+                    None
+                }
             }
-        }
-    })
+        },
+    )
     .await;
-    c.ack(stream_job.clone(), again.lease_id).await.expect("ack");
+    c.ack(stream_job.clone(), again.lease_id)
+        .await
+        .expect("ack");
     // A dead letter.
     let (dead, _) = c
-        .enqueue("emails", "send-email", "{}", EnqueueOptions::new().max_attempts(1).key("dead-1"))
+        .enqueue(
+            "emails",
+            "send-email",
+            "{}",
+            EnqueueOptions::new().max_attempts(1).key("dead-1"),
+        )
         .await
         .expect("enqueue");
     let l = until(Duration::from_secs(10), "the dead letter taken", || {
@@ -138,17 +163,27 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
             if job.id == id {
                 Some(l)
             } else {
-                c.fail(job.id, l.lease_id, "not this one", FailOptions::retry_after(Duration::ZERO))
-                    .await
-                    .ok()?;
+                c.fail(
+                    job.id,
+                    l.lease_id,
+                    "not this one",
+                    FailOptions::retry_after(Duration::ZERO),
+                )
+                .await
+                .ok()?;
                 None
             }
         }
     })
     .await;
-    c.fail(dead.id.clone(), l.lease_id, "mailbox does not exist", FailOptions::retry())
-        .await
-        .expect("fail");
+    c.fail(
+        dead.id.clone(),
+        l.lease_id,
+        "mailbox does not exist",
+        FailOptions::retry(),
+    )
+    .await
+    .expect("fail");
 
     let profile = tempfile::tempdir().expect("profile dir");
     let (_driver, b) = browser(profile.path()).await;
@@ -180,7 +215,9 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
     eprintln!("screenshot: {}", path.display());
 
     // The reclaimed job's page shows both attempts.
-    b.goto(&format!("{base}/jobs/{stream_job}")).await.expect("job page");
+    b.goto(&format!("{base}/jobs/{stream_job}"))
+        .await
+        .expect("job page");
     let job = c.get_job(stream_job.clone()).await.expect("get");
     let attempts = b
         .find_all(Locator::Css("#history li.attempt"))
@@ -193,7 +230,9 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
     assert!(timeline.contains("ACKED"), "{timeline}");
 
     // Retry on a dead letter: PENDING, as `jobq get` confirms.
-    b.goto(&format!("{base}/jobs?status=FAILED")).await.expect("dead letters");
+    b.goto(&format!("{base}/jobs?status=FAILED"))
+        .await
+        .expect("dead letters");
     b.find(Locator::Css(&format!(r#"tr[data-id="{}"] a"#, dead.id)))
         .await
         .expect("the dead letter is listed")
@@ -209,7 +248,13 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
     until(Duration::from_secs(10), "the page to show PENDING", || {
         let b = b.clone();
         async move {
-            let s = b.find(Locator::Css("#status")).await.ok()?.text().await.ok()?;
+            let s = b
+                .find(Locator::Css("#status"))
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
             (s == "PENDING").then_some(())
         }
     })

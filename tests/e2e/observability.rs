@@ -45,7 +45,9 @@ async fn metrics_count_a_scripted_day_and_agree_with_stats() {
             .await
             .expect("dequeue")
             .expect("due");
-        c.ack(l.job.expect("job").id, l.lease_id).await.expect("ack");
+        c.ack(l.job.expect("job").id, l.lease_id)
+            .await
+            .expect("ack");
     }
     let l = c
         .dequeue(["m"], "w1", None, None)
@@ -102,9 +104,17 @@ async fn metrics_count_a_scripted_day_and_agree_with_stats() {
     assert_eq!(get(&s, r#"jobq_job_wait_seconds_count{queue="m"}"#), 4.0);
     assert_eq!(get(&s, r#"jobq_job_run_seconds_count{queue="m"}"#), 3.0);
     assert_eq!(get(&s, "jobq_lease_streams"), 0.0);
-    assert!(get(&s, r#"jobq_rpc_duration_seconds_count{method="Enqueue",code="OK"}"#) >= 6.0);
+    assert!(
+        get(
+            &s,
+            r#"jobq_rpc_duration_seconds_count{method="Enqueue",code="OK"}"#
+        ) >= 6.0
+    );
     assert_eq!(
-        get(&s, r#"jobq_rpc_duration_seconds_count{method="Ack",code="OK"}"#),
+        get(
+            &s,
+            r#"jobq_rpc_duration_seconds_count{method="Ack",code="OK"}"#
+        ),
         3.0
     );
     assert!(get(&s, "jobq_commit_duration_seconds_count") >= 1.0);

@@ -6,7 +6,7 @@
 //! - `exit`: errors to exit codes and stderr text (0 ok, 1 failed call,
 //!   2 usage).
 //! - `output`: tables, JSON rendering of jobs, readable enum names.
-//! - one module per subcommand: `serve`, `enqueue`, `get`, `list`, `retry`,
+//! - one module per subcommand: `serve`, `migrate`, `enqueue`, `get`, `list`, `retry`,
 //!   `stats`, `work`.
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 
@@ -15,6 +15,7 @@ mod enqueue;
 mod exit;
 mod get;
 mod list;
+mod migrate;
 mod output;
 mod retry;
 mod serve;

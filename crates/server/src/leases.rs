@@ -364,7 +364,7 @@ impl<S: Store> LeaseHub<S> {
                 if let Some(permit) = permit {
                     match self
                         .store
-                        .take(&take.queues, &take.worker_id, take.lease, SystemTime::now())
+                        .take_streamed(&take.queues, &take.worker_id, take.lease, SystemTime::now())
                         .await
                     {
                         Ok(Some(leased)) => {

@@ -242,14 +242,18 @@ impl Metrics {
                         .and_then(|a| a.ended_at)
                         .and_then(|end| end.duration_since(lease.taken_at).ok())
                         .unwrap_or_default();
-                    self.job_run.get_or_create(&queue).observe(run.as_secs_f64());
+                    self.job_run
+                        .get_or_create(&queue)
+                        .observe(run.as_secs_f64());
                 }
                 Some(Outcome::Failed) => {
                     self.failed_attempts.get_or_create(&queue).inc();
                 }
-                Some(outcome @ (Outcome::LeaseExpired
-                | Outcome::WorkerDisconnected
-                | Outcome::Revoked)) => {
+                Some(
+                    outcome @ (Outcome::LeaseExpired
+                    | Outcome::WorkerDisconnected
+                    | Outcome::Revoked),
+                ) => {
                     let reason = match outcome {
                         Outcome::LeaseExpired => "lease_expired",
                         Outcome::WorkerDisconnected => "worker_disconnected",

@@ -8,7 +8,9 @@ use super::{Web, WebError};
 use crate::store::Store;
 
 /// The scrape.
-pub async fn scrape<S: Store>(State(web): State<Arc<Web<S>>>) -> Result<impl IntoResponse, WebError> {
+pub async fn scrape<S: Store>(
+    State(web): State<Arc<Web<S>>>,
+) -> Result<impl IntoResponse, WebError> {
     let stats = web.store.stats(None, SystemTime::now()).await?;
     let text = web.metrics.render(&stats, (web.streams)())?;
     Ok((

@@ -96,6 +96,10 @@ impl IntoResponse for WebError {
         } else {
             self.0.to_string()
         };
-        (status, layout::page("Error", maud::html! { p.error { (message) } })).into_response()
+        (
+            status,
+            layout::page("Error", maud::html! { p.error { (message) } }),
+        )
+            .into_response()
     }
 }
