@@ -4,6 +4,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod dashboard;
 mod faults;
 mod harness;

@@ -43,6 +43,7 @@ use std::{
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 pub use error::PgError;
+pub use take::DEQUEUE;
 use tokio::task::AbortHandle;
 use tokio_postgres::NoTls;
 
