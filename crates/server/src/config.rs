@@ -29,6 +29,12 @@ pub struct Config {
     #[arg(long, env = "JOBQ_PG_POOL_SIZE", default_value_t = 16)]
     pub pg_pool_size: usize,
 
+    /// With `--store`: most transitions (acks, fails, heartbeats,
+    /// reclaims) committed together in one transaction when they arrive
+    /// at once (group commit); 1 commits each call on its own.
+    #[arg(long, env = "JOBQ_PG_GROUP_COMMIT", default_value_t = 256)]
+    pub pg_group_commit: usize,
+
     /// With `--store`: a server that has not heartbeated for this long is
     /// dead, and the others reclaim its Lease streams' jobs (as worker
     /// disconnected). It heartbeats every fifth of this.

@@ -66,6 +66,7 @@ mod postgres {
             pool_size: 8,
             server_timeout: std::time::Duration::from_secs(5),
             clock: Clock::Caller,
+            group_commit: 1,
         };
         PgStore::connect(&config, options)
             .await

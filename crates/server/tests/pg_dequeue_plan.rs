@@ -29,6 +29,7 @@ async fn store(url: &str) -> PgStore {
         pool_size: WORKERS + 2,
         server_timeout: Duration::from_secs(5),
         clock: Clock::Database,
+        group_commit: 256,
     };
     PgStore::connect(&Config::with_data("unused"), options)
         .await

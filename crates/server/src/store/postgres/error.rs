@@ -15,6 +15,15 @@ pub enum PgError {
     /// The `--store` URL does not parse.
     #[error("invalid --store URL: {0}")]
     Url(String),
+    /// A group-commit transaction that carried this call failed (see
+    /// `batch.rs`): every caller in it gets the cause.
+    #[error("postgres (group commit): {message}")]
+    Shared {
+        /// The failure, as text.
+        message: String,
+        /// Whether a retry may succeed.
+        transient: bool,
+    },
     /// The database holds something this server cannot read (a row that
     /// does not map to a job, a schema newer than this binary).
     #[error("postgres: {0}")]
@@ -29,6 +38,7 @@ impl PgError {
     pub fn transient(&self) -> bool {
         match self {
             PgError::Pool(_) => true,
+            PgError::Shared { transient, .. } => *transient,
             PgError::Db(e) => {
                 if e.is_closed() {
                     return true;

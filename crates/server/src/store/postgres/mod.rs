@@ -19,6 +19,7 @@
 //!   events) and [`cluster`] (server registry, heartbeats, reclaim of a
 //!   dead server's stream leases).
 
+mod batch;
 pub mod cluster;
 mod error;
 mod insert;
@@ -36,7 +37,7 @@ use std::{
     future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Mutex,
+        Arc, Mutex,
     },
     time::{Duration, SystemTime},
 };
@@ -80,6 +81,9 @@ pub struct PgOptions {
     pub server_timeout: Duration,
     /// Whose clock.
     pub clock: Clock,
+    /// Most transitions per group-commit transaction (`--pg-group-commit`);
+    /// 1 commits each call on its own.
+    pub group_commit: usize,
 }
 
 impl PgOptions {
@@ -90,21 +94,40 @@ impl PgOptions {
             pool_size: config.pg_pool_size,
             server_timeout: config.server_timeout,
             clock: Clock::Database,
+            group_commit: config.pg_group_commit,
         }
     }
 }
 
 /// The PostgreSQL backend. See the module docs.
 pub struct Pg {
-    pool: Pool,
+    core: Arc<Core>,
     pg_config: tokio_postgres::Config,
-    /// This server's id in `jobq_servers`, fresh per process.
-    me: String,
-    clock: Clock,
     server_timeout: Duration,
     listener: Mutex<Option<AbortHandle>>,
     remote: std::sync::OnceLock<Remote>,
+    /// Group commit of transitions; `None` with the caller's clock (tests
+    /// replay each caller's own `now`) or `--pg-group-commit 1`.
+    batcher: Option<batch::Batcher>,
+}
+
+/// What every statement needs, shared with the group-commit task.
+pub struct Core {
+    pool: Pool,
+    /// This server's id in `jobq_servers`, fresh per process.
+    me: String,
+    clock: Clock,
     doubles: AtomicU64,
+    batches: AtomicU64,
+    batched: AtomicU64,
+}
+
+impl std::ops::Deref for Pg {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
 }
 
 impl Drop for Pg {
@@ -192,20 +215,43 @@ impl Pg {
             let mut client = pool.get().await.map_err(PgError::from)?;
             schema::migrate(&mut client).await?;
         }
-        let pg = Pg {
+        let core = Arc::new(Core {
             pool,
-            pg_config,
             me: format!("{}-{:08x}", std::process::id(), rand::random::<u32>()),
             clock: options.clock,
+            doubles: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batched: AtomicU64::new(0),
+        });
+        let batcher = (options.clock == Clock::Database && options.group_commit > 1).then(|| {
+            // Half the pool for transitions, the rest for takes, enqueues
+            // and reads.
+            let lanes = (options.pool_size / 2).max(1);
+            batch::Batcher::start(Arc::downgrade(&core), options.group_commit, lanes)
+        });
+        let pg = Pg {
+            core,
+            pg_config,
             server_timeout: options.server_timeout,
             listener: Mutex::new(None),
             remote: std::sync::OnceLock::new(),
-            doubles: AtomicU64::new(0),
+            batcher,
         };
         cluster::heartbeat(&pg).await?;
         Ok(pg)
     }
 
+    /// Group-commit transactions that carried more than one caller, and
+    /// the callers they carried.
+    pub fn group_commits(&self) -> (u64, u64) {
+        (
+            self.batches.load(Ordering::Relaxed),
+            self.batched.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Core {
     /// This server's id in `jobq_servers`.
     pub fn server_id(&self) -> &str {
         &self.me
@@ -214,6 +260,11 @@ impl Pg {
     /// The pool, for tests and tools that inspect the database.
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    fn count_batch(&self, callers: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batched.fetch_add(callers as u64, Ordering::Relaxed);
     }
 
     /// `now` as a statement parameter: `None` lets the database use its
@@ -275,7 +326,10 @@ impl Backend for Pg {
         events: Vec<(JobId, Event)>,
         now: SystemTime,
     ) -> Result<Vec<Result<Change>>> {
-        Ok(self.apply_events(events, now).await?)
+        match &self.batcher {
+            Some(batcher) => Ok(batcher.apply(events, now).await?),
+            None => Ok(self.apply_events(events, now).await?),
+        }
     }
 
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
