@@ -4,6 +4,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod connections;
 mod dashboard;
 mod faults;

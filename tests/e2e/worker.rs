@@ -116,7 +116,7 @@ impl Drop for EmailWorker {
     }
 }
 
-fn emails_for(mailbox: &Path, order: &str) -> usize {
+pub(crate) fn emails_for(mailbox: &Path, order: &str) -> usize {
     std::fs::read_to_string(mailbox)
         .unwrap_or_default()
         .lines()

@@ -172,7 +172,7 @@ impl Args for ServerUrl {
             clap::Arg::new(Self::ID)
                 .long("server")
                 .value_name("URL")
-                .help("Drive this running server (e.g. http://127.0.0.1:50051) instead of spawning one; no memory figures then"),
+                .help("Drive this running server (e.g. http://127.0.0.1:50051) instead of spawning one; no memory figures then. Several servers over one PostgreSQL: URLs separated by commas, connections spread round-robin"),
         )
     }
 

@@ -17,10 +17,13 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Opens `n` connections to `url`.
+    /// Opens `n` connections to `url`; a comma-separated list of URLs
+    /// (several servers over one PostgreSQL) spreads them round-robin.
     pub async fn connect(url: &str, n: usize) -> anyhow::Result<Pool> {
+        let urls: Vec<&str> = url.split(',').map(str::trim).collect();
         let mut clients = Vec::with_capacity(n);
-        for _ in 0..n {
+        for i in 0..n {
+            let url = urls[i % urls.len()];
             let client = Client::connect(url.to_owned())
                 .await
                 .with_context(|| format!("cannot connect to {url}"))?;

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use crate::conn::Conn;
 use crate::logging::LogFormat;
 use crate::output::Out;
-use crate::{enqueue, get, list, retry, serve, stats, token, work};
+use crate::{enqueue, get, list, migrate, retry, serve, stats, token, work};
 
 /// jobq: a durable job queue with a gRPC API.
 ///
@@ -46,9 +46,15 @@ pub struct Cli {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of `Serve` (every server flag) costs
+// nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
-    /// Run the server (sled storage in --data).
+    /// Run the server (sled storage in --data, or PostgreSQL with --store).
     Serve(Box<jobq_server::Config>),
+    /// Apply the PostgreSQL store's schema migrations (servers also do at
+    /// startup).
+    Migrate(migrate::Args),
     /// Add a job (or many, with --batch-file).
     Enqueue(enqueue::Args),
     /// Show one job with its attempt history.
@@ -95,6 +101,7 @@ impl Cli {
         let out = Out { json: self.json };
         match self.command {
             Command::Serve(config) => serve::run(*config).await,
+            Command::Migrate(args) => migrate::run(args).await,
             Command::Work(args) => work::run(&self.conn, args).await,
             Command::Enqueue(args) => enqueue::run(&self.conn.client().await?, out, args).await,
             Command::Get(args) => get::run(&self.conn.client().await?, out, args).await,

@@ -8,7 +8,7 @@
 //!   2 usage).
 //! - `logging`: text or JSON log lines on stderr (`--log-format`).
 //! - `output`: tables, JSON rendering of jobs, readable enum names.
-//! - one module per subcommand: `serve`, `enqueue`, `get`, `list`, `retry`,
+//! - one module per subcommand: `serve`, `migrate`, `enqueue`, `get`, `list`, `retry`,
 //!   `stats`, `work`, `token` (`jobq token new`).
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 //! - `watchdog`: `jobq __watchdog`, which kills `jobq work`'s commands
@@ -21,6 +21,7 @@ mod exit;
 mod get;
 mod list;
 mod logging;
+mod migrate;
 mod output;
 mod retry;
 mod serve;

@@ -19,6 +19,28 @@ pub struct Config {
     #[arg(long, env = "JOBQ_HTTP_LISTEN", default_value = "127.0.0.1:9464", value_parser = parse_http_listen)]
     pub http_listen: HttpListen,
 
+    /// Where jobs live: a PostgreSQL URL (`postgres://user:pass@host/db`)
+    /// shared by any number of servers. Unset: the embedded sled database
+    /// in `--data`.
+    #[arg(long, env = "JOBQ_STORE")]
+    pub store: Option<String>,
+
+    /// Most connections to PostgreSQL per server (with `--store`).
+    #[arg(long, env = "JOBQ_PG_POOL_SIZE", default_value_t = 16)]
+    pub pg_pool_size: usize,
+
+    /// With `--store`: most transitions (acks, fails, heartbeats,
+    /// reclaims) committed together in one transaction when they arrive
+    /// at once (group commit); 1 commits each call on its own.
+    #[arg(long, env = "JOBQ_PG_GROUP_COMMIT", default_value_t = 256)]
+    pub pg_group_commit: usize,
+
+    /// With `--store`: a server that has not heartbeated for this long is
+    /// dead, and the others reclaim its Lease streams' jobs (as worker
+    /// disconnected). It heartbeats every fifth of this.
+    #[arg(long, env = "JOBQ_SERVER_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub server_timeout: Duration,
+
     /// Folder holding the sled database (created if missing).
     #[arg(long, env = "JOBQ_DATA", default_value = "./jobq-data")]
     pub data: PathBuf,

@@ -46,6 +46,16 @@ pub enum Error {
     /// tokens, and was not told `--insecure`.
     #[error("{0}")]
     Exposed(String),
+    /// A shared database (the PostgreSQL store) failed in a way worth
+    /// retrying: the connection broke, the pool is exhausted, or the
+    /// transaction lost a race. Nothing was changed: a database transaction
+    /// either commits or not, so no fail-stop either.
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// A shared database refused a statement for good (a bug, or a schema
+    /// it does not know). Nothing was changed, so no fail-stop.
+    #[error("database failure: {0}")]
+    Database(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// Binding, opening files, or the transport failed.
     #[error("{0}")]
     Io(String),
@@ -74,10 +84,14 @@ impl Error {
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Unauthenticated(_) => Code::Unauthenticated,
             Error::PermissionDenied(_) => Code::PermissionDenied,
-            Error::ShuttingDown | Error::FailStopped(_) => Code::Unavailable,
-            Error::Storage(_) | Error::Corrupt(_) | Error::Io(_) | Error::Exposed(_) => {
-                Code::Internal
+            Error::ShuttingDown | Error::FailStopped(_) | Error::Unavailable(_) => {
+                Code::Unavailable
             }
+            Error::Storage(_)
+            | Error::Database(_)
+            | Error::Corrupt(_)
+            | Error::Io(_)
+            | Error::Exposed(_) => Code::Internal,
         }
     }
 }
@@ -85,6 +99,11 @@ impl Error {
 impl From<Error> for Status {
     fn from(err: Error) -> Status {
         let code = err.code();
+        if let Error::Unavailable(_) = err {
+            // The cause (a host name, a SQLSTATE) is for the operator.
+            tracing::warn!(cause = %err, "database unavailable");
+            return Status::unavailable("the database is unavailable; retry");
+        }
         if code == Code::Internal {
             // Storage details are for the operator's log, not for clients.
             tracing::error!(cause = %err, "internal error");

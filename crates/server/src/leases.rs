@@ -364,7 +364,7 @@ impl<S: Store> LeaseHub<S> {
                 if let Some(permit) = permit {
                     match self
                         .store
-                        .take(
+                        .take_streamed(
                             &take.queues,
                             &take.worker_id,
                             take.owner.as_deref(),

@@ -26,9 +26,19 @@ pub async fn run<S: Store>(
     config: Arc<Config>,
     shutdown: CancellationToken,
 ) {
+    let cluster = store.shared().then(|| {
+        tokio::spawn(cluster_loop(
+            Arc::clone(&store),
+            config.server_timeout,
+            shutdown.clone(),
+        ))
+    });
     let purger = tokio::spawn(purge_loop(Arc::clone(&store), config, shutdown.clone()));
     reclaim_loop(&*store, &hub, &shutdown).await;
     let _ = purger.await;
+    if let Some(cluster) = cluster {
+        let _ = cluster.await;
+    }
 }
 
 /// Reclaims expired leases on time, sleeping until the nearest deadline
@@ -65,6 +75,34 @@ async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &Cancell
             _ = shutdown.cancelled() => return,
             _ = lease_changes.changed() => {}
             () = sleep_until_opt(wake) => {}
+        }
+    }
+}
+
+/// With a store shared by several servers: heartbeats every fifth of
+/// `--server-timeout`, and reclaims the stream leases of servers that
+/// stopped heartbeating (as worker disconnected). Each tick also re-arms
+/// the reaper, since leases taken by other servers do not.
+async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: CancellationToken) {
+    let every = (timeout / 5).max(Duration::from_millis(50));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(err) = store.heartbeat().await {
+            warn!(cause = %err, "server heartbeat failed; retrying");
+            continue;
+        }
+        match store.reclaim_orphaned(SystemTime::now()).await {
+            Ok(reclaimed) => {
+                for (job, lease) in reclaimed {
+                    info!(job.id = %job.id, lease.id = %lease, attempts = job.attempts, status = %job.status, "reclaimed: its server stopped heartbeating (worker disconnected)");
+                }
+            }
+            Err(err) => warn!(cause = %err, "reclaiming a dead server's leases failed; retrying"),
         }
     }
 }

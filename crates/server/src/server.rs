@@ -22,7 +22,11 @@ use crate::{
     reaper,
     rpc_timing::RpcTiming,
     service::JobQueueService,
-    store::{sled::SledStore, Fact, Store},
+    store::{
+        postgres::{self, PgOptions, PgStore},
+        sled::SledStore,
+        Fact, Store,
+    },
     web::{self, Web},
 };
 
@@ -60,12 +64,14 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let config = Arc::new(config);
-    let tls = crate::tls::server_config(&config)?;
-    let auth = match &config.auth_tokens {
-        Some(path) => Auth::from_file(path).map_err(|e| Error::Io(e.to_string()))?,
-        None => Auth::off(),
-    };
-    let data = config.data.clone();
+    if let Some(url) = config.store.clone() {
+        let options = PgOptions::of(&config, &url);
+        let store = Arc::new(PgStore::connect(&config, options).await?);
+        info!(store = %postgres::redact(&url), server.id = store.backend().server_id(), "PostgreSQL store: migrated and registered");
+        let label = postgres::redact(&url);
+        return serve_store(config, listener, shutdown, store, None, label).await;
+    }
+    let label = config.data.display().to_string();
     let opened = {
         let config = Arc::clone(&config);
         tokio::task::spawn_blocking(move || SledStore::open(&config))
@@ -73,14 +79,6 @@ pub async fn serve(
             .map_err(|e| Error::Io(format!("opening the store panicked: {e}")))?
     };
     let store = Arc::new(opened?);
-    // A restart is not a worker death: leases that ran out while the
-    // server was down get a grace in which their workers can come back.
-    let graced = store
-        .restart_grace(config.restart_grace, SystemTime::now())
-        .await?;
-    if graced > 0 {
-        info!(leases = graced, grace = ?config.restart_grace, "leases held over the restart get a grace to be heartbeated or acked");
-    }
     // Fail-stop: once the store cannot make a change durable, stop serving
     // at once (health, streams, every call) and exit non-zero.
     let engine = tokio::spawn({
@@ -92,6 +90,32 @@ pub async fn serve(
             }
         }
     });
+    serve_store(config, listener, shutdown, store, Some(engine), label).await
+}
+
+/// Serves over an opened store: everything above the [`Store`] seam, the
+/// same for every backend. `engine` watches a backend's own failures.
+async fn serve_store<S: Store + CommitHook>(
+    config: Arc<Config>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    store: Arc<S>,
+    engine: Option<tokio::task::JoinHandle<()>>,
+    data: String,
+) -> Result<()> {
+    let tls = crate::tls::server_config(&config)?;
+    let auth = match &config.auth_tokens {
+        Some(path) => Auth::from_file(path).map_err(|e| Error::Io(e.to_string()))?,
+        None => Auth::off(),
+    };
+    // A restart is not a worker death: leases that ran out while the
+    // server was down get a grace in which their workers can come back.
+    let graced = store
+        .restart_grace(config.restart_grace, SystemTime::now())
+        .await?;
+    if graced > 0 {
+        info!(leases = graced, grace = ?config.restart_grace, "leases held over the restart get a grace to be heartbeated or acked");
+    }
     let fail_stop = tokio::spawn({
         let (stopped, shutdown) = (store.fail_stopped(), shutdown.clone());
         async move {
@@ -110,8 +134,7 @@ pub async fn serve(
             counted.observe(fact);
             rated.observe(fact);
         }));
-        let timed = Arc::clone(&metrics);
-        store.on_commit(Arc::new(move |took, batch| timed.commit(took, batch)));
+        store.commit_hook(&metrics);
     }
     let http = match config.http_listen.0 {
         Some(addr) => {
@@ -234,7 +257,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, signal);
-    info!(%addr, data = %data.display(), tls = config.tls_cert.is_some(), mtls = config.tls_client_ca.is_some(), tokens = auth_on, "jobq serving");
+    info!(%addr, %data, tls = config.tls_cert.is_some(), mtls = config.tls_client_ca.is_some(), tokens = auth_on, "jobq serving");
 
     let drain_deadline = async {
         shutdown.cancelled().await;
@@ -251,7 +274,9 @@ pub async fn serve(
     shutdown.cancel();
     let _ = reaper.await;
     let _ = reload.await;
-    let _ = engine.await;
+    if let Some(engine) = engine {
+        let _ = engine.await;
+    }
     let _ = fail_stop.await;
     let _ = sampler.await;
     if let Some(http) = http {
@@ -264,6 +289,9 @@ pub async fn serve(
     if let Some(cause) = store.fail_cause() {
         error!(%cause, "jobq stopped after a storage failure (fail-stop); restart it to recover from what is on disk");
         return Err(Error::FailStopped(cause.into()));
+    }
+    if let Err(err) = store.leave().await {
+        warn!(cause = %err, "could not leave the server registry; the others will reclaim this server's stream leases after --server-timeout");
     }
     store.flush().await?;
     info!("jobq stopped; data flushed");
@@ -297,4 +325,22 @@ async fn reload_on_sighup(auth: Auth, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
         }
     }
+}
+
+/// Commit timing for the metrics, where a backend has group-commit rounds
+/// of its own (sled's flusher).
+pub trait CommitHook {
+    /// Tells `metrics` about every commit round.
+    fn commit_hook(&self, metrics: &Arc<Metrics>);
+}
+
+impl CommitHook for SledStore {
+    fn commit_hook(&self, metrics: &Arc<Metrics>) {
+        let timed = Arc::clone(metrics);
+        self.on_commit(Arc::new(move |took, batch| timed.commit(took, batch)));
+    }
+}
+
+impl CommitHook for PgStore {
+    fn commit_hook(&self, _metrics: &Arc<Metrics>) {}
 }

@@ -5,7 +5,7 @@
 
 use std::{future::Future, time::SystemTime};
 
-use super::{rules::Retention, Enqueued, ListFilter, Page, QueueStats};
+use super::{events::Remote, rules::Retention, Enqueued, ListFilter, Page, QueueStats};
 use crate::{
     error::Result,
     job::{Job, JobId, LeaseId, NewJob},
@@ -39,11 +39,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Finds the first due job of the first queue that has one and applies
     /// `take` (an [`Event::Take`]) to it, atomically: two callers never
-    /// take the same job.
+    /// take the same job. `streamed`: the lease goes to a Lease stream of
+    /// this server, so a shared backend records the server as its holder
+    /// (see [`Backend::orphaned`]).
     fn take(
         &self,
         queues: &[String],
         take: Event,
+        streamed: bool,
         now: SystemTime,
     ) -> impl Future<Output = Result<Option<Change>>> + Send;
 
@@ -105,4 +108,40 @@ pub trait Backend: Send + Sync + 'static {
     /// Asks for the writes made so far to become durable soon, without
     /// waiting (a take's lease).
     fn request_durable(&self);
+
+    /// Whether other servers share this engine (PostgreSQL). A shared
+    /// engine keeps running while one server restarts, so a restart grants
+    /// no lease grace, and it tells [`Remote`] about the others' changes.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Called once by [`super::Jobs::new`]: where a shared engine passes on
+    /// other servers' events.
+    fn attach(&self, remote: Remote) {
+        let _ = remote;
+    }
+
+    /// Keeps this server registered as alive (a shared engine's heartbeat).
+    fn heartbeat(&self) -> impl Future<Output = Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// Stream leases whose server stopped heartbeating: their streams are
+    /// gone with it, so they are reclaimed as worker disconnected.
+    fn orphaned(&self) -> impl Future<Output = Result<Vec<(JobId, LeaseId)>>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
+
+    /// This server stops (gracefully): its stream leases become plain
+    /// leases that only expire, and it leaves the registry.
+    fn leave(&self) -> impl Future<Output = Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// A refused reclaim of a lease that another server had reclaimed
+    /// first (harmless: fencing refused it); counted by shared engines.
+    fn fenced_reclaims(&self) -> u64 {
+        0
+    }
 }

@@ -14,7 +14,7 @@
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
-    Arc, RwLock,
+    Arc, RwLock, Weak,
 };
 
 use tokio::sync::watch;
@@ -83,6 +83,49 @@ pub type Observer = Arc<dyn Fn(&Fact<'_>) + Send + Sync>;
 /// A subscriber to lease-ended events. It runs inside the store's call, so
 /// it must be quick and must not block (send on a channel, update a map).
 pub type Listener = Arc<dyn Fn(&LeaseEnded) + Send + Sync>;
+
+/// What a backend shared by several servers (PostgreSQL) passes on from
+/// the others: their lease-ended events and wake-ups arrive here, and are
+/// published to this server's listeners as if the change had been made
+/// locally. Holds the signals weakly: a backend task outliving its store
+/// publishes nothing.
+#[derive(Clone)]
+pub struct Remote {
+    signals: Weak<Signals>,
+}
+
+impl Remote {
+    pub(crate) fn new(signals: &Arc<Signals>) -> Remote {
+        Remote {
+            signals: Arc::downgrade(signals),
+        }
+    }
+
+    /// Another server ended a lease (its change is committed).
+    pub fn lease_ended(&self, ended: &LeaseEnded) {
+        if let Some(signals) = self.signals.upgrade() {
+            signals.lease_ended(std::slice::from_ref(ended));
+        }
+    }
+
+    /// Another server made a job due, or may have (committed): waiters
+    /// re-check.
+    pub fn due(&self) {
+        if let Some(signals) = self.signals.upgrade() {
+            signals.bump_changes();
+        }
+    }
+
+    /// A lease may now expire sooner than the reaper's timer (another
+    /// server took it): the reaper re-arms.
+    pub fn rearm(&self) {
+        if let Some(signals) = self.signals.upgrade() {
+            signals
+                .lease_changes
+                .send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
 
 /// The store's outgoing signals.
 pub(crate) struct Signals {

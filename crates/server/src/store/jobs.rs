@@ -12,7 +12,7 @@ use tracing::error;
 
 use super::{
     backend::{Backend, Change},
-    events::{Fact, LeaseEnded, Listener, Observer, Signals},
+    events::{Fact, LeaseEnded, Listener, Observer, Remote, Signals},
     rules::{self, Retention},
     Enqueued, Extended, FailReport, ListFilter, Page, QueueStats, Store,
 };
@@ -61,12 +61,90 @@ pub struct Jobs<B> {
 impl<B: Backend> Jobs<B> {
     /// The store over `backend`, failing jobs back off by `backoff`.
     pub fn new(backend: B, backoff: Backoff) -> Jobs<B> {
+        let signals = Arc::new(Signals::default());
+        backend.attach(Remote::new(&signals));
         Jobs {
             backend: Arc::new(backend),
             backoff,
-            signals: Arc::new(Signals::default()),
+            signals,
             stop: Arc::new(Stop::default()),
         }
+    }
+
+    /// Takes a due job; `streamed` as in [`Backend::take`].
+    async fn take_as(
+        &self,
+        queues: &[String],
+        worker_id: &str,
+        owner: Option<&str>,
+        lease: Duration,
+        streamed: bool,
+        now: SystemTime,
+    ) -> Result<Option<Leased>> {
+        self.check()?;
+        rules::later(now, lease, "lease")?;
+        let event = Event::Take {
+            lease_id: rules::fresh_lease_id(),
+            worker_id: worker_id.to_owned(),
+            owner: owner.map(str::to_owned),
+            lease,
+        };
+        let Some(change) = self.written(self.backend.take(queues, event, streamed, now).await)?
+        else {
+            return Ok(None);
+        };
+        self.signals.facts(std::iter::once(Fact::Changed {
+            old: &change.old,
+            new: &change.new,
+        }));
+        if let Some(expires) = change.new.lease_expires_at() {
+            self.signals.lease_expires(rules::epoch_ms(expires));
+        }
+        // The lease reaches the disk with the round asked for here (about
+        // one fsync later), but the job is handed out without waiting for
+        // it. A crash in that window only loses the take: the job is
+        // PENDING again after the restart and is delivered again, which
+        // at-least-once allows, and the first holder's ack is refused as
+        // stale. Every ack waits for a round that covers its take, so a
+        // DONE job never comes back. Not waiting halves the cost of every
+        // delivery.
+        self.backend.request_durable();
+        let id = change.new.id;
+        Leased::of(change.new)
+            .map(Some)
+            .ok_or_else(|| Error::Corrupt(format!("job {id} was taken without a lease")))
+    }
+
+    /// Reclaims leases as "worker disconnected", ignoring those that ended
+    /// meanwhile; returns what it reclaimed.
+    async fn reclaim_all(
+        &self,
+        leases: Vec<(JobId, LeaseId)>,
+        now: SystemTime,
+    ) -> Result<Vec<(Job, LeaseId)>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let events = leases
+            .into_iter()
+            .map(|(id, lease_id)| {
+                let outcome = Outcome::WorkerDisconnected;
+                (id, Event::Reclaim { lease_id, outcome })
+            })
+            .collect();
+        let results = self.written(self.backend.apply(events, now).await)?;
+        let changed: Vec<Change> = results.into_iter().filter_map(Result::ok).collect();
+        self.commit(&changed, false).await?;
+        Ok(changed
+            .into_iter()
+            .filter_map(|c| c.old.lease_id().map(|lease| (c.new, lease)))
+            .collect())
+    }
+
+    /// How many reclaims were refused because another server had reclaimed
+    /// the lease first (see [`Backend::fenced_reclaims`]).
+    pub fn fenced_reclaims(&self) -> u64 {
+        self.backend.fenced_reclaims()
     }
 
     /// The engine underneath.
@@ -214,35 +292,20 @@ impl<B: Backend> Store for Jobs<B> {
         lease: Duration,
         now: SystemTime,
     ) -> Result<Option<Leased>> {
-        self.check()?;
-        let expires = rules::later(now, lease, "lease")?;
-        let event = Event::Take {
-            lease_id: rules::fresh_lease_id(),
-            worker_id: worker_id.to_owned(),
-            owner: owner.map(str::to_owned),
-            lease,
-        };
-        let Some(change) = self.written(self.backend.take(queues, event, now).await)? else {
-            return Ok(None);
-        };
-        self.signals.facts(std::iter::once(Fact::Changed {
-            old: &change.old,
-            new: &change.new,
-        }));
-        self.signals.lease_expires(rules::epoch_ms(expires));
-        // The lease reaches the disk with the round asked for here (about
-        // one fsync later), but the job is handed out without waiting for
-        // it. A crash in that window only loses the take: the job is
-        // PENDING again after the restart and is delivered again, which
-        // at-least-once allows, and the first holder's ack is refused as
-        // stale. Every ack waits for a round that covers its take, so a
-        // DONE job never comes back. Not waiting halves the cost of every
-        // delivery.
-        self.backend.request_durable();
-        let id = change.new.id;
-        Leased::of(change.new)
-            .map(Some)
-            .ok_or_else(|| Error::Corrupt(format!("job {id} was taken without a lease")))
+        self.take_as(queues, worker_id, owner, lease, false, now)
+            .await
+    }
+
+    async fn take_streamed(
+        &self,
+        queues: &[String],
+        worker_id: &str,
+        owner: Option<&str>,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<Option<Leased>> {
+        self.take_as(queues, worker_id, owner, lease, true, now)
+            .await
     }
 
     async fn ack(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> Result<Job> {
@@ -374,6 +437,11 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn restart_grace(&self, grace: Option<Duration>, now: SystemTime) -> Result<usize> {
         self.check()?;
+        if self.backend.shared() {
+            // The other servers kept running (and reaping): this server's
+            // restart paused no lease.
+            return Ok(0);
+        }
         if let Some(d) = grace {
             rules::later(now, d, "restart grace")?;
         }
@@ -422,6 +490,25 @@ impl<B: Backend> Store for Jobs<B> {
             self.commit(&[], false).await?;
         }
         Ok(purged)
+    }
+
+    async fn heartbeat(&self) -> Result<()> {
+        self.check()?;
+        self.backend.heartbeat().await
+    }
+
+    async fn reclaim_orphaned(&self, now: SystemTime) -> Result<Vec<(Job, LeaseId)>> {
+        self.check()?;
+        let orphaned = self.backend.orphaned().await?;
+        self.reclaim_all(orphaned, now).await
+    }
+
+    async fn leave(&self) -> Result<()> {
+        self.backend.leave().await
+    }
+
+    fn shared(&self) -> bool {
+        self.backend.shared()
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {

@@ -15,6 +15,7 @@
 mod backend;
 pub mod events;
 mod jobs;
+pub mod postgres;
 pub mod rules;
 pub mod sled;
 
@@ -24,7 +25,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use backend::{Backend, Change};
-pub use events::{Fact, LeaseEnded, Listener, Observer};
+pub use events::{Fact, LeaseEnded, Listener, Observer, Remote};
 pub use jobs::Jobs;
 
 use crate::{
@@ -156,6 +157,18 @@ pub trait Store: Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Option<Leased>>> + Send;
 
+    /// Like [`Store::take`], for a Lease stream of this server: the lease
+    /// belongs to the stream, so if this server dies, the servers that
+    /// share its store reclaim it (see [`Store::reclaim_orphaned`]).
+    fn take_streamed(
+        &self,
+        queues: &[String],
+        worker_id: &str,
+        owner: Option<&str>,
+        lease: Duration,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Option<Leased>>> + Send;
+
     /// RUNNING -> DONE for the lease holder. Durable on return.
     fn ack(
         &self,
@@ -231,6 +244,25 @@ pub trait Store: Send + Sync + 'static {
         done_before: SystemTime,
         failed_before: SystemTime,
     ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Keeps this server registered as alive, for a store shared by
+    /// several servers; nothing otherwise.
+    fn heartbeat(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Reclaims, as worker disconnected, the stream leases of servers that
+    /// stopped heartbeating (a shared store; nothing otherwise). Returns
+    /// each reclaimed job with the lease it lost. Durable on return.
+    fn reclaim_orphaned(
+        &self,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<(Job, LeaseId)>>> + Send;
+
+    /// This server stops gracefully: its stream leases stay valid until
+    /// they expire, and it leaves the registry of a shared store.
+    fn leave(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Whether other servers share this store.
+    fn shared(&self) -> bool;
 
     /// One job.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;

@@ -403,6 +403,7 @@ impl Backend for Sled {
         &self,
         queues: &[String],
         take: Event,
+        _streamed: bool,
         now: SystemTime,
     ) -> Result<Option<Change>> {
         self.take_locked(queues, take, now)

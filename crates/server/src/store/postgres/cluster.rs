@@ -1,0 +1,86 @@
+//! The servers sharing one database: each registers in `jobq_servers` and
+//! heartbeats there. The leases that a server's Lease streams hold carry
+//! its id (`jobq_jobs.lease_server`); when a server stops heartbeating for
+//! `--server-timeout` (it was killed, or cut off from the database), its
+//! streams are gone with it, and every other server reclaims those leases
+//! as worker disconnected, as the dead server would have done when the
+//! streams ended. Several servers may try the same reclaim: the row lock
+//! and the lease id fence it, and the refused ones are counted
+//! ([`super::Pg`]'s `fenced_reclaims`).
+//!
+//! A server that shuts down gracefully keeps its streams' leases valid
+//! (a shutdown is no worker death): it clears their server id, so they
+//! only expire, and leaves the registry.
+
+use tokio_postgres::types::ToSql;
+
+use super::{error::PgError, row, Pg};
+use crate::job::{JobId, LeaseId};
+
+/// Most orphaned leases reclaimed per pass.
+const ORPHAN_LIMIT: i64 = 1000;
+
+/// Registered servers silent for this many timeouts are removed.
+const FORGET_AFTER_TIMEOUTS: f64 = 10.0;
+
+/// Registers this server (again, if it was forgotten) and records that it
+/// is alive; forgets servers long dead.
+pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
+    let client = pg.client().await?;
+    let beat = client
+        .prepare_cached(
+            "INSERT INTO jobq_servers (id) VALUES ($1) \
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()",
+        )
+        .await?;
+    let forget = client
+        .prepare_cached(
+            "DELETE FROM jobq_servers WHERE heartbeat_at < now() - make_interval(secs => $1)",
+        )
+        .await?;
+    let long_dead = pg.server_timeout.as_secs_f64() * FORGET_AFTER_TIMEOUTS;
+    let (me, dead): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) = ([&pg.me], [&long_dead]);
+    futures::try_join!(client.execute(&beat, &me), client.execute(&forget, &dead))?;
+    Ok(())
+}
+
+/// Stream leases of servers not heard from within `--server-timeout`.
+pub async fn orphaned(pg: &Pg) -> Result<Vec<(JobId, LeaseId)>, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT j.id, j.lease_id FROM jobq_jobs j \
+             WHERE j.lease_server IS NOT NULL AND j.status = 'running' AND j.lease_server <> $1 \
+             AND NOT EXISTS (SELECT 1 FROM jobq_servers s WHERE s.id = j.lease_server \
+                             AND s.heartbeat_at > now() - make_interval(secs => $2)) \
+             LIMIT $3",
+        )
+        .await?;
+    let timeout = pg.server_timeout.as_secs_f64();
+    let rows = client
+        .query(&stmt, &[&pg.me, &timeout, &ORPHAN_LIMIT])
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let id: i64 = r.try_get(0)?;
+            let lease: i64 = r.try_get(1)?;
+            Ok((JobId(row::from_db(id)), LeaseId(row::from_db(lease))))
+        })
+        .collect()
+}
+
+/// A graceful stop: this server's stream leases become plain leases, and
+/// it leaves the registry.
+pub async fn leave(pg: &Pg) -> Result<(), PgError> {
+    let mut client = pg.client().await?;
+    let tx = client.transaction().await?;
+    tx.execute(
+        "UPDATE jobq_jobs SET lease_server = NULL WHERE lease_server = $1",
+        &[&pg.me],
+    )
+    .await?;
+    tx.execute("DELETE FROM jobq_servers WHERE id = $1", &[&pg.me])
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}

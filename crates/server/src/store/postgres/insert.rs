@@ -1,0 +1,94 @@
+//! Enqueue: ids from the `jobq_job_ids` sequence, keys held once per queue
+//! by the partial unique index `jobq_jobs_key`. An insert that meets a
+//! retained job with its key (`ON CONFLICT DO NOTHING`, which waits for a
+//! concurrent inserter of the same key to commit or roll back) returns
+//! that job instead: concurrent enqueues of one key through any number of
+//! servers make one job.
+
+use std::time::SystemTime;
+
+use futures::future::try_join_all;
+
+use super::{
+    error::PgError,
+    listen,
+    row::{self, JobRow, COLUMNS},
+    write, Pg,
+};
+use crate::{
+    job::{JobId, NewJob},
+    machine,
+    store::Enqueued,
+};
+
+/// Adds the jobs of a batch whose keys are distinct, as
+/// [`crate::store::Backend::insert`].
+pub async fn insert(
+    pg: &Pg,
+    batch: Vec<NewJob>,
+    now: SystemTime,
+) -> Result<Vec<Enqueued>, PgError> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut client = pg.client().await?;
+    let tx = client.transaction().await?;
+    let n = i64::try_from(batch.len()).unwrap_or(i64::MAX);
+    let ids_stmt = tx
+        .prepare_cached(
+            "SELECT coalesce($1::timestamptz, now()), \
+             array(SELECT nextval('jobq_job_ids') FROM generate_series(1, $2::bigint))",
+        )
+        .await?;
+    let head = tx.query_one(&ids_stmt, &[&pg.now_param(now), &n]).await?;
+    let now: SystemTime = head.try_get(0)?;
+    let ids: Vec<i64> = head.try_get(1)?;
+    let jobs: Vec<_> = batch
+        .into_iter()
+        .zip(ids)
+        .map(|(new, id)| row::stored(machine::create(JobId(row::from_db(id)), new, now)))
+        .collect();
+    let insert = tx
+        .prepare_cached(&format!(
+            "INSERT INTO jobq_jobs ({COLUMNS}) VALUES \
+             ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+             ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING"
+        ))
+        .await?;
+    let rows: Vec<JobRow> = jobs.iter().map(JobRow::of).collect();
+    let inserted = try_join_all(rows.iter().map(|r| {
+        let params = r.params();
+        let insert = &insert;
+        let tx = &tx;
+        async move { tx.execute(insert, &params).await }
+    }))
+    .await?;
+    let existing_stmt = tx
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS}, lease_server FROM jobq_jobs WHERE queue = $1 AND key = $2"
+        ))
+        .await?;
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut queues: Vec<String> = Vec::new();
+    for (job, count) in jobs.into_iter().zip(inserted) {
+        if count == 1 {
+            if !queues.contains(&job.queue) {
+                queues.push(job.queue.clone());
+            }
+            out.push(Enqueued { job, created: true });
+            continue;
+        }
+        let rows = tx.query(&existing_stmt, &[&job.queue, &job.key]).await?;
+        let existing = write::with_history(&tx, rows).await?.pop().ok_or_else(|| {
+            PgError::Schema(format!("key {:?} conflicted but has no job", job.key))
+        })?;
+        out.push(Enqueued {
+            job: existing.job,
+            created: false,
+        });
+    }
+    let channels = vec![listen::DUE; queues.len()];
+    write::notify(&tx, &channels, &queues).await?;
+    tx.commit().await?;
+    Ok(out)
+}

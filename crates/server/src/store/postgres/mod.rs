@@ -1,0 +1,405 @@
+//! The PostgreSQL backend: many stateless jobq servers over one database.
+//!
+//! - Rows: `jobq_jobs` (one per job, mapped in [`row`]), `jobq_attempts`
+//!   (the history), `jobq_servers` (live servers); created by the embedded
+//!   migrations in [`schema`], applied at startup under an advisory lock.
+//! - Changes: [`write`] loads the rows `FOR UPDATE`, applies
+//!   [`crate::machine::apply`], and writes them fenced on the lease they
+//!   were loaded with, in one transaction that commits durably
+//!   (`synchronous_commit` as the database has it, on by default). Takes
+//!   commit with `synchronous_commit = off`, as sled's takes do not wait
+//!   for their fsync: a lost take is a redelivery, and the ack that follows
+//!   waits for a flush that covers it.
+//! - Dequeue ([`take`]): `FOR UPDATE SKIP LOCKED` over the partial index of
+//!   PENDING jobs.
+//! - Time: `now` is the database's (`now()`, the transaction's start),
+//!   read in the same round trip as the rows, so every server's leases run
+//!   on one clock. [`Clock::Caller`] (tests only) uses the caller's `now`.
+//! - Coordination: [`listen`] (LISTEN/NOTIFY for wake-ups and lease-ended
+//!   events) and [`cluster`] (server registry, heartbeats, reclaim of a
+//!   dead server's stream leases).
+
+mod batch;
+pub mod cluster;
+mod error;
+mod insert;
+pub mod listen;
+mod purge;
+mod queries;
+mod row;
+pub mod schema;
+mod take;
+pub mod testing;
+mod write;
+
+use std::{
+    collections::BTreeSet,
+    future::Future,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, SystemTime},
+};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+pub use error::PgError;
+pub use take::DEQUEUE;
+use tokio::task::AbortHandle;
+use tokio_postgres::NoTls;
+
+use super::{
+    rules::Retention, Backend, Change, Enqueued, Jobs, ListFilter, Page, QueueStats, Remote,
+};
+use crate::{
+    config::Config,
+    error::Result,
+    job::{JobId, LeaseId, NewJob},
+    machine::Event,
+};
+
+/// The store over PostgreSQL: [`Jobs`] over [`Pg`].
+pub type PgStore = Jobs<Pg>;
+
+/// Whose clock a change uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clock {
+    /// The database's `now()`: one clock for every server. The default.
+    Database,
+    /// The `now` the caller passes: for tests that replay time.
+    Caller,
+}
+
+/// How to reach and use the database.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// `postgres://user:pass@host:port/db`.
+    pub url: String,
+    /// Most pooled connections (`--pg-pool-size`).
+    pub pool_size: usize,
+    /// A server silent this long is dead (`--server-timeout`).
+    pub server_timeout: Duration,
+    /// Whose clock.
+    pub clock: Clock,
+    /// Most transitions per group-commit transaction (`--pg-group-commit`);
+    /// 1 commits each call on its own.
+    pub group_commit: usize,
+}
+
+impl PgOptions {
+    /// The options of `config` (whose `store` is the URL), database clock.
+    pub fn of(config: &Config, url: &str) -> PgOptions {
+        PgOptions {
+            url: url.to_owned(),
+            pool_size: config.pg_pool_size,
+            server_timeout: config.server_timeout,
+            clock: Clock::Database,
+            group_commit: config.pg_group_commit,
+        }
+    }
+}
+
+/// The PostgreSQL backend. See the module docs.
+pub struct Pg {
+    core: Arc<Core>,
+    pg_config: tokio_postgres::Config,
+    server_timeout: Duration,
+    listener: Mutex<Option<AbortHandle>>,
+    remote: std::sync::OnceLock<Remote>,
+    /// Group commit of transitions; `None` with the caller's clock (tests
+    /// replay each caller's own `now`) or `--pg-group-commit 1`.
+    batcher: Option<batch::Batcher>,
+}
+
+/// What every statement needs, shared with the group-commit task.
+pub struct Core {
+    pool: Pool,
+    /// This server's id in `jobq_servers`, fresh per process.
+    me: String,
+    clock: Clock,
+    doubles: AtomicU64,
+    batches: AtomicU64,
+    batched: AtomicU64,
+}
+
+impl std::ops::Deref for Pg {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        if let Some(listener) = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            listener.abort();
+        }
+    }
+}
+
+/// Parses a `--store` URL.
+///
+/// # Errors
+/// [`PgError::Url`] when it does not parse.
+pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, PgError> {
+    url.parse::<tokio_postgres::Config>()
+        .map_err(|e| PgError::Url(e.to_string()))
+}
+
+/// The URL without its password, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Applies the embedded migrations (`jobq migrate`); returns the versions
+/// applied.
+///
+/// # Errors
+/// When the database cannot be reached or a migration fails.
+pub async fn migrate(url: &str) -> Result<Vec<i32>> {
+    let config = parse_url(url)?;
+    let (mut client, connection) = config.connect(NoTls).await.map_err(PgError::from)?;
+    let driver = tokio::spawn(connection);
+    let applied = schema::migrate(&mut client).await;
+    drop(client);
+    let _ = driver.await;
+    Ok(applied?)
+}
+
+impl Jobs<Pg> {
+    /// Connects, migrates, registers this server, and returns the store.
+    ///
+    /// # Errors
+    /// See [`Pg::connect`].
+    pub async fn connect(config: &Config, options: PgOptions) -> Result<PgStore> {
+        Ok(Jobs::new(Pg::connect(options).await?, config.backoff()))
+    }
+}
+
+impl Pg {
+    /// Builds the pool, applies the migrations, and registers this server.
+    ///
+    /// # Errors
+    /// When the URL is malformed, the database cannot be reached, or a
+    /// migration fails.
+    pub async fn connect(options: PgOptions) -> Result<Pg> {
+        let pg_config = parse_url(&options.url)?;
+        let manager = Manager::from_config(
+            pg_config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(2))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .build()
+            .map_err(PgError::from)?;
+        {
+            let mut client = pool.get().await.map_err(PgError::from)?;
+            schema::migrate(&mut client).await?;
+        }
+        let core = Arc::new(Core {
+            pool,
+            me: format!("{}-{:08x}", std::process::id(), rand::random::<u32>()),
+            clock: options.clock,
+            doubles: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batched: AtomicU64::new(0),
+        });
+        let batcher = (options.clock == Clock::Database && options.group_commit > 1).then(|| {
+            // Half the pool for transitions, the rest for takes, enqueues
+            // and reads.
+            let lanes = (options.pool_size / 2).max(1);
+            batch::Batcher::start(Arc::downgrade(&core), options.group_commit, lanes)
+        });
+        let pg = Pg {
+            core,
+            pg_config,
+            server_timeout: options.server_timeout,
+            listener: Mutex::new(None),
+            remote: std::sync::OnceLock::new(),
+            batcher,
+        };
+        cluster::heartbeat(&pg).await?;
+        Ok(pg)
+    }
+
+    /// Group-commit transactions that carried more than one caller, and
+    /// the callers they carried.
+    pub fn group_commits(&self) -> (u64, u64) {
+        (
+            self.batches.load(Ordering::Relaxed),
+            self.batched.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Core {
+    /// This server's id in `jobq_servers`.
+    pub fn server_id(&self) -> &str {
+        &self.me
+    }
+
+    /// The pool, for tests and tools that inspect the database.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    fn count_batch(&self, callers: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batched.fetch_add(callers as u64, Ordering::Relaxed);
+    }
+
+    /// `now` as a statement parameter: `None` lets the database use its
+    /// own (`coalesce($n, now())`).
+    fn now_param(&self, now: SystemTime) -> Option<SystemTime> {
+        match self.clock {
+            Clock::Database => None,
+            Clock::Caller => Some(now),
+        }
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
+        Ok(self.pool.get().await?)
+    }
+
+    async fn apply_events(
+        &self,
+        events: Vec<(JobId, Event)>,
+        now: SystemTime,
+    ) -> Result<Vec<Result<Change>>, PgError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let ids: BTreeSet<JobId> = events.iter().map(|(id, _)| *id).collect();
+        let (loaded, db_now) = futures::try_join!(
+            write::lock(&tx, &ids),
+            queries::now(&tx, self.now_param(now))
+        )?;
+        let (results, writes, doubles) = write::apply_all(loaded, events, db_now);
+        if doubles > 0 {
+            self.doubles.fetch_add(doubles, Ordering::Relaxed);
+            tracing::info!(
+                doubles,
+                "reclaims refused: another server had reclaimed the lease first (fenced, harmless)"
+            );
+        }
+        write::write(&tx, &self.me, &writes).await?;
+        tx.commit().await?;
+        Ok(results)
+    }
+}
+
+impl Backend for Pg {
+    async fn insert(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
+        Ok(insert::insert(self, batch, now).await?)
+    }
+
+    async fn take(
+        &self,
+        queues: &[String],
+        take: Event,
+        streamed: bool,
+        now: SystemTime,
+    ) -> Result<Option<Change>> {
+        Ok(take::take(self, queues, take, streamed, now).await?)
+    }
+
+    async fn apply(
+        &self,
+        events: Vec<(JobId, Event)>,
+        now: SystemTime,
+    ) -> Result<Vec<Result<Change>>> {
+        match &self.batcher {
+            Some(batcher) => Ok(batcher.apply(events, now).await?),
+            None => Ok(self.apply_events(events, now).await?),
+        }
+    }
+
+    async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
+        Ok(queries::expiring(self, at).await?)
+    }
+
+    async fn purge_chunk(
+        &self,
+        after: Option<JobId>,
+        retention: Retention,
+    ) -> Result<(u64, Option<JobId>)> {
+        Ok(purge::purge_chunk(self, after, retention).await?)
+    }
+
+    async fn get(&self, id: JobId) -> Result<crate::job::Job> {
+        queries::get(self, id).await
+    }
+
+    async fn list(&self, filter: ListFilter) -> Result<Page> {
+        Ok(queries::list(self, &filter).await?)
+    }
+
+    async fn stats(&self, queue: Option<&str>, now: SystemTime) -> Result<Vec<QueueStats>> {
+        Ok(queries::stats(self, queue, now).await?)
+    }
+
+    async fn next_run_at(&self, queues: &[String]) -> Result<Option<SystemTime>> {
+        Ok(queries::next_run_at(self, queues).await?)
+    }
+
+    async fn next_lease_expiry(&self) -> Result<Option<SystemTime>> {
+        Ok(queries::next_lease_expiry(self).await?)
+    }
+
+    fn durable(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        // Every write committed before it returned.
+        std::future::ready(Ok(()))
+    }
+
+    fn request_durable(&self) {}
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn attach(&self, remote: Remote) {
+        let _ = self.remote.set(remote.clone());
+        let task = tokio::spawn(listen::run(self.pg_config.clone(), self.me.clone(), remote));
+        *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+    }
+
+    async fn heartbeat(&self) -> Result<()> {
+        cluster::heartbeat(self).await?;
+        // Other servers' leases do not re-arm this server's reaper; the
+        // heartbeat does, so a lease whose server died is still reaped.
+        if let Some(remote) = self.remote.get() {
+            remote.rearm();
+        }
+        Ok(())
+    }
+
+    async fn orphaned(&self) -> Result<Vec<(JobId, LeaseId)>> {
+        Ok(cluster::orphaned(self).await?)
+    }
+
+    async fn leave(&self) -> Result<()> {
+        Ok(cluster::leave(self).await?)
+    }
+
+    fn fenced_reclaims(&self) -> u64 {
+        self.doubles.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,57 @@
+//! Retention: deletes old DONE and FAILED jobs in short transactions of at
+//! most [`PURGE_CHUNK`] rows each, skipping rows another transaction holds,
+//! so a purge never holds long locks. Attempts go with their job (`ON
+//! DELETE CASCADE`), and a deleted job frees its key. Which jobs go is
+//! decided by [`Retention::purgeable`], the rule every store shares; the
+//! SQL only narrows the candidates.
+
+use super::{
+    error::PgError,
+    row::{self, COLUMNS},
+    Pg,
+};
+use crate::{job::JobId, store::rules::Retention};
+
+/// Rows looked at per purge step.
+const PURGE_CHUNK: i64 = 1000;
+
+/// One purge step, as [`crate::store::Backend::purge_chunk`].
+pub async fn purge_chunk(
+    pg: &Pg,
+    after: Option<JobId>,
+    retention: Retention,
+) -> Result<(u64, Option<JobId>), PgError> {
+    let mut client = pg.client().await?;
+    let tx = client.transaction().await?;
+    let after = after.map_or(0, |id| row::to_db(id.0));
+    let latest = retention.done_before.max(retention.failed_before);
+    let select = tx
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobq_jobs WHERE id > $1 AND status IN ('done', 'failed') \
+             AND finished_at < $2 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
+        ))
+        .await?;
+    let rows = tx.query(&select, &[&after, &latest, &PURGE_CHUNK]).await?;
+    let mut doomed = Vec::new();
+    let mut last = None;
+    for r in &rows {
+        let job = row::job_of(r)?;
+        last = Some(job.id);
+        if retention.purgeable(&job) {
+            doomed.push(row::to_db(job.id.0));
+        }
+    }
+    let deleted = if doomed.is_empty() {
+        0
+    } else {
+        tx.execute("DELETE FROM jobq_jobs WHERE id = ANY($1)", &[&doomed])
+            .await?
+    };
+    tx.commit().await?;
+    let next = if i64::try_from(rows.len()).unwrap_or(0) == PURGE_CHUNK {
+        last
+    } else {
+        None
+    };
+    Ok((deleted, next))
+}

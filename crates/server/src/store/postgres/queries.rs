@@ -1,0 +1,213 @@
+//! Reads: one job, pages, counts, and the deadlines the waiters and the
+//! reaper sleep towards. None takes a lock.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, SystemTime},
+};
+
+use deadpool_postgres::GenericClient;
+
+use super::{
+    error::PgError,
+    row::{self, status_text, ATTEMPT_SELECT, COLUMNS},
+    Pg,
+};
+use crate::{
+    error::{Error, Result},
+    job::{Job, JobId, LeaseId},
+    store::{ListFilter, Page, QueueStats},
+};
+
+/// Most leases one reaper pass reclaims; the rest are found on the next.
+const EXPIRING_LIMIT: i64 = 1000;
+
+/// `now`: the caller's (`Some`) or the database's.
+pub async fn now(
+    client: &impl GenericClient,
+    now: Option<SystemTime>,
+) -> Result<SystemTime, PgError> {
+    let stmt = client
+        .prepare_cached("SELECT coalesce($1::timestamptz, now())")
+        .await?;
+    Ok(client.query_one(&stmt, &[&now]).await?.try_get(0)?)
+}
+
+/// Fills in the history of jobs read with [`COLUMNS`].
+async fn with_history(
+    client: &impl GenericClient,
+    mut jobs: Vec<Job>,
+) -> Result<Vec<Job>, PgError> {
+    if jobs.is_empty() {
+        return Ok(jobs);
+    }
+    let ids: Vec<i64> = jobs.iter().map(|j| row::to_db(j.id.0)).collect();
+    let stmt = client.prepare_cached(ATTEMPT_SELECT).await?;
+    let mut by_job: HashMap<JobId, Vec<_>> = HashMap::new();
+    for a in client.query(&stmt, &[&ids]).await? {
+        let (id, attempt) = row::attempt_of(&a)?;
+        by_job.entry(id).or_default().push(attempt);
+    }
+    for job in &mut jobs {
+        job.history = by_job.remove(&job.id).unwrap_or_default();
+    }
+    Ok(jobs)
+}
+
+/// One job.
+pub async fn get(pg: &Pg, id: JobId) -> Result<Job> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM jobq_jobs WHERE id = $1"))
+        .await
+        .map_err(PgError::from)?;
+    let rows = client
+        .query(&stmt, &[&row::to_db(id.0)])
+        .await
+        .map_err(PgError::from)?;
+    let jobs = rows
+        .iter()
+        .map(row::job_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    with_history(&client, jobs)
+        .await?
+        .pop()
+        .ok_or(Error::NotFound(id))
+}
+
+/// A page of jobs by ascending id.
+pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
+    let client = pg.client().await?;
+    let limit = i64::try_from(filter.limit.max(1)).unwrap_or(i64::MAX);
+    let after = filter.after.map_or(0, |id| row::to_db(id.0));
+    if filter.after.is_some_and(|id| row::to_db(id.0) < 0) {
+        // Past every id the sequence hands out.
+        return Ok(Page::default());
+    }
+    let status = filter.status.map(status_text);
+    let stmt = client
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobq_jobs WHERE id > $1 \
+             AND ($2::text IS NULL OR queue = $2) \
+             AND ($3::text IS NULL OR status = $3) \
+             AND ($4::text IS NULL OR key = $4) \
+             ORDER BY id LIMIT $5"
+        ))
+        .await?;
+    let rows = client
+        .query(
+            &stmt,
+            &[&after, &filter.queue, &status, &filter.key, &(limit + 1)],
+        )
+        .await?;
+    let mut jobs = rows
+        .iter()
+        .map(row::job_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    let more = jobs.len() > filter.limit.max(1);
+    jobs.truncate(filter.limit.max(1));
+    let jobs = with_history(&client, jobs).await?;
+    let next = if more {
+        jobs.last().map(|j| j.id)
+    } else {
+        None
+    };
+    Ok(Page { jobs, next })
+}
+
+/// Counts per queue, sorted by queue name.
+pub async fn stats(
+    pg: &Pg,
+    queue: Option<&str>,
+    now: SystemTime,
+) -> Result<Vec<QueueStats>, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT queue, status, count(*), \
+             min(run_at) FILTER (WHERE status = 'pending' AND run_at <= coalesce($2::timestamptz, now())), \
+             coalesce($2::timestamptz, now()) \
+             FROM jobq_jobs WHERE ($1::text IS NULL OR queue = $1) \
+             GROUP BY queue, status ORDER BY queue",
+        )
+        .await?;
+    let rows = client.query(&stmt, &[&queue, &pg.now_param(now)]).await?;
+    let mut out: Vec<QueueStats> = Vec::new();
+    for r in rows {
+        let name: String = r.try_get(0)?;
+        let status: String = r.try_get(1)?;
+        let count = u64::try_from(r.try_get::<_, i64>(2)?).unwrap_or(0);
+        let oldest: Option<SystemTime> = r.try_get(3)?;
+        let now: SystemTime = r.try_get(4)?;
+        if out.last().is_none_or(|s| s.queue != name) {
+            out.push(QueueStats {
+                queue: name,
+                ..QueueStats::default()
+            });
+        }
+        let Some(s) = out.last_mut() else { continue };
+        match status.as_str() {
+            "pending" => {
+                s.pending = count;
+                s.oldest_pending_age =
+                    oldest.map(|at| now.duration_since(at).unwrap_or(Duration::ZERO));
+            }
+            "running" => s.running = count,
+            "done" => s.done = count,
+            "failed" => s.failed = count,
+            other => return Err(PgError::Schema(format!("unknown job status {other:?}"))),
+        }
+    }
+    if let (Some(queue), true) = (queue, out.is_empty()) {
+        // A queue asked for by name is reported even when empty.
+        out.push(QueueStats {
+            queue: queue.to_owned(),
+            ..QueueStats::default()
+        });
+    }
+    Ok(out)
+}
+
+/// The earliest `run_at` among PENDING jobs of these queues (read from the
+/// dequeue's partial index).
+pub async fn next_run_at(pg: &Pg, queues: &[String]) -> Result<Option<SystemTime>, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT min(run_at) FROM jobq_jobs WHERE status = 'pending' AND queue = ANY($1)",
+        )
+        .await?;
+    Ok(client.query_one(&stmt, &[&queues]).await?.try_get(0)?)
+}
+
+/// The earliest lease expiry among RUNNING jobs.
+pub async fn next_lease_expiry(pg: &Pg) -> Result<Option<SystemTime>, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached("SELECT min(lease_expires_at) FROM jobq_jobs WHERE status = 'running'")
+        .await?;
+    Ok(client.query_one(&stmt, &[]).await?.try_get(0)?)
+}
+
+/// Leases that expired at `at` (or the database's `now()`). Rows another
+/// server's reaper holds are skipped: it is reclaiming them.
+pub async fn expiring(pg: &Pg, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT id, lease_id FROM jobq_jobs WHERE status = 'running' \
+             AND lease_expires_at <= coalesce($1::timestamptz, now()) \
+             ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        )
+        .await?;
+    let rows = client
+        .query(&stmt, &[&pg.now_param(at), &EXPIRING_LIMIT])
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let id: i64 = r.try_get(0)?;
+            let lease: i64 = r.try_get(1)?;
+            Ok((JobId(row::from_db(id)), LeaseId(row::from_db(lease))))
+        })
+        .collect()
+}

@@ -1,0 +1,309 @@
+//! The one mapping between a [`Job`] and its rows: `jobq_jobs` and
+//! `jobq_attempts`. Adding a field to `Job` or `Lease` is a change here
+//! only: a field that queries filter or sort on gets a column (and a
+//! migration); any other goes into [`Extra`], the `extra` JSONB column,
+//! with `#[serde(default)]` so older rows still read.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio_postgres::{types::ToSql, Row};
+
+use super::error::PgError;
+use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Outcome, Status};
+
+/// The columns of a job, in the order of [`JobRow::params`] (`$1`…`$18`).
+pub const COLUMNS: &str = "id, queue, kind, payload, key, status, attempts, max_attempts, \
+     enqueued_at, run_at, lease_id, lease_worker, lease_taken_at, lease_expires_at, \
+     lease_duration_ns, finished_at, last_error, extra";
+
+/// `SET col = $n, …` for every column but the id, for an UPDATE whose `$1`
+/// is the id.
+pub const SET_COLUMNS: &str = "queue = $2, kind = $3, payload = $4, key = $5, status = $6, \
+     attempts = $7, max_attempts = $8, enqueued_at = $9, run_at = $10, lease_id = $11, \
+     lease_worker = $12, lease_taken_at = $13, lease_expires_at = $14, \
+     lease_duration_ns = $15, finished_at = $16, last_error = $17, extra = $18";
+
+/// The columns of an attempt, in the order of [`AttemptRow::params`].
+pub const ATTEMPT_COLUMNS: &str =
+    "job_id, lease_id, worker_id, started_at, ended_at, outcome, error";
+
+/// Job fields kept in the `extra` JSONB column: those no query looks at.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Extra {
+    /// `Job.metadata`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    metadata: crate::job::Metadata,
+    /// `Lease.owner`: the token that took the current lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_owner: Option<String>,
+}
+
+/// A status as stored.
+pub fn status_text(status: Status) -> &'static str {
+    match status {
+        Status::Pending => "pending",
+        Status::Running => "running",
+        Status::Done => "done",
+        Status::Failed => "failed",
+    }
+}
+
+fn status_of(text: &str) -> Result<Status, PgError> {
+    Ok(match text {
+        "pending" => Status::Pending,
+        "running" => Status::Running,
+        "done" => Status::Done,
+        "failed" => Status::Failed,
+        other => return Err(PgError::Schema(format!("unknown job status {other:?}"))),
+    })
+}
+
+fn outcome_text(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Acked => "acked",
+        Outcome::Failed => "failed",
+        Outcome::LeaseExpired => "lease_expired",
+        Outcome::WorkerDisconnected => "worker_disconnected",
+        Outcome::Revoked => "revoked",
+    }
+}
+
+fn outcome_of(text: &str) -> Result<Outcome, PgError> {
+    Ok(match text {
+        "acked" => Outcome::Acked,
+        "failed" => Outcome::Failed,
+        "lease_expired" => Outcome::LeaseExpired,
+        "worker_disconnected" => Outcome::WorkerDisconnected,
+        "revoked" => Outcome::Revoked,
+        other => return Err(PgError::Schema(format!("unknown outcome {other:?}"))),
+    })
+}
+
+/// A u64 id in a bigint column: the same 64 bits.
+pub fn to_db(id: u64) -> i64 {
+    i64::from_ne_bytes(id.to_ne_bytes())
+}
+
+/// A bigint column back to its u64 id.
+pub fn from_db(v: i64) -> u64 {
+    u64::from_ne_bytes(v.to_ne_bytes())
+}
+
+fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// `t` cut to whole microseconds: what a `timestamptz` keeps.
+fn micros(t: SystemTime) -> SystemTime {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => {
+            UNIX_EPOCH + Duration::from_micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        }
+        Err(_) => t,
+    }
+}
+
+/// The job as the database will store it: times cut to microseconds, so
+/// what a call returns equals what a later read returns.
+pub fn stored(mut job: Job) -> Job {
+    job.enqueued_at = micros(job.enqueued_at);
+    job.run_at = micros(job.run_at);
+    job.finished_at = job.finished_at.map(micros);
+    if let Some(lease) = job.lease.as_mut() {
+        lease.taken_at = micros(lease.taken_at);
+        lease.expires_at = micros(lease.expires_at);
+    }
+    for a in &mut job.history {
+        a.started_at = micros(a.started_at);
+        a.ended_at = a.ended_at.map(micros);
+    }
+    job
+}
+
+/// A job's column values, owned, ready to bind.
+pub struct JobRow {
+    id: i64,
+    queue: String,
+    kind: String,
+    payload: Vec<u8>,
+    key: Option<String>,
+    status: &'static str,
+    attempts: i32,
+    max_attempts: i32,
+    enqueued_at: SystemTime,
+    run_at: SystemTime,
+    lease_id: Option<i64>,
+    lease_worker: Option<String>,
+    lease_taken_at: Option<SystemTime>,
+    lease_expires_at: Option<SystemTime>,
+    lease_duration_ns: Option<i64>,
+    finished_at: Option<SystemTime>,
+    last_error: Option<String>,
+    extra: serde_json::Value,
+}
+
+impl JobRow {
+    /// The row of `job` (its history goes to [`AttemptRow`]s).
+    pub fn of(job: &Job) -> JobRow {
+        let lease = job.lease.as_ref();
+        JobRow {
+            id: to_db(job.id.0),
+            queue: job.queue.clone(),
+            kind: job.kind.clone(),
+            payload: job.payload.clone(),
+            key: job.key.clone(),
+            status: status_text(job.status),
+            attempts: i32::try_from(job.attempts).unwrap_or(i32::MAX),
+            max_attempts: i32::try_from(job.max_attempts).unwrap_or(i32::MAX),
+            enqueued_at: job.enqueued_at,
+            run_at: job.run_at,
+            lease_id: lease.map(|l| to_db(l.id.0)),
+            lease_worker: lease.map(|l| l.worker_id.clone()),
+            lease_taken_at: lease.map(|l| l.taken_at),
+            lease_expires_at: lease.map(|l| l.expires_at),
+            lease_duration_ns: lease.map(|l| nanos(l.duration)),
+            finished_at: job.finished_at,
+            last_error: job.last_error.clone(),
+            extra: serde_json::to_value(Extra {
+                metadata: job.metadata.clone(),
+                lease_owner: job.lease.as_ref().and_then(|l| l.owner.clone()),
+            })
+            .unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// The values for `$1`…`$18` in [`COLUMNS`] order.
+    pub fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.id,
+            &self.queue,
+            &self.kind,
+            &self.payload,
+            &self.key,
+            &self.status,
+            &self.attempts,
+            &self.max_attempts,
+            &self.enqueued_at,
+            &self.run_at,
+            &self.lease_id,
+            &self.lease_worker,
+            &self.lease_taken_at,
+            &self.lease_expires_at,
+            &self.lease_duration_ns,
+            &self.finished_at,
+            &self.last_error,
+            &self.extra,
+        ]
+    }
+}
+
+/// An attempt's column values, owned, ready to bind.
+pub struct AttemptRow {
+    job_id: i64,
+    lease_id: i64,
+    worker_id: String,
+    started_at: SystemTime,
+    ended_at: Option<SystemTime>,
+    outcome: Option<&'static str>,
+    error: Option<String>,
+}
+
+impl AttemptRow {
+    /// The row of one attempt of job `id`.
+    pub fn of(id: JobId, a: &Attempt) -> AttemptRow {
+        AttemptRow {
+            job_id: to_db(id.0),
+            lease_id: to_db(a.lease_id.0),
+            worker_id: a.worker_id.clone(),
+            started_at: a.started_at,
+            ended_at: a.ended_at,
+            outcome: a.outcome.map(outcome_text),
+            error: a.error.clone(),
+        }
+    }
+
+    /// The values in [`ATTEMPT_COLUMNS`] order.
+    pub fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.job_id,
+            &self.lease_id,
+            &self.worker_id,
+            &self.started_at,
+            &self.ended_at,
+            &self.outcome,
+            &self.error,
+        ]
+    }
+}
+
+/// A job from a row selected with [`COLUMNS`] (first, in order), without
+/// its history.
+pub fn job_of(row: &Row) -> Result<Job, PgError> {
+    let get_u32 = |i: usize| -> Result<u32, PgError> {
+        let v: i32 = row.try_get(i)?;
+        u32::try_from(v).map_err(|_| PgError::Schema(format!("negative count {v}")))
+    };
+    let extra: serde_json::Value = row.try_get(17)?;
+    let Extra {
+        metadata,
+        lease_owner,
+    } = serde_json::from_value(extra)
+        .map_err(|e| PgError::Schema(format!("unreadable extra column: {e}")))?;
+    let lease_id: Option<i64> = row.try_get(10)?;
+    let lease = match lease_id {
+        Some(id) => Some(Lease {
+            id: LeaseId(from_db(id)),
+            worker_id: row.try_get::<_, Option<String>>(11)?.unwrap_or_default(),
+            taken_at: row
+                .try_get::<_, Option<SystemTime>>(12)?
+                .unwrap_or(UNIX_EPOCH),
+            expires_at: row
+                .try_get::<_, Option<SystemTime>>(13)?
+                .unwrap_or(UNIX_EPOCH),
+            duration: Duration::from_nanos(
+                u64::try_from(row.try_get::<_, Option<i64>>(14)?.unwrap_or(0)).unwrap_or(0),
+            ),
+            owner: lease_owner,
+        }),
+        None => None,
+    };
+    Ok(Job {
+        id: JobId(from_db(row.try_get(0)?)),
+        queue: row.try_get(1)?,
+        kind: row.try_get(2)?,
+        payload: row.try_get(3)?,
+        key: row.try_get(4)?,
+        status: status_of(row.try_get(5)?)?,
+        attempts: get_u32(6)?,
+        max_attempts: get_u32(7)?,
+        enqueued_at: row.try_get(8)?,
+        run_at: row.try_get(9)?,
+        lease,
+        finished_at: row.try_get(15)?,
+        last_error: row.try_get(16)?,
+        history: Vec::new(),
+        metadata,
+    })
+}
+
+/// An attempt from a row selected with `job_id` then [`ATTEMPT_COLUMNS`]
+/// minus `job_id` (as [`ATTEMPT_SELECT`]); returns its job's id too.
+pub fn attempt_of(row: &Row) -> Result<(JobId, Attempt), PgError> {
+    let outcome: Option<String> = row.try_get(5)?;
+    Ok((
+        JobId(from_db(row.try_get(0)?)),
+        Attempt {
+            lease_id: LeaseId(from_db(row.try_get(1)?)),
+            worker_id: row.try_get(2)?,
+            started_at: row.try_get(3)?,
+            ended_at: row.try_get(4)?,
+            outcome: outcome.as_deref().map(outcome_of).transpose()?,
+            error: row.try_get(6)?,
+        },
+    ))
+}
+
+/// Selects the attempts of the jobs in `$1` (bigint[]), in order.
+pub const ATTEMPT_SELECT: &str = "SELECT job_id, lease_id, worker_id, started_at, ended_at, \
+     outcome, error FROM jobq_attempts WHERE job_id = ANY($1) ORDER BY job_id, seq";

@@ -1,0 +1,140 @@
+//! The schema, as embedded, versioned migrations applied at startup.
+//!
+//! Every server runs [`migrate`] when it starts, and `jobq migrate` runs it
+//! by hand. It holds a session advisory lock while it looks and applies, so
+//! three servers starting at once apply each migration exactly once: the
+//! first takes the lock and migrates, the others wait, then find nothing
+//! left to do. A migration is never edited once released: a change is a new
+//! entry at the end of [`MIGRATIONS`].
+
+use tokio_postgres::Client;
+use tracing::info;
+
+use super::error::PgError;
+
+/// The advisory lock key of migrations (any constant; "jobq" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6a6f_6271;
+
+/// (version, name, SQL), in order.
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "jobs, attempts, servers", V1)];
+
+/// Version 1.
+///
+/// - `jobq_jobs`: one row per job. The lease is columns of its own so the
+///   reaper and the cluster queries can index them; `lease_server` names
+///   the server whose Lease stream holds the lease (NULL for a Dequeue
+///   lease, which only expires). `extra` holds fields that no query looks
+///   at, so adding one is a change to `row.rs` only.
+/// - `jobq_jobs_due`: the dequeue's index. Partial (PENDING rows only), so
+///   however many DONE rows pile up it stays the size of the backlog, and
+///   ordered like the dequeue's `ORDER BY`, so the planner never needs the
+///   primary key (see `take.rs`).
+/// - `jobq_attempts`: the history, one row per attempt, keyed by its lease.
+/// - `jobq_servers`: live servers and their heartbeats.
+const V1: &str = r#"
+CREATE SEQUENCE jobq_job_ids;
+
+CREATE TABLE jobq_jobs (
+    id                bigint PRIMARY KEY,
+    queue             text NOT NULL,
+    kind              text NOT NULL,
+    payload           bytea NOT NULL,
+    key               text,
+    status            text NOT NULL CHECK (status IN ('pending', 'running', 'done', 'failed')),
+    attempts          integer NOT NULL,
+    max_attempts      integer NOT NULL,
+    enqueued_at       timestamptz NOT NULL,
+    run_at            timestamptz NOT NULL,
+    lease_id          bigint,
+    lease_worker      text,
+    lease_taken_at    timestamptz,
+    lease_expires_at  timestamptz,
+    lease_duration_ns bigint,
+    lease_server      text,
+    finished_at       timestamptz,
+    last_error        text,
+    extra             jsonb NOT NULL DEFAULT '{}',
+    -- A job is RUNNING exactly while it holds a lease (DESIGN.md §1).
+    CONSTRAINT jobq_jobs_lease CHECK ((status = 'running') = (lease_id IS NOT NULL))
+);
+
+CREATE INDEX jobq_jobs_due ON jobq_jobs (queue, run_at, id) WHERE status = 'pending';
+CREATE UNIQUE INDEX jobq_jobs_key ON jobq_jobs (queue, key) WHERE key IS NOT NULL;
+CREATE INDEX jobq_jobs_expiry ON jobq_jobs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX jobq_jobs_server ON jobq_jobs (lease_server) WHERE lease_server IS NOT NULL;
+CREATE INDEX jobq_jobs_queue ON jobq_jobs (queue, id);
+
+CREATE TABLE jobq_attempts (
+    job_id     bigint NOT NULL REFERENCES jobq_jobs (id) ON DELETE CASCADE,
+    lease_id   bigint NOT NULL,
+    seq        bigserial NOT NULL,
+    worker_id  text NOT NULL,
+    started_at timestamptz NOT NULL,
+    ended_at   timestamptz,
+    outcome    text,
+    error      text,
+    PRIMARY KEY (job_id, lease_id)
+);
+
+CREATE TABLE jobq_servers (
+    id           text PRIMARY KEY,
+    started_at   timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+"#;
+
+/// Applies every migration the database lacks, under the advisory lock.
+/// Returns the versions applied.
+///
+/// # Errors
+/// A database error, or a database migrated by a newer jobq.
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, PgError> {
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    let result = migrate_locked(client).await;
+    // The lock is the session's: released on disconnect even if this fails.
+    let unlocked = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await;
+    let applied = result?;
+    unlocked?;
+    Ok(applied)
+}
+
+async fn migrate_locked(client: &mut Client) -> Result<Vec<i32>, PgError> {
+    client
+        .batch_execute(
+            "SET client_min_messages TO warning;
+            CREATE TABLE IF NOT EXISTS jobq_migrations (
+                version    integer PRIMARY KEY,
+                name       text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            )",
+        )
+        .await?;
+    let current: i32 = client
+        .query_one("SELECT coalesce(max(version), 0) FROM jobq_migrations", &[])
+        .await?
+        .get(0);
+    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current > latest {
+        return Err(PgError::Schema(format!(
+            "the database is at schema version {current}, newer than this jobq knows ({latest}): upgrade jobq"
+        )));
+    }
+    let mut applied = Vec::new();
+    for &(version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        let tx = client.transaction().await?;
+        tx.batch_execute(sql).await?;
+        tx.execute(
+            "INSERT INTO jobq_migrations (version, name) VALUES ($1, $2)",
+            &[&version, &name],
+        )
+        .await?;
+        tx.commit().await?;
+        info!(version, name, "applied a schema migration");
+        applied.push(version);
+    }
+    Ok(applied)
+}

@@ -1,0 +1,65 @@
+//! For tests: a fresh database per test on the cluster named by
+//! `JOBQ_TEST_PG`, so tests run in parallel without seeing each other's
+//! jobs or notifications.
+
+use tokio_postgres::NoTls;
+
+/// The environment variable naming the test cluster.
+pub const TEST_PG_ENV: &str = "JOBQ_TEST_PG";
+
+/// How to get a cluster, for the failure message.
+const HOW: &str =
+    "the PostgreSQL tests need a cluster: set JOBQ_TEST_PG=postgres://user@host:port/db \
+     (any database the user may CREATE DATABASE from), or run the tests under \
+     `scripts/pg-test.sh cargo test --workspace`, which starts a throwaway cluster \
+     (Debian's `postgresql` package) and sets it";
+
+/// The test cluster's URL.
+///
+/// # Panics
+/// When `JOBQ_TEST_PG` is not set: the PostgreSQL tests fail, they are
+/// never skipped.
+pub fn cluster_url() -> String {
+    match std::env::var(TEST_PG_ENV) {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!("{HOW}"),
+    }
+}
+
+/// Creates an empty database named `prefix_<random>` on the test cluster
+/// and returns its URL.
+///
+/// # Panics
+/// When `JOBQ_TEST_PG` is not set or the cluster refuses.
+pub async fn fresh_database(prefix: &str) -> String {
+    let admin = cluster_url();
+    let (client, connection) = tokio_postgres::connect(&admin, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {TEST_PG_ENV}={admin}: {e}\n{HOW}"));
+    let driver = tokio::spawn(connection);
+    let name = format!("{prefix}_{:016x}", rand::random::<u64>());
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+    drop(client);
+    let _ = driver.await;
+    with_database(&admin, &name)
+}
+
+/// `url` pointing at database `name` instead.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[scheme_end..].find('/') {
+        Some(slash) => &base[..scheme_end + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}

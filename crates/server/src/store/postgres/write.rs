@@ -1,0 +1,267 @@
+//! The write path, written once: load the rows `FOR UPDATE`, call
+//! [`machine::apply`], write each changed row with a fencing condition on
+//! the lease it was loaded with, sync its attempts, and queue the
+//! notifications, all in the caller's transaction. The SQL only loads and
+//! stores; every rule stays in the machine.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    time::SystemTime,
+};
+
+use deadpool_postgres::Transaction;
+use futures::future::try_join_all;
+use tokio_postgres::types::ToSql;
+
+use super::{
+    error::PgError,
+    listen,
+    row::{self, AttemptRow, JobRow, ATTEMPT_COLUMNS, ATTEMPT_SELECT, COLUMNS, SET_COLUMNS},
+};
+use crate::{
+    error::{Error, Result},
+    job::{Job, JobId, Outcome, Status},
+    machine::{self, Event, TransitionError},
+    store::{Change, LeaseEnded},
+};
+
+/// A job as loaded, with the server whose stream holds its lease.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub job: Job,
+    pub server: Option<String>,
+}
+
+/// One change to write: the job before and after, and the lease holder's
+/// server afterwards.
+pub struct Write {
+    pub change: Change,
+    pub server: Option<String>,
+}
+
+/// Loads the jobs (with history) whose rows the caller selected with
+/// [`COLUMNS`] then `lease_server`.
+pub async fn with_history(
+    tx: &Transaction<'_>,
+    rows: Vec<tokio_postgres::Row>,
+) -> Result<Vec<Loaded>, PgError> {
+    let mut loaded = Vec::with_capacity(rows.len());
+    for row in &rows {
+        loaded.push(Loaded {
+            job: row::job_of(row)?,
+            server: row.try_get(18)?,
+        });
+    }
+    if loaded.is_empty() {
+        return Ok(loaded);
+    }
+    let ids: Vec<i64> = loaded.iter().map(|l| row::to_db(l.job.id.0)).collect();
+    let attempts = tx.query(ATTEMPT_SELECT, &[&ids]).await?;
+    let mut by_job: HashMap<JobId, Vec<_>> = HashMap::new();
+    for a in &attempts {
+        let (id, attempt) = row::attempt_of(a)?;
+        by_job.entry(id).or_default().push(attempt);
+    }
+    for l in &mut loaded {
+        l.job.history = by_job.remove(&l.job.id).unwrap_or_default();
+    }
+    Ok(loaded)
+}
+
+/// Loads and locks the jobs in `ids`, in id order (so two transactions
+/// never wait on each other in a cycle).
+pub async fn lock(tx: &Transaction<'_>, ids: &BTreeSet<JobId>) -> Result<Vec<Loaded>, PgError> {
+    let ids: Vec<i64> = ids.iter().map(|id| row::to_db(id.0)).collect();
+    let sql = format!(
+        "SELECT {COLUMNS}, lease_server FROM jobq_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+    );
+    let stmt = tx.prepare_cached(&sql).await?;
+    let rows = tx.query(&stmt, &[&ids]).await?;
+    with_history(tx, rows).await
+}
+
+/// Whether a refused reclaim found the lease already reclaimed: another
+/// server (or this one's reaper) got there first, and fencing refused
+/// the second.
+pub fn double_reclaim(job: &Job, event: &Event, err: &TransitionError) -> bool {
+    let Event::Reclaim { lease_id, .. } = event else {
+        return false;
+    };
+    matches!(
+        err,
+        TransitionError::StaleLease { .. } | TransitionError::NotAllowed { .. }
+    ) && job.history.iter().any(|a| {
+        a.lease_id == *lease_id
+            && matches!(
+                a.outcome,
+                Some(Outcome::LeaseExpired | Outcome::WorkerDisconnected | Outcome::Revoked)
+            )
+    })
+}
+
+/// Applies `events` in order to the loaded jobs (a job named twice sees its
+/// first change). Returns one result per event, the writes to make, and
+/// how many reclaims were refused as doubles.
+pub fn apply_all(
+    loaded: Vec<Loaded>,
+    events: Vec<(JobId, Event)>,
+    now: SystemTime,
+) -> (Vec<Result<Change>>, Vec<Write>, u64) {
+    let mut current: HashMap<JobId, Loaded> = loaded.into_iter().map(|l| (l.job.id, l)).collect();
+    let mut first: HashMap<JobId, Job> = HashMap::new();
+    let mut out = Vec::with_capacity(events.len());
+    let mut doubles = 0;
+    for (id, event) in events {
+        let Some(entry) = current.get_mut(&id) else {
+            out.push(Err(Error::NotFound(id)));
+            continue;
+        };
+        let old = entry.job.clone();
+        let refused = |err: &TransitionError| double_reclaim(&old, &event, err);
+        match machine::apply(old.clone(), event.clone(), now) {
+            Ok(new) => {
+                let new = row::stored(new);
+                first.entry(id).or_insert_with(|| old.clone());
+                if new.lease_id() != old.lease_id() {
+                    // Set by the take itself (see `take`); a lease that
+                    // ended belongs to no server.
+                    entry.server = None;
+                }
+                entry.job = new.clone();
+                out.push(Ok(Change { old, new }));
+            }
+            Err(err) => {
+                if refused(&err) {
+                    doubles += 1;
+                }
+                out.push(Err(err.into()));
+            }
+        }
+    }
+    let writes = first
+        .into_iter()
+        .filter_map(|(id, old)| {
+            let latest = current.remove(&id)?;
+            (latest.job != old).then_some(Write {
+                change: Change {
+                    old,
+                    new: latest.job,
+                },
+                server: latest.server,
+            })
+        })
+        .collect();
+    (out, writes, doubles)
+}
+
+/// Writes changed jobs: each row fenced on the lease it was loaded with,
+/// its attempts synced, and the notifications of the changes queued (sent
+/// by PostgreSQL on commit). Statements are pipelined.
+pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(), PgError> {
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let update = tx
+        .prepare_cached(&format!(
+            "UPDATE jobq_jobs SET {SET_COLUMNS}, lease_server = $19 \
+             WHERE id = $1 AND lease_id IS NOT DISTINCT FROM $20"
+        ))
+        .await?;
+    let upsert = tx
+        .prepare_cached(&format!(
+            "INSERT INTO jobq_attempts ({ATTEMPT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (job_id, lease_id) DO UPDATE SET worker_id = EXCLUDED.worker_id, \
+             started_at = EXCLUDED.started_at, ended_at = EXCLUDED.ended_at, \
+             outcome = EXCLUDED.outcome, error = EXCLUDED.error"
+        ))
+        .await?;
+    let delete = tx
+        .prepare_cached("DELETE FROM jobq_attempts WHERE job_id = $1 AND lease_id = ANY($2)")
+        .await?;
+
+    let rows: Vec<(JobRow, Option<i64>, &Option<String>)> = writes
+        .iter()
+        .map(|w| {
+            (
+                JobRow::of(&w.change.new),
+                w.change.old.lease_id().map(|l| row::to_db(l.0)),
+                &w.server,
+            )
+        })
+        .collect();
+    let mut attempts: Vec<AttemptRow> = Vec::new();
+    let mut removed: Vec<(i64, Vec<i64>)> = Vec::new();
+    let (mut channels, mut payloads) = (Vec::new(), Vec::new());
+    for w in writes {
+        let (old, new) = (&w.change.old, &w.change.new);
+        for a in &new.history {
+            if !old.history.contains(a) {
+                attempts.push(AttemptRow::of(new.id, a));
+            }
+        }
+        let gone: Vec<i64> = old
+            .history
+            .iter()
+            .filter(|a| !new.history.iter().any(|b| b.lease_id == a.lease_id))
+            .map(|a| row::to_db(a.lease_id.0))
+            .collect();
+        if !gone.is_empty() {
+            removed.push((row::to_db(new.id.0), gone));
+        }
+        if let Some(ended) = LeaseEnded::of(old, new) {
+            channels.push(listen::LEASE_ENDED);
+            payloads.push(listen::encode(me, &ended));
+        }
+        if new.status == Status::Pending {
+            channels.push(listen::DUE);
+            payloads.push(new.queue.clone());
+        }
+    }
+
+    let updates = try_join_all(rows.iter().map(|(row, fence, server)| {
+        let mut params = row.params();
+        params.push(*server as &(dyn ToSql + Sync));
+        params.push(fence as &(dyn ToSql + Sync));
+        let update = &update;
+        async move { tx.execute(update, &params).await }
+    }));
+    let deletes = try_join_all(removed.iter().map(|(id, leases)| {
+        let delete = &delete;
+        async move {
+            let params: [&(dyn ToSql + Sync); 2] = [id, leases];
+            tx.execute(delete, &params).await
+        }
+    }));
+    let upserts = try_join_all(attempts.iter().map(|a| {
+        let params = a.params();
+        let upsert = &upsert;
+        async move { tx.execute(upsert, &params).await }
+    }));
+    let notify = notify(tx, &channels, &payloads);
+    let (updated, _, _) = futures::try_join!(updates, deletes, upserts)?;
+    notify.await?;
+    if let Some(pos) = updated.iter().position(|&n| n != 1) {
+        // Impossible under the row lock; a bug if it ever happens.
+        return Err(PgError::Schema(format!(
+            "job {} changed under its row lock (fencing refused the write)",
+            writes[pos].change.new.id
+        )));
+    }
+    Ok(())
+}
+
+/// Queues notifications (deduplicated by PostgreSQL within a transaction).
+pub async fn notify(
+    tx: &Transaction<'_>,
+    channels: &[&str],
+    payloads: &[String],
+) -> Result<(), PgError> {
+    if channels.is_empty() {
+        return Ok(());
+    }
+    let stmt = tx
+        .prepare_cached("SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)")
+        .await?;
+    tx.query(&stmt, &[&channels, &payloads]).await?;
+    Ok(())
+}

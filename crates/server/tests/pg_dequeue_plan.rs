@@ -1,0 +1,149 @@
+//! The hazard of issue 9: after ANALYZE sees many DONE rows, a plain
+//! `SKIP LOCKED` queue's planner may switch the dequeue to a primary-key
+//! scan and the drain rate falls 6×. Fill 100k DONE rows, ANALYZE, check
+//! with EXPLAIN that the dequeue still uses the partial index of PENDING
+//! jobs, and print the drain rate against an empty table's. Needs
+//! `JOBQ_TEST_PG` (see `scripts/pg-test.sh`).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use jobq_server::{
+    job::NewJob,
+    store::{
+        postgres::{testing, Clock, PgOptions, PgStore, DEQUEUE},
+        Store,
+    },
+    Config,
+};
+
+const DONE_ROWS: i64 = 100_000;
+const DRAIN_JOBS: usize = 2_000;
+const WORKERS: usize = 8;
+
+async fn store(url: &str) -> PgStore {
+    let options = PgOptions {
+        url: url.to_owned(),
+        pool_size: WORKERS + 2,
+        server_timeout: Duration::from_secs(5),
+        clock: Clock::Database,
+        group_commit: 256,
+    };
+    PgStore::connect(&Config::with_data("unused"), options)
+        .await
+        .expect("connect")
+}
+
+fn new_job() -> NewJob {
+    NewJob {
+        queue: "q".into(),
+        kind: "k".into(),
+        payload: b"{}".to_vec(),
+        key: None,
+        max_attempts: 3,
+        delay: Duration::ZERO,
+        metadata: Default::default(),
+    }
+}
+
+/// Enqueues `DRAIN_JOBS` jobs, then drains them with `WORKERS` concurrent
+/// take+ack loops; returns jobs per second of the drain.
+async fn drain_rate(store: Arc<PgStore>) -> f64 {
+    for _ in 0..DRAIN_JOBS / 500 {
+        let batch = (0..500).map(|_| new_job()).collect();
+        store
+            .enqueue_batch(batch, SystemTime::now())
+            .await
+            .expect("enqueue");
+    }
+    let start = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..WORKERS {
+        let store = Arc::clone(&store);
+        workers.spawn(async move {
+            let queues = vec!["q".to_owned()];
+            let mut n = 0usize;
+            while let Some(l) = store
+                .take(
+                    &queues,
+                    &format!("w{w}"),
+                    None,
+                    Duration::from_secs(60),
+                    SystemTime::now(),
+                )
+                .await
+                .expect("take")
+            {
+                store
+                    .ack(l.job.id, l.lease_id, SystemTime::now())
+                    .await
+                    .expect("ack");
+                n += 1;
+            }
+            n
+        });
+    }
+    let mut drained = 0;
+    while let Some(n) = workers.join_next().await {
+        drained += n.expect("worker");
+    }
+    assert_eq!(drained, DRAIN_JOBS);
+    DRAIN_JOBS as f64 / start.elapsed().as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_dequeue_plan_uses_the_partial_index_after_analyze_with_100k_done_rows() {
+    let empty_url = testing::fresh_database("jobq_plan").await;
+    let empty = drain_rate(Arc::new(store(&empty_url).await)).await;
+
+    let url = testing::fresh_database("jobq_plan").await;
+    let full = Arc::new(store(&url).await);
+    let client = full.backend().pool().get().await.expect("client");
+    // 100k finished jobs, as a long-running queue accumulates them within
+    // its retention.
+    client
+        .execute(
+            "INSERT INTO jobq_jobs (id, queue, kind, payload, status, attempts, max_attempts, \
+             enqueued_at, run_at, finished_at) \
+             SELECT nextval('jobq_job_ids'), 'q', 'k', '\\x7b7d', 'done', 0, 3, \
+             now() - interval '1 hour', now() - interval '1 hour', now() - interval '30 minutes' \
+             FROM generate_series(1, $1::bigint)",
+            &[&DONE_ROWS],
+        )
+        .await
+        .expect("fill DONE rows");
+    client
+        .batch_execute("ANALYZE jobq_jobs")
+        .await
+        .expect("analyze");
+    let sql = format!("EXPLAIN SELECT id {DEQUEUE}")
+        .replace("$1", "'q'")
+        .replace("$2::timestamptz", "NULL::timestamptz");
+    let plan: Vec<String> = client
+        .query(&sql, &[])
+        .await
+        .expect("explain")
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    let plan = plan.join("\n");
+    println!("dequeue plan with {DONE_ROWS} DONE rows after ANALYZE:\n{plan}");
+    assert!(
+        plan.contains("jobq_jobs_due"),
+        "the dequeue must use the partial index of PENDING jobs:\n{plan}"
+    );
+    assert!(
+        !plan.contains("jobq_jobs_pkey"),
+        "the dequeue must not scan the primary key:\n{plan}"
+    );
+    drop(client);
+
+    let with_done = drain_rate(Arc::clone(&full)).await;
+    println!(
+        "drain ({WORKERS} workers, take + ack, {DRAIN_JOBS} jobs): empty table {empty:.0} jobs/s, \
+         with {DONE_ROWS} DONE rows {with_done:.0} jobs/s ({:.2}×)",
+        with_done / empty
+    );
+}

@@ -1,0 +1,264 @@
+//! Three real `jobq serve` processes on one real PostgreSQL (issue 9):
+//! lease-ended events cross servers, a dead worker's and a dead server's
+//! jobs come back, keys hold across servers, and order 4711 gets one email.
+//! The cluster comes from `JOBQ_TEST_PG` (see `scripts/pg-test.sh`); each
+//! test gets a database of its own.
+
+use std::time::{Duration, Instant};
+
+use jobq::pb::{self, lease_event::Event};
+use jobq_client::{Client, EnqueueOptions};
+use jobq_server::store::postgres::testing;
+use tonic::Streaming;
+
+use crate::{
+    harness::{until, ServerProcess},
+    worker::{emails_for, EmailWorker},
+};
+
+/// `--server-timeout` of the test clusters: short, so a dead server is
+/// found quickly.
+const SERVER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Three servers over one fresh database, started at once (so their
+/// migrations race for the advisory lock).
+struct Cluster {
+    servers: Vec<ServerProcess>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let url = testing::fresh_database("jobq_e2e").await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let timeout = humantime::format_duration(SERVER_TIMEOUT).to_string();
+        let servers = std::thread::scope(|s| {
+            let started: Vec<_> = (0..3)
+                .map(|i| {
+                    let (url, timeout, data) = (&url, &timeout, dir.path().join(format!("s{i}")));
+                    s.spawn(move || {
+                        ServerProcess::start(
+                            &data,
+                            &[
+                                "--store",
+                                url,
+                                "--server-timeout",
+                                timeout,
+                                "--min-lease",
+                                "10ms",
+                            ],
+                        )
+                    })
+                })
+                .collect();
+            started
+                .into_iter()
+                .map(|h| h.join().expect("start a server"))
+                .collect()
+        });
+        Cluster { servers, _dir: dir }
+    }
+
+    async fn client(&self, i: usize) -> Client {
+        self.servers[i].client().await
+    }
+}
+
+async fn open(c: &Client, worker: &str, capacity: u32) -> Streaming<pb::LeaseEvent> {
+    c.lease(["q"], worker, capacity, Some(Duration::from_secs(60)))
+        .await
+        .expect("lease")
+}
+
+/// The next leased job on a stream, failing the test after 10 s.
+async fn next_leased(stream: &mut Streaming<pb::LeaseEvent>) -> pb::LeasedJob {
+    let event = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("an event within 10s")
+        .expect("stream ok")
+        .expect("stream open")
+        .event
+        .expect("event set");
+    match event {
+        Event::Leased(l) => l,
+        other => panic!("expected a leased job, got {other:?}"),
+    }
+}
+
+fn job_id(l: &pb::LeasedJob) -> String {
+    l.job.as_ref().expect("job").id.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_through_server_2_frees_the_stream_slot_on_server_1() {
+    let cluster = Cluster::start().await;
+    let (c1, c2) = (cluster.client(0).await, cluster.client(1).await);
+    for _ in 0..2 {
+        c1.enqueue("q", "k", vec![], EnqueueOptions::new())
+            .await
+            .expect("enqueue");
+    }
+    let mut stream = open(&c1, "w", 1).await;
+    let first = next_leased(&mut stream).await;
+    // Capacity 1, a 60 s lease: only the ack, made on another server and
+    // told to server 1 by NOTIFY, can free the slot for the second job.
+    c2.ack(job_id(&first), first.lease_id.clone())
+        .await
+        .expect("ack through server 2");
+    let second = next_leased(&mut stream).await;
+    assert_ne!(job_id(&first), job_id(&second));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_1_killed_servers_2_and_3_reclaim_its_stream_leases_in_time() {
+    let mut cluster = Cluster::start().await;
+    let (c1, c2) = (cluster.client(0).await, cluster.client(1).await);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (job, _) = c2
+            .enqueue("q", "k", vec![], EnqueueOptions::new())
+            .await
+            .expect("enqueue");
+        ids.push(job.id);
+    }
+    let mut stream = open(&c1, "w", 3).await;
+    for _ in 0..3 {
+        next_leased(&mut stream).await;
+    }
+    cluster.servers[0].kill9();
+    let killed = Instant::now();
+    let limit = SERVER_TIMEOUT + Duration::from_secs(1);
+    until(
+        Duration::from_secs(30),
+        "server 1's leases reclaimed by the others",
+        || async {
+            for id in &ids {
+                let j = c2.get_job(id.clone()).await.expect("get");
+                if j.status != pb::JobStatus::Pending as i32 {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    let took = killed.elapsed();
+    assert!(
+        took <= limit,
+        "reclaimed {took:?} after the kill; --server-timeout {SERVER_TIMEOUT:?} + 1s allows {limit:?}"
+    );
+    for id in &ids {
+        let j = c2.get_job(id.clone()).await.expect("get");
+        assert_eq!(j.attempts, 1);
+        assert_eq!(
+            j.history[0].outcome,
+            pb::AttemptOutcome::WorkerDisconnected as i32
+        );
+        assert_eq!(j.last_error, "worker disconnected");
+    }
+    // Server 3 hands them out again.
+    let c3 = cluster.client(2).await;
+    let mut again = open(&c3, "w2", 3).await;
+    for _ in 0..3 {
+        next_leased(&mut again).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enqueues_of_one_key_through_three_servers_make_one_job() {
+    let cluster = Cluster::start().await;
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        clients.push(cluster.client(i).await);
+    }
+    let mut calls = tokio::task::JoinSet::new();
+    for round in 0..10 {
+        for c in &clients {
+            let c = c.clone();
+            calls.spawn(async move {
+                c.enqueue(
+                    "emails",
+                    "send-email",
+                    format!("try {round}").into_bytes(),
+                    EnqueueOptions::new().key("order-4711"),
+                )
+                .await
+                .expect("enqueue")
+            });
+        }
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut created = 0;
+    while let Some(result) = calls.join_next().await {
+        let (job, was_created) = result.expect("task");
+        ids.insert(job.id);
+        created += usize::from(was_created);
+    }
+    assert_eq!(created, 1, "exactly one enqueue created the job");
+    assert_eq!(ids.len(), 1, "every enqueue got the same job");
+    let listed = clients[2]
+        .list_jobs(pb::ListJobsRequest {
+            queue: "emails".into(),
+            key: "order-4711".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(listed.jobs.len(), 1);
+}
+
+/// The seed's story across servers: enqueued through server 3, sent by a
+/// worker on server 1 that is SIGKILLed before it acks (the job is due
+/// again within 1 s, seen from server 2), then done by a worker on server
+/// 2 that finds the email already sent: one email.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_4711_across_servers_a_killed_worker_is_due_again_within_1s_and_one_email() {
+    let cluster = Cluster::start().await;
+    let (c2, c3) = (cluster.client(1).await, cluster.client(2).await);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mailbox = dir.path().join("mailbox");
+    let email = serde_json::json!({ "order": "order-4711", "to": "ada@example.com" });
+    let (job, _) = c3
+        .enqueue_json(
+            "emails",
+            "send-email",
+            &email,
+            EnqueueOptions::new().key("order-4711"),
+        )
+        .await
+        .expect("enqueue");
+
+    let mut first = EmailWorker::start(&cluster.servers[0].url(), &mailbox, &["--hang-after-send"]);
+    first.expect_line("SENT order-4711").await;
+    first.child.kill().expect("SIGKILL");
+    let killed = Instant::now();
+    let _ = first.child.wait();
+    let back = until(
+        Duration::from_secs(10),
+        "job 4711 PENDING after the kill",
+        || async {
+            let j = c2.get_job(job.id.clone()).await.expect("get");
+            (j.status == pb::JobStatus::Pending as i32).then_some(j)
+        },
+    )
+    .await;
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_secs(1),
+        "due again {took:?} after the kill"
+    );
+    assert_eq!(back.attempts, 1);
+    assert_eq!(
+        back.history[0].outcome,
+        pb::AttemptOutcome::WorkerDisconnected as i32
+    );
+
+    let mut second = EmailWorker::start(&cluster.servers[1].url(), &mailbox, &[]);
+    second.expect_line("SKIP order-4711").await;
+    until(Duration::from_secs(10), "job 4711 DONE", || async {
+        let j = c3.get_job(job.id.clone()).await.expect("get");
+        (j.status == pb::JobStatus::Done as i32).then_some(j)
+    })
+    .await;
+    assert_eq!(emails_for(&mailbox, "order-4711"), 1);
+}
