@@ -18,6 +18,7 @@ use crate::{
     config::Config,
     error::{Error, Result},
     leases::LeaseHub,
+    limits::RequestBudget,
     metrics::{Metrics, Rates},
     reaper,
     rpc_timing::RpcTiming,
@@ -212,6 +213,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
         .layer(RpcTiming::new(Arc::clone(&metrics)))
+        .layer(RequestBudget::new(config.max_inflight_request_bytes))
         // Only the job queue is behind the token check: health and
         // reflection reveal no jobs.
         .add_service(InterceptedService::new(

@@ -15,6 +15,7 @@ use crate::{
     config::Config,
     error::{Error, Result},
     leases::{LeaseEvents, LeaseHub},
+    limits::StreamQuota,
     store::Store,
     validate, waiter,
 };
@@ -29,6 +30,8 @@ pub struct JobQueueService<S> {
     waiters: Arc<Semaphore>,
     /// Who may call what; off unless [`JobQueueService::with_auth`].
     auth: Auth,
+    /// Lease streams per token (`--max-streams-per-token`).
+    quota: StreamQuota,
 }
 
 impl<S: Store> JobQueueService<S> {
@@ -41,6 +44,7 @@ impl<S: Store> JobQueueService<S> {
         shutdown: CancellationToken,
     ) -> Self {
         let waiters = Arc::new(Semaphore::new(config.max_waiters));
+        let quota_max = config.max_streams_per_token;
         JobQueueService {
             store,
             hub,
@@ -48,6 +52,7 @@ impl<S: Store> JobQueueService<S> {
             shutdown,
             waiters,
             auth: Auth::off(),
+            quota: StreamQuota::new(quota_max),
         }
     }
 
@@ -217,8 +222,9 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         };
         auth::authorize(&*self.store, &who, access).await?;
         spec.take.owner = who.owner();
+        let slot = self.quota.acquire(&who)?;
         let permit = self.waiter_permit()?;
-        let (events, token) = self.hub.open(spec, permit);
+        let (events, token) = self.hub.open(spec, (permit, slot));
         let mut response = Response::new(events);
         if let Ok(value) = token.parse() {
             response
