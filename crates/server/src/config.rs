@@ -126,6 +126,11 @@ pub struct Config {
     #[arg(long, env = "JOBQ_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
 
+    /// With `--auth-tokens`, let `/metrics` be scraped without a token
+    /// (the dashboard still asks for one).
+    #[arg(long, env = "JOBQ_METRICS_TOKEN_FREE")]
+    pub metrics_token_free: bool,
+
     /// Most Lease streams one token may hold open at once.
     #[arg(long, env = "JOBQ_MAX_STREAMS_PER_TOKEN", default_value_t = 256)]
     pub max_streams_per_token: usize,

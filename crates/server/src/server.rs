@@ -129,6 +129,8 @@ pub async fn serve(
                     let hub = Arc::clone(&hub);
                     Arc::new(move || hub.open_streams())
                 },
+                auth: auth.clone(),
+                metrics_token_free: config.metrics_token_free,
             });
             Some(tokio::spawn(web::serve(
                 listener,

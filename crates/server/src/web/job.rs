@@ -6,11 +6,13 @@ use std::{sync::Arc, time::SystemTime};
 use axum::{
     extract::{Path, State},
     response::Redirect,
+    Extension,
 };
 use maud::{html, Markup};
 
 use super::{layout, Web, WebError};
 use crate::{
+    auth::{self, Access, Who},
     job::{Job, Outcome, Status},
     store::Store,
     validate,
@@ -44,9 +46,11 @@ fn outcome(o: Option<Outcome>) -> &'static str {
 /// The page.
 pub async fn page<S: Store>(
     State(web): State<Arc<Web<S>>>,
+    Extension(who): Extension<Who>,
     Path(id): Path<String>,
 ) -> Result<Markup, WebError> {
     let id = validate::job_id("id", &id)?;
+    auth::authorize(&*web.store, &who, Access::ReadJob(id)).await?;
     let job = web.store.get(id).await?;
     let now = SystemTime::now();
     let body = html! {
@@ -103,9 +107,11 @@ pub async fn page<S: Store>(
 /// Retries one dead letter, then shows it.
 pub async fn retry<S: Store>(
     State(web): State<Arc<Web<S>>>,
+    Extension(who): Extension<Who>,
     Path(id): Path<String>,
 ) -> Result<Redirect, WebError> {
     let id = validate::job_id("id", &id)?;
+    auth::authorize(&*web.store, &who, Access::Administer(id)).await?;
     web.store.retry(id, SystemTime::now()).await?;
     Ok(Redirect::to(&format!("/jobs/{id}")))
 }
