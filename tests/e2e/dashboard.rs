@@ -34,6 +34,9 @@ fn free_port() -> u16 {
 
 /// chromedriver on a free port, and a headless chromium session.
 async fn browser(profile: &std::path::Path) -> (Driver, Browser) {
+    // tonic's TLS brings rustls' ring provider and fantoccini's its
+    // aws-lc-rs one: with both compiled in, rustls wants one chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let port = free_port();
     let driver = Command::new("chromedriver")
         .arg(format!("--port={port}"))

@@ -76,10 +76,11 @@ impl ServerProcess {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut tx = Some(tx);
-            let mut http = None;
+            let (mut grpc, mut http) = (None, None);
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                // The HTTP listener is logged first, then the gRPC one.
+                // Both listeners log their address, in either order (the
+                // HTTP one from its own task).
                 if let Some(addr) = line
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("http="))
@@ -90,7 +91,10 @@ impl ServerProcess {
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("addr="))
                 {
-                    if let (Some(tx), Ok(addr)) = (tx.take(), addr.parse::<SocketAddr>()) {
+                    grpc = addr.parse::<SocketAddr>().ok();
+                }
+                if let (Some(addr), Some(_)) = (grpc, http) {
+                    if let Some(tx) = tx.take() {
                         let _ = tx.send((addr, http));
                     }
                 }
