@@ -34,6 +34,9 @@ fn free_port() -> u16 {
 
 /// chromedriver on a free port, and a headless chromium session.
 async fn browser(profile: &std::path::Path) -> (Driver, Browser) {
+    // tonic's TLS brings rustls' ring provider and fantoccini's its
+    // aws-lc-rs one: with both compiled in, rustls wants one chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let port = free_port();
     let driver = Command::new("chromedriver")
         .arg(format!("--port={port}"))
@@ -61,9 +64,6 @@ async fn browser(profile: &std::path::Path) -> (Driver, Browser) {
         chrome["binary"] = "/usr/bin/chromium".into();
     }
     caps.insert("goog:chromeOptions".into(), chrome);
-    // Both ring (jobq's TLS) and aws-lc-rs (fantoccini's) are linked in:
-    // rustls needs to be told which one builds the WebDriver client.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let browser = until(
         Duration::from_secs(20),
         "chromedriver to accept a session",

@@ -267,3 +267,178 @@ fn serve_on_a_public_address_with_insecure_starts() {
     assert!(server.addr.ip().is_unspecified());
     assert!(server.terminate().success());
 }
+
+/// One HTTP/1.1 request: (status, head, body).
+async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    conn.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).await.expect("read");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status code");
+    (status, head.to_owned(), body.to_owned())
+}
+
+#[tokio::test]
+async fn the_dashboard_asks_for_a_token_read_to_view_admin_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    tokens_file(
+        &tokens,
+        &[
+            ("ops", "ops-secret", &["admin"], &["*"]),
+            ("viewer", "viewer-secret", &["read"], &["mine"]),
+            ("shop", "shop-secret", &["produce"], &["*"]),
+        ],
+    );
+    let server = ServerProcess::start(
+        &dir.path().join("data"),
+        &["--auth-tokens", tokens.to_str().unwrap()],
+    );
+    let ops = Client::builder(server.url())
+        .token("ops-secret")
+        .connect()
+        .await
+        .unwrap();
+    for queue in ["mine", "theirs"] {
+        ops.enqueue(
+            queue,
+            "k",
+            b"x".to_vec(),
+            EnqueueOptions::new().max_attempts(1),
+        )
+        .await
+        .unwrap();
+    }
+    // A dead letter in `mine` to retry.
+    let leased = ops
+        .dequeue(["mine"], "w", None, None)
+        .await
+        .unwrap()
+        .expect("a job");
+    let id = leased.job.as_ref().unwrap().id.clone();
+    ops.fail(
+        id.clone(),
+        leased.lease_id.clone(),
+        "boom",
+        jobq_client::FailOptions::fatal(),
+    )
+    .await
+    .unwrap();
+    let web = server.http;
+
+    // No token: a login form, and 401 for /metrics.
+    let (status, head, body) = http(web, "GET", "/", &[], "").await;
+    assert_eq!(status, 401, "{head}");
+    assert!(body.contains(r#"action="/login""#), "{body}");
+    assert_eq!(http(web, "GET", "/metrics", &[], "").await.0, 401);
+    assert_eq!(
+        http(web, "GET", "/jobs", &[("Authorization", "Bearer nope")], "")
+            .await
+            .0,
+        401
+    );
+
+    // Read: sees its queues only; may not retry.
+    let viewer = [("Authorization", "Bearer viewer-secret")];
+    let (status, _, body) = http(web, "GET", "/", &viewer, "").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("mine") && !body.contains("theirs"), "{body}");
+    let (status, _, body) = http(web, "GET", "/jobs", &viewer, "").await;
+    assert_eq!(status, 200);
+    assert!(!body.contains("theirs"), "{body}");
+    assert_eq!(http(web, "GET", "/metrics", &viewer, "").await.0, 200);
+    let retry = format!("/jobs/{id}/retry");
+    assert_eq!(http(web, "POST", &retry, &viewer, "").await.0, 403);
+    // No read role at all.
+    assert_eq!(
+        http(
+            web,
+            "GET",
+            "/",
+            &[("Authorization", "Bearer shop-secret")],
+            ""
+        )
+        .await
+        .0,
+        403
+    );
+
+    // Admin retries.
+    let (status, _, _) = http(
+        web,
+        "POST",
+        &retry,
+        &[("Authorization", "Bearer ops-secret")],
+        "",
+    )
+    .await;
+    assert_eq!(status, 303);
+    assert_eq!(
+        ops.get_job(id.clone()).await.unwrap().status,
+        pb::JobStatus::Pending as i32
+    );
+
+    // A browser logs in once; the cookie is HttpOnly.
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let (status, _, _) = http(web, "POST", "/login", &form, "token=wrong").await;
+    assert_eq!(status, 401);
+    let (status, head, _) = http(web, "POST", "/login", &form, "token=viewer-secret").await;
+    assert_eq!(status, 303, "{head}");
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or_else(|| l.strip_prefix("Set-Cookie: "))
+        })
+        .expect("a cookie")
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap().to_owned();
+    let (status, _, body) = http(web, "GET", "/", &[("Cookie", &pair)], "").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("mine"));
+}
+
+#[tokio::test]
+async fn metrics_token_free_opens_metrics_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    tokens_file(&tokens, &[("ops", "ops-secret", &["admin"], &["*"])]);
+    let server = ServerProcess::start(
+        &dir.path().join("data"),
+        &[
+            "--auth-tokens",
+            tokens.to_str().unwrap(),
+            "--metrics-token-free",
+        ],
+    );
+    let (status, _, body) = http(server.http, "GET", "/metrics", &[], "").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("jobq_"), "{body}");
+    assert_eq!(http(server.http, "GET", "/", &[], "").await.0, 401);
+}

@@ -235,6 +235,11 @@ impl Caller {
         &self.0.name
     }
 
+    /// True when the token has `role` (or admin) on some queue.
+    pub fn has_role(&self, role: Role) -> bool {
+        (self.0.roles & (role.bit() | Role::Admin.bit())) != 0
+    }
+
     /// True when the token has `role` (or admin) on `queue`.
     pub fn may(&self, role: Role, queue: &str) -> bool {
         let roles = self.0.roles;

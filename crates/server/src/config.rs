@@ -172,6 +172,20 @@ pub struct Config {
     #[arg(long, env = "JOBQ_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
 
+    /// With `--auth-tokens`, let `/metrics` be scraped without a token
+    /// (the dashboard still asks for one).
+    #[arg(long, env = "JOBQ_METRICS_TOKEN_FREE")]
+    pub metrics_token_free: bool,
+
+    /// Most Lease streams one token may hold open at once.
+    #[arg(long, env = "JOBQ_MAX_STREAMS_PER_TOKEN", default_value_t = 256)]
+    pub max_streams_per_token: usize,
+
+    /// Most request bytes held in memory by all calls at once; a call
+    /// over it is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "JOBQ_MAX_INFLIGHT_REQUEST_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub max_inflight_request_bytes: usize,
+
     /// Server certificate chain (PEM): serve gRPC over TLS.
     #[arg(long, env = "JOBQ_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,

@@ -36,7 +36,7 @@ use std::{
 };
 
 use jobq::pb::{self, lease_event::Event};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, Notify};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
@@ -195,12 +195,13 @@ impl<S: Store> LeaseHub<S> {
     }
 
     /// Opens a stream for a validated Lease request and starts its task;
-    /// returns its events and its token. `permit` counts the stream
-    /// against `--max-waiters` while it lives.
+    /// returns its events and its token. `permit` is held while the
+    /// stream lives: what counts it against `--max-waiters` and its
+    /// token's `--max-streams-per-token`.
     pub fn open(
         self: &Arc<Self>,
         spec: StreamSpec,
-        permit: OwnedSemaphorePermit,
+        permit: impl Send + 'static,
     ) -> (LeaseEvents, String) {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         // Room for revocations; leased jobs wait for the transport one at

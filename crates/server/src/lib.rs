@@ -15,6 +15,8 @@
 //! - [`reaper`]: reclaims expired leases, woken by the nearest deadline;
 //!   purges old DONE/FAILED jobs.
 //! - [`waiter`]: long-poll waiting for a due job, without polling.
+//! - [`limits`]: Lease streams per token, and the in-flight request bytes
+//!   budget (a tower layer).
 //! - [`leases`]: the Lease streams: push delivery, capacity, stream-drop
 //!   reclaim and revocation.
 //! - [`service`]: the gRPC glue (`JobQueue` trait impl); no business logic.
@@ -36,6 +38,7 @@ pub mod convert;
 pub mod error;
 pub mod job;
 pub mod leases;
+pub mod limits;
 pub mod machine;
 pub mod metrics;
 pub mod reaper;

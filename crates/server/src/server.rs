@@ -18,6 +18,7 @@ use crate::{
     connections::{self, TrackCalls},
     error::{Error, Result, TransportCodes},
     leases::LeaseHub,
+    limits::RequestBudget,
     metrics::{Metrics, Rates},
     reaper,
     rpc_timing::RpcTiming,
@@ -155,6 +156,8 @@ async fn serve_store<S: Store + CommitHook>(
                     let hub = Arc::clone(&hub);
                     Arc::new(move || hub.open_streams())
                 },
+                auth: auth.clone(),
+                metrics_token_free: config.metrics_token_free,
             });
             Some(tokio::spawn(web::serve(
                 listener,
@@ -245,6 +248,7 @@ async fn serve_store<S: Store + CommitHook>(
         .layer(TrackCalls)
         .layer(RpcTiming::new(Arc::clone(&metrics)))
         .layer(TransportCodes)
+        .layer(RequestBudget::new(config.max_inflight_request_bytes))
         // Only the job queue is behind the token check: health and
         // reflection reveal no jobs.
         .add_service(InterceptedService::new(

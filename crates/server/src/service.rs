@@ -16,6 +16,7 @@ use crate::{
     convert,
     error::{Error, Result},
     leases::{LeaseEvents, LeaseHub},
+    limits::StreamQuota,
     store::Store,
     validate, waiter,
 };
@@ -30,6 +31,8 @@ pub struct JobQueueService<S> {
     waiters: Arc<Semaphore>,
     /// Who may call what; off unless [`JobQueueService::with_auth`].
     auth: Auth,
+    /// Lease streams per token (`--max-streams-per-token`).
+    quota: StreamQuota,
 }
 
 impl<S: Store> JobQueueService<S> {
@@ -42,6 +45,7 @@ impl<S: Store> JobQueueService<S> {
         shutdown: CancellationToken,
     ) -> Self {
         let waiters = Arc::new(Semaphore::new(config.max_waiters));
+        let quota_max = config.max_streams_per_token;
         JobQueueService {
             store,
             hub,
@@ -49,6 +53,7 @@ impl<S: Store> JobQueueService<S> {
             shutdown,
             waiters,
             auth: Auth::off(),
+            quota: StreamQuota::new(quota_max),
         }
     }
 
@@ -218,8 +223,9 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         };
         auth::authorize(&*self.store, &who, access).await?;
         spec.take.owner = who.owner();
+        let slot = self.quota.acquire(&who)?;
         let permit = self.waiter_permit()?;
-        let (events, token) = self.hub.open(spec, permit);
+        let (events, token) = self.hub.open(spec, (permit, slot));
         let mut response = Response::new(events);
         if let Ok(value) = token.parse() {
             response

@@ -19,7 +19,13 @@
 //!
 //! The runtime is current-thread and the reaper is not running, so between
 //! the two snapshots around a call nothing but the call itself can touch
-//! the store. Lease streams are dropped, and their task waited for (see
+//! the store.
+//!
+//! A second property (`hostile_auth_headers_…`) runs the service behind
+//! its token interceptor with random `authorization` headers: missing,
+//! malformed, non-ASCII, unknown secrets, and known tokens used outside
+//! their roles and queues. A bad header is always UNAUTHENTICATED, a token
+//! outside its scope PERMISSION_DENIED, and neither changes the store. Lease streams are dropped, and their task waited for (see
 //! `quiesce`), before the next call.
 
 use std::{
@@ -32,7 +38,13 @@ use std::{
 };
 
 use jobq::pb::{self, job_queue_server::JobQueue, lease_event::Event};
-use jobq_server::{leases::LeaseHub, service::JobQueueService, store::sled::SledStore, Config};
+use jobq_server::{
+    auth::{digest_hex, Auth, Caller, Tokens},
+    leases::LeaseHub,
+    service::JobQueueService,
+    store::sled::SledStore,
+    Config,
+};
 use proptest::{prelude::*, sample::select, test_runner::TestCaseError};
 use tempfile::TempDir;
 use tokio_stream::StreamExt;
@@ -652,6 +664,8 @@ struct Snapshot {
 
 struct Harness {
     svc: Svc,
+    /// With tokens on: the admin caller the snapshots read as.
+    root: Option<Caller>,
     hub: Arc<LeaseHub<SledStore>>,
     /// Job ids the server returned.
     jobs: Vec<String>,
@@ -678,11 +692,21 @@ impl Harness {
         let svc = JobQueueService::new(store, Arc::clone(&hub), config, shutdown);
         Harness {
             svc,
+            root: None,
             hub,
             jobs: Vec::new(),
             leases: Vec::new(),
             _dir: dir,
         }
+    }
+
+    /// A request as the snapshot's reader (root when tokens are on).
+    fn as_root<T>(&self, msg: T) -> Request<T> {
+        let mut req = Request::new(msg);
+        if let Some(root) = &self.root {
+            req.extensions_mut().insert(root.clone());
+        }
+        req
     }
 
     async fn snapshot(&self) -> Result<Snapshot, TestCaseError> {
@@ -691,7 +715,7 @@ impl Harness {
         loop {
             let page = self
                 .svc
-                .list_jobs(Request::new(pb::ListJobsRequest {
+                .list_jobs(self.as_root(pb::ListJobsRequest {
                     page_size: 1000,
                     page_token: page_token.clone(),
                     ..Default::default()
@@ -707,7 +731,7 @@ impl Harness {
         }
         let mut stats = self
             .svc
-            .stats(Request::new(pb::StatsRequest::default()))
+            .stats(self.as_root(pb::StatsRequest::default()))
             .await
             .map_err(|s| TestCaseError::fail(format!("snapshot Stats: {s:?}")))?
             .into_inner()
@@ -1317,5 +1341,292 @@ proptest! {
         // Tasks still alive (none should be) are dropped here.
         drop(runtime);
         prop_assert_eq!(PANICS.load(Ordering::SeqCst), panics, "something panicked");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Auth headers.
+
+/// The tokens of the auth property: `root` may do everything; `narrow`
+/// produces, consumes and reads `emails` only.
+const ROOT_SECRET: &str = "root-secret-0123456789";
+const NARROW_SECRET: &str = "narrow-secret-0123456789";
+
+fn fuzz_tokens() -> Auth {
+    let text = format!(
+        "[[token]]\nname='root'\nsha256='{}'\nqueues=['*']\nroles=['admin']\n\
+         [[token]]\nname='narrow'\nsha256='{}'\nqueues=['emails']\nroles=['produce','consume','read']\n",
+        digest_hex(ROOT_SECRET),
+        digest_hex(NARROW_SECRET)
+    );
+    Auth::from_tokens(Tokens::parse(&text).expect("tokens"))
+}
+
+/// An `authorization` header, as a client might send it.
+#[derive(Debug, Clone)]
+enum HeaderGen {
+    /// No header.
+    Missing,
+    /// Arbitrary bytes (those a header value can carry at all).
+    Raw(Vec<u8>),
+    /// `<scheme> <secret>` with a made-up secret.
+    Unknown(String, String),
+    /// A known secret under a scheme spelled some way.
+    Known { narrow: bool, scheme: String },
+}
+
+impl HeaderGen {
+    /// Whether the header names a known token: `Some(narrow)`.
+    fn token(&self) -> Option<bool> {
+        match self {
+            HeaderGen::Known { narrow, scheme } if scheme.eq_ignore_ascii_case("bearer") => {
+                Some(*narrow)
+            }
+            _ => None,
+        }
+    }
+}
+
+fn header() -> BoxedStrategy<HeaderGen> {
+    prop_oneof![
+        1 => Just(HeaderGen::Missing),
+        2 => prop::collection::vec(any::<u8>(), 0..80).prop_map(HeaderGen::Raw),
+        2 => (prop_oneof![Just("Bearer".to_owned()), Just("bearer".to_owned()), "[A-Za-z]{0,8}"], "[ -~]{0,70}")
+            .prop_map(|(scheme, secret)| HeaderGen::Unknown(scheme, secret)),
+        4 => (any::<bool>(), prop_oneof![3 => Just("Bearer".to_owned()), 1 => Just("BEARER".to_owned()), 1 => Just("Basic".to_owned()), 1 => Just(String::new())])
+            .prop_map(|(narrow, scheme)| HeaderGen::Known { narrow, scheme }),
+    ]
+    .boxed()
+}
+
+/// What the call does: (rpc, queue it touches when known up front).
+#[derive(Debug, Clone)]
+enum AuthCall {
+    Enqueue(&'static str),
+    Dequeue(&'static str),
+    Stats(&'static str),
+    ListAll,
+    GetJob(usize),
+    Ack(usize),
+    Retry(usize),
+}
+
+fn auth_call() -> BoxedStrategy<AuthCall> {
+    let queue = select(&QUEUES[..2]);
+    prop_oneof![
+        3 => queue.clone().prop_map(AuthCall::Enqueue),
+        2 => queue.clone().prop_map(AuthCall::Dequeue),
+        1 => queue.prop_map(AuthCall::Stats),
+        1 => Just(AuthCall::ListAll),
+        1 => any::<usize>().prop_map(AuthCall::GetJob),
+        2 => any::<usize>().prop_map(AuthCall::Ack),
+        1 => any::<usize>().prop_map(AuthCall::Retry),
+    ]
+    .boxed()
+}
+
+/// Runs `msg` through the interceptor with `header`, then `call` on it.
+fn intercepted<T>(auth: &Auth, header: &HeaderGen, msg: T) -> Result<Request<T>, Status> {
+    use tonic::service::Interceptor;
+    let mut req = Request::new(());
+    let value: Option<Vec<u8>> = match header {
+        HeaderGen::Missing => None,
+        HeaderGen::Raw(bytes) => Some(bytes.clone()),
+        HeaderGen::Unknown(scheme, secret) => Some(format!("{scheme} {secret}").into_bytes()),
+        HeaderGen::Known { narrow, scheme } => {
+            let secret = if *narrow { NARROW_SECRET } else { ROOT_SECRET };
+            Some(format!("{scheme} {secret}").into_bytes())
+        }
+    };
+    if let Some(bytes) = value {
+        // Bytes no header can carry never reach the server.
+        if let Ok(v) = tonic::metadata::AsciiMetadataValue::try_from(bytes.as_slice()) {
+            req.metadata_mut().insert("authorization", v);
+        }
+    }
+    let (metadata, extensions, ()) = auth.clone().call(req)?.into_parts();
+    Ok(Request::from_parts(metadata, extensions, msg))
+}
+
+async fn run_auth_case(calls: &[(HeaderGen, AuthCall)]) -> Checked {
+    let auth = fuzz_tokens();
+    let mut h = Harness::new();
+    h.svc = {
+        let dir = h._dir.path().join("auth");
+        let config = Arc::new(config(&dir));
+        let store = Arc::new(SledStore::open(&config).expect("open the store"));
+        let shutdown = CancellationToken::new();
+        h.hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
+        JobQueueService::new(store, Arc::clone(&h.hub), config, shutdown).with_auth(auth.clone())
+    };
+    h.root = auth.authenticate_secret(Some(ROOT_SECRET)).expect("root");
+    let mut queue_of: BTreeMap<String, &'static str> = BTreeMap::new();
+    // Which token took each lease: Some(narrow).
+    let mut taker: BTreeMap<(String, String), bool> = BTreeMap::new();
+    for (step, (header, call)) in calls.iter().enumerate() {
+        let panics = PANICS.load(Ordering::SeqCst);
+        let before = h.snapshot().await?;
+        let job = |i: usize| pick(&h.jobs, i).unwrap_or_else(|| "1".into());
+        let lease = |i: usize| pick(&h.leases, i).unwrap_or_else(|| ("1".into(), "1".into()));
+        // The queue the call touches, when the test can know it.
+        let (code, queue) = match call {
+            AuthCall::Enqueue(q) => {
+                let msg = pb::EnqueueRequest {
+                    queue: (*q).into(),
+                    kind: "k".into(),
+                    ..Default::default()
+                };
+                let r = match intercepted(&auth, header, msg) {
+                    Ok(req) => h.svc.enqueue(req).await,
+                    Err(s) => Err(s),
+                };
+                if let Ok(resp) = &r {
+                    let id = resp
+                        .get_ref()
+                        .job
+                        .as_ref()
+                        .map(|j| j.id.clone())
+                        .unwrap_or_default();
+                    queue_of.insert(id.clone(), q);
+                    h.jobs.push(id);
+                }
+                (code_of(&r), Some(*q))
+            }
+            AuthCall::Dequeue(q) => {
+                let msg = pb::DequeueRequest {
+                    queues: vec![(*q).into()],
+                    worker_id: "w".into(),
+                    ..Default::default()
+                };
+                let r = match intercepted(&auth, header, msg) {
+                    Ok(req) => h.svc.dequeue(req).await,
+                    Err(s) => Err(s),
+                };
+                if let Ok(resp) = &r {
+                    if let Some(l) = &resp.get_ref().leased {
+                        let id = l.job.as_ref().map(|j| j.id.clone()).unwrap_or_default();
+                        if let Some(narrow) = header.token() {
+                            taker.insert((id.clone(), l.lease_id.clone()), narrow);
+                        }
+                        h.leases.push((id, l.lease_id.clone()));
+                    }
+                }
+                (code_of(&r), Some(*q))
+            }
+            AuthCall::Stats(q) => {
+                let r = match intercepted(&auth, header, pb::StatsRequest { queue: (*q).into() }) {
+                    Ok(req) => h.svc.stats(req).await,
+                    Err(s) => Err(s),
+                };
+                (code_of(&r), Some(*q))
+            }
+            AuthCall::ListAll => {
+                let r = match intercepted(&auth, header, pb::ListJobsRequest::default()) {
+                    Ok(req) => h.svc.list_jobs(req).await,
+                    Err(s) => Err(s),
+                };
+                if let (Ok(resp), Some(true)) = (&r, header.token()) {
+                    prop_assert!(
+                        resp.get_ref().jobs.iter().all(|j| j.queue == "emails"),
+                        "step {step}: a narrow token listed another queue's jobs"
+                    );
+                }
+                (code_of(&r), None)
+            }
+            AuthCall::GetJob(i) => {
+                let id = job(*i);
+                let q = queue_of.get(&id).copied();
+                let r = match intercepted(&auth, header, pb::GetJobRequest { id }) {
+                    Ok(req) => h.svc.get_job(req).await,
+                    Err(s) => Err(s),
+                };
+                (code_of(&r), q)
+            }
+            AuthCall::Ack(i) => {
+                let (job_id, lease_id) = lease(*i);
+                let q = queue_of.get(&job_id).copied();
+                let other = taker
+                    .get(&(job_id.clone(), lease_id.clone()))
+                    .is_some_and(|&narrow| Some(narrow) != header.token());
+                let r = match intercepted(&auth, header, pb::AckRequest { job_id, lease_id }) {
+                    Ok(req) => h.svc.ack(req).await,
+                    Err(s) => Err(s),
+                };
+                let code = code_of(&r);
+                // Another token's lease is never acked (PERMISSION_DENIED
+                // while it is held; ABORTED or FAILED_PRECONDITION after).
+                prop_assert!(
+                    !(other && code == Code::Ok),
+                    "step {step}: a token acked another token's lease"
+                );
+                if other && header.token().is_some() {
+                    // Scope checks below do not apply: the owner check may
+                    // answer PERMISSION_DENIED for an in-scope token.
+                    if code == Code::PermissionDenied {
+                        prop_assert_eq!(
+                            &before,
+                            &h.snapshot().await?,
+                            "step {}: denied ack changed the store",
+                            step
+                        );
+                    }
+                    continue;
+                }
+                (code, q)
+            }
+            AuthCall::Retry(i) => {
+                let job_id = job(*i);
+                let q = queue_of.get(&job_id).copied();
+                let r = match intercepted(&auth, header, pb::RetryRequest { job_id }) {
+                    Ok(req) => h.svc.retry(req).await,
+                    Err(s) => Err(s),
+                };
+                // Retry is admin-only: narrow is always outside.
+                (code_of(&r), q.map(|_| "admin-only"))
+            }
+        };
+        let ctx = || format!("step {step}: {call:?} with {header:?} -> {code:?}");
+        prop_assert!(!matches!(code, Code::Internal | Code::Unknown), "{}", ctx());
+        match header.token() {
+            None => prop_assert_eq!(code, Code::Unauthenticated, "{}", ctx()),
+            Some(narrow) => {
+                prop_assert_ne!(code, Code::Unauthenticated, "{}", ctx());
+                let outside = narrow && queue.is_some_and(|q| q != "emails");
+                if outside {
+                    prop_assert_eq!(code, Code::PermissionDenied, "{}", ctx());
+                } else {
+                    prop_assert_ne!(code, Code::PermissionDenied, "{}", ctx());
+                }
+            }
+        }
+        if code != Code::Ok {
+            let after = h.snapshot().await?;
+            prop_assert_eq!(
+                before,
+                after,
+                "{}: a rejected call changed the store",
+                ctx()
+            );
+        }
+        prop_assert_eq!(
+            PANICS.load(Ordering::SeqCst),
+            panics,
+            "{}: something panicked",
+            ctx()
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn hostile_auth_headers_are_unauthenticated_and_scopes_hold(
+        calls in prop::collection::vec((header(), auth_call()), 10..30)
+    ) {
+        count_panics();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(run_auth_case(&calls))?;
     }
 }

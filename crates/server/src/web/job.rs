@@ -6,11 +6,13 @@ use std::{sync::Arc, time::SystemTime};
 use axum::{
     extract::{Path, State},
     response::Redirect,
+    Extension,
 };
 use maud::{html, Markup};
 
 use super::{layout, Web, WebError};
 use crate::{
+    auth::{self, Access, Who},
     job::{Job, Outcome, Status},
     store::Store,
     validate,
@@ -51,9 +53,11 @@ fn trace_id(job: &crate::job::Job) -> Option<&str> {
 /// The page.
 pub async fn page<S: Store>(
     State(web): State<Arc<Web<S>>>,
+    Extension(who): Extension<Who>,
     Path(id): Path<String>,
 ) -> Result<Markup, WebError> {
     let id = validate::job_id("id", &id)?;
+    auth::authorize(&*web.store, &who, Access::ReadJob(id)).await?;
     let job = web.store.get(id).await?;
     let now = SystemTime::now();
     let body = html! {
@@ -123,9 +127,11 @@ pub async fn page<S: Store>(
 /// Retries one dead letter, then shows it.
 pub async fn retry<S: Store>(
     State(web): State<Arc<Web<S>>>,
+    Extension(who): Extension<Who>,
     Path(id): Path<String>,
 ) -> Result<Redirect, WebError> {
     let id = validate::job_id("id", &id)?;
+    auth::authorize(&*web.store, &who, Access::Administer(id)).await?;
     web.store.retry(id, SystemTime::now()).await?;
     Ok(Redirect::to(&format!("/jobs/{id}")))
 }

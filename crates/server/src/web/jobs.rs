@@ -6,13 +6,14 @@ use std::{sync::Arc, time::SystemTime};
 use axum::{
     extract::{Query, State},
     response::Redirect,
-    Form,
+    Extension, Form,
 };
 use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::{layout, Web, WebError};
 use crate::{
+    auth::{Role, Who},
     error::Error,
     job::{JobId, Status},
     store::{ListFilter, Store},
@@ -93,6 +94,7 @@ impl Filter {
 /// The page.
 pub async fn page<S: Store>(
     State(web): State<Arc<Web<S>>>,
+    Extension(who): Extension<Who>,
     Query(filter): Query<Filter>,
 ) -> Result<Markup, WebError> {
     let after = if filter.after.is_empty() {
@@ -107,6 +109,7 @@ pub async fn page<S: Store>(
         .jobs
         .iter()
         .filter(|j| filter.kind.is_empty() || j.kind == filter.kind)
+        .filter(|j| who.sees(&j.queue))
         .collect();
     let now = SystemTime::now();
     let body = html! {
@@ -183,6 +186,7 @@ pub async fn page<S: Store>(
 /// shows them.
 pub async fn retry_matching<S: Store>(
     State(web): State<Arc<Web<S>>>,
+    Extension(who): Extension<Who>,
     Form(mut filter): Form<Filter>,
 ) -> Result<Redirect, WebError> {
     filter.status = "FAILED".into();
@@ -192,7 +196,9 @@ pub async fn retry_matching<S: Store>(
     while retried < RETRY_ALL_LIMIT {
         let page = web.store.list(filter.list(after, 500)?).await?;
         for job in &page.jobs {
-            if !filter.kind.is_empty() && job.kind != filter.kind {
+            if !filter.kind.is_empty() && job.kind != filter.kind
+                || !who.may(Role::Admin, &job.queue)
+            {
                 continue;
             }
             // Retried by someone else meanwhile: skip it.

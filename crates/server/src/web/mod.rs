@@ -5,11 +5,14 @@
 //!
 //! One file per page: [`queues`] (`/`), [`jobs`] (`/jobs`, and retrying
 //! every dead letter that matches a filter), [`job`] (`/jobs/{id}` and its
-//! Retry), [`metrics`] (`/metrics`); [`layout`] is the page shell.
+//! Retry), [`metrics`] (`/metrics`); [`layout`] is the page shell;
+//! [`login`] asks for a token when tokens are on (`/login`, and the guard
+//! in front of every other route).
 
 mod job;
 mod jobs;
 mod layout;
+mod login;
 mod metrics;
 mod queues;
 
@@ -17,6 +20,7 @@ use std::sync::Arc;
 
 use axum::{
     http::StatusCode,
+    middleware,
     response::{IntoResponse, Response},
     routing::{get, post},
     Router,
@@ -24,6 +28,7 @@ use axum::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    auth::Auth,
     error::{Error, Result},
     metrics::{Metrics, Rates},
     store::Store,
@@ -39,6 +44,10 @@ pub struct Web<S> {
     pub rates: Arc<Rates>,
     /// How many Lease streams are open.
     pub streams: Arc<dyn Fn() -> usize + Send + Sync>,
+    /// The tokens (off: every page is open).
+    pub auth: Auth,
+    /// `/metrics` needs no token (`--metrics-token-free`).
+    pub metrics_token_free: bool,
 }
 
 /// The routes.
@@ -50,6 +59,11 @@ pub fn router<S: Store>(web: Arc<Web<S>>) -> Router {
         .route("/jobs/{id}", get(job::page::<S>))
         .route("/jobs/{id}/retry", post(job::retry::<S>))
         .route("/metrics", get(metrics::scrape::<S>))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&web),
+            login::guard::<S>,
+        ))
+        .route("/login", get(login::form).post(login::submit::<S>))
         .with_state(web)
 }
 
@@ -84,6 +98,8 @@ impl IntoResponse for WebError {
             tonic::Code::NotFound => StatusCode::NOT_FOUND,
             tonic::Code::FailedPrecondition | tonic::Code::Aborted => StatusCode::CONFLICT,
             tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            tonic::Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let message = if status == StatusCode::INTERNAL_SERVER_ERROR {

@@ -2,15 +2,19 @@
 
 use std::{sync::Arc, time::Duration, time::SystemTime};
 
-use axum::extract::State;
+use axum::{extract::State, Extension};
 use maud::{html, Markup, PreEscaped};
 
 use super::{layout, Web, WebError};
-use crate::store::Store;
+use crate::{auth::Who, store::Store};
 
 /// The page.
-pub async fn page<S: Store>(State(web): State<Arc<Web<S>>>) -> Result<Markup, WebError> {
-    let stats = web.store.stats(None, SystemTime::now()).await?;
+pub async fn page<S: Store>(
+    State(web): State<Arc<Web<S>>>,
+    Extension(who): Extension<Who>,
+) -> Result<Markup, WebError> {
+    let mut stats = web.store.stats(None, SystemTime::now()).await?;
+    stats.retain(|s| who.sees(&s.queue));
     let (minute, ten) = (
         web.rates.over(Duration::from_secs(60)),
         web.rates.over(Duration::from_secs(600)),

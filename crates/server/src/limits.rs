@@ -1,0 +1,259 @@
+//! Limits that hold under abuse (issue 8), beside the per-request ones in
+//! [`crate::validate`]:
+//!
+//! - [`StreamQuota`]: most Lease streams one token may hold open
+//!   (`--max-streams-per-token`), so one tenant cannot take every
+//!   `--max-waiters` slot.
+//! - [`RequestBudget`]: a tower layer that bounds the request bytes held
+//!   in memory by all calls at once (`--max-inflight-request-bytes`). Each
+//!   body frame takes its size from a semaphore as it arrives and holds it
+//!   until the call answers; a frame that does not fit fails the call with
+//!   RESOURCE_EXHAUSTED instead of growing memory.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+};
+
+use http_body::{Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::{
+    body::Body,
+    codegen::{http, Bytes},
+    Status,
+};
+use tower::{Layer, Service};
+
+use crate::{
+    auth::Who,
+    error::{Error, Result},
+};
+
+/// Counts open Lease streams per token.
+#[derive(Debug)]
+pub struct StreamQuota {
+    max: usize,
+    open: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One stream's place in its token's quota; freed on drop.
+#[derive(Debug)]
+pub struct QuotaSlot {
+    token: Option<String>,
+    open: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl StreamQuota {
+    /// At most `max` streams per token.
+    pub fn new(max: usize) -> StreamQuota {
+        StreamQuota {
+            max,
+            open: Arc::default(),
+        }
+    }
+
+    /// A slot for one more stream of `who` (no limit when tokens are off:
+    /// `--max-waiters` bounds them all).
+    ///
+    /// # Errors
+    /// [`Error::ResourceExhausted`] when the token already holds `max`.
+    pub fn acquire(&self, who: &Who) -> Result<QuotaSlot> {
+        let Some(token) = who.owner() else {
+            return Ok(QuotaSlot {
+                token: None,
+                open: Arc::clone(&self.open),
+            });
+        };
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(token.clone()).or_default();
+        if *n >= self.max {
+            return Err(Error::ResourceExhausted(format!(
+                "token {token:?} already holds {} Lease streams (--max-streams-per-token)",
+                self.max
+            )));
+        }
+        *n += 1;
+        Ok(QuotaSlot {
+            token: Some(token),
+            open: Arc::clone(&self.open),
+        })
+    }
+}
+
+impl Drop for QuotaSlot {
+    fn drop(&mut self) {
+        let Some(token) = &self.token else { return };
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(token) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(token);
+            }
+        }
+    }
+}
+
+/// The in-flight request bytes layer; see the module docs.
+#[derive(Debug, Clone)]
+pub struct RequestBudget {
+    bytes: Arc<Semaphore>,
+    total: usize,
+}
+
+impl RequestBudget {
+    /// A budget of `total` bytes shared by every call.
+    pub fn new(total: usize) -> RequestBudget {
+        let total = total.min(Semaphore::MAX_PERMITS);
+        RequestBudget {
+            bytes: Arc::new(Semaphore::new(total)),
+            total,
+        }
+    }
+
+    /// Bytes not held by any call now (for tests and metrics).
+    pub fn available(&self) -> usize {
+        self.bytes.available_permits()
+    }
+}
+
+impl<S> Layer<S> for RequestBudget {
+    type Service = Budgeted<S>;
+
+    fn layer(&self, inner: S) -> Budgeted<S> {
+        Budgeted {
+            inner,
+            budget: self.clone(),
+        }
+    }
+}
+
+/// The service the layer wraps.
+#[derive(Debug, Clone)]
+pub struct Budgeted<S> {
+    inner: S,
+    budget: RequestBudget,
+}
+
+type Held = Arc<Mutex<Vec<OwnedSemaphorePermit>>>;
+
+impl<S, RB> Service<http::Request<Body>> for Budgeted<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn Future<Output = std::result::Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let held: Held = Arc::default();
+        let (parts, body) = req.into_parts();
+        let body = Body::new(Counted {
+            inner: body,
+            budget: self.budget.clone(),
+            held: Arc::clone(&held),
+        });
+        let call = self.inner.call(http::Request::from_parts(parts, body));
+        Box::pin(async move {
+            let response = call.await;
+            // The request's bytes are released once the call has answered
+            // (for a Lease stream: once it opened).
+            drop(held);
+            response
+        })
+    }
+}
+
+/// A request body that takes each frame's size from the budget.
+struct Counted {
+    inner: Body,
+    budget: RequestBudget,
+    held: Held,
+}
+
+impl http_body::Body for Counted {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<Frame<Bytes>, Status>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let Poll::Ready(Some(Ok(frame))) = polled else {
+            return polled;
+        };
+        let Some(data) = frame.data_ref() else {
+            return Poll::Ready(Some(Ok(frame)));
+        };
+        let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        if n == 0 {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match Arc::clone(&self.budget.bytes).try_acquire_many_owned(n) {
+            Ok(permit) => {
+                self.held
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(permit);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Err(_) => Poll::Ready(Some(Err(Status::resource_exhausted(format!(
+                "the server holds its limit of {} bytes of requests in flight (--max-inflight-request-bytes); retry later",
+                self.budget.total
+            ))))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{digest_hex, Auth, Tokens};
+
+    #[test]
+    fn a_token_holds_at_most_max_streams_and_a_closed_one_frees_its_slot() {
+        let tokens = Tokens::parse(&format!(
+            "[[token]]\nname='w'\nsha256='{}'\nqueues=['*']\nroles=['consume']\n",
+            digest_hex("s")
+        ))
+        .unwrap();
+        let caller = Auth::from_tokens(tokens)
+            .authenticate_secret(Some("s"))
+            .unwrap()
+            .unwrap();
+        let who = Who::Token(caller);
+        let quota = StreamQuota::new(2);
+        let a = quota.acquire(&who).unwrap();
+        let _b = quota.acquire(&who).unwrap();
+        assert!(matches!(
+            quota.acquire(&who),
+            Err(Error::ResourceExhausted(_))
+        ));
+        drop(a);
+        let _c = quota.acquire(&who).unwrap();
+        // Without tokens there is no per-token quota.
+        let anyone: Vec<_> = (0..5)
+            .map(|_| quota.acquire(&Who::Anyone).unwrap())
+            .collect();
+        assert_eq!(anyone.len(), 5);
+    }
+}

@@ -1,0 +1,149 @@
+//! Limits that hold under abuse (issue 8), against a real server: Lease
+//! streams per token, the in-flight request bytes budget, and lease ids
+//! that knowing job ids does not help guess.
+
+mod common;
+
+use std::{collections::HashSet, time::Duration};
+
+use common::{code, req, TestServer};
+use jobq::pb;
+use tonic::Code;
+
+fn lease_req(queue: &str) -> pb::LeaseRequest {
+    pb::LeaseRequest {
+        queues: vec![queue.into()],
+        worker_id: "w".into(),
+        capacity: 1,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_token_holds_at_most_max_streams_per_token() {
+    let server = TestServer::with(|c| c.max_streams_per_token = 2).await;
+    let mut c = server.client().await;
+    let first = c
+        .lease(req(lease_req("in.s"), Some("consumer")))
+        .await
+        .unwrap();
+    let _second = c
+        .lease(req(lease_req("in.s"), Some("consumer")))
+        .await
+        .unwrap();
+    let third = c.lease(req(lease_req("in.s"), Some("consumer"))).await;
+    assert_eq!(code(third), Code::ResourceExhausted);
+    // Another token is not held back by the first one's streams.
+    let _other = c
+        .lease(req(lease_req("in.s"), Some("consumer2")))
+        .await
+        .unwrap();
+    // A closed stream frees its slot (once the server sees it end).
+    drop(first);
+    let mut opened = None;
+    for _ in 0..500 {
+        if let Ok(s) = c.lease(req(lease_req("in.s"), Some("consumer"))).await {
+            opened = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(opened.is_some(), "the closed stream's slot was never freed");
+}
+
+#[tokio::test]
+async fn requests_over_the_inflight_bytes_budget_are_resource_exhausted() {
+    let server = TestServer::with(|c| c.max_inflight_request_bytes = 64 * 1024).await;
+    let mut c = server.client().await;
+    let big = pb::EnqueueRequest {
+        queue: "in.big".into(),
+        kind: "k".into(),
+        payload: vec![7; 200 * 1024],
+        ..Default::default()
+    };
+    for _ in 0..3 {
+        let status = c
+            .enqueue(req(big.clone(), Some("producer")))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    }
+    // Nothing was stored, and the budget was given back: small calls pass.
+    let stats = c
+        .stats(req(pb::StatsRequest::default(), Some("root")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stats.queues.is_empty());
+    for i in 0..50 {
+        let small = pb::EnqueueRequest {
+            queue: "in.small".into(),
+            kind: "k".into(),
+            payload: vec![i; 16 * 1024],
+            ..Default::default()
+        };
+        c.enqueue(req(small, Some("producer"))).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn lease_ids_are_random_not_sequential_nor_derived_from_job_ids() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let batch = pb::EnqueueBatchRequest {
+        jobs: (0..200)
+            .map(|_| pb::EnqueueRequest {
+                queue: "in.ids".into(),
+                kind: "k".into(),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    c.enqueue_batch(req(batch, Some("root"))).await.unwrap();
+    let mut pairs = Vec::new();
+    for _ in 0..200 {
+        let leased = c
+            .dequeue(req(
+                pb::DequeueRequest {
+                    queues: vec!["in.ids".into()],
+                    worker_id: "w".into(),
+                    ..Default::default()
+                },
+                Some("root"),
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .leased
+            .expect("a due job");
+        let job: u64 = leased.job.unwrap().id.parse().unwrap();
+        let lease: u64 = leased.lease_id.parse().unwrap();
+        pairs.push((job, lease));
+    }
+    let leases: Vec<u64> = pairs.iter().map(|p| p.1).collect();
+    assert_eq!(
+        leases.iter().collect::<HashSet<_>>().len(),
+        200,
+        "lease ids repeat"
+    );
+    for (job, lease) in &pairs {
+        assert_ne!(job, lease, "a lease id equals its job id");
+        // Not a small offset from the job id either.
+        assert!(
+            lease.abs_diff(*job) > 1 << 20,
+            "lease {lease} is near job {job}"
+        );
+    }
+    // Consecutive takes are not consecutive (or nearby) numbers.
+    let near = leases
+        .windows(2)
+        .filter(|w| w[0].abs_diff(w[1]) < 1 << 32)
+        .count();
+    assert_eq!(near, 0, "consecutive lease ids are close: {leases:?}");
+    // They use the whole 64-bit range: random high bits.
+    let high = leases.iter().filter(|&&l| l >> 63 == 1).count();
+    assert!(
+        (50..=150).contains(&high),
+        "{high} of 200 have the top bit set"
+    );
+}
