@@ -304,7 +304,64 @@ def tokens(tmp, client, addr):
         server.stop()
 
 
-TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens]
+def make_pki(tmp):
+    """A throwaway CA and a server certificate for localhost/127.0.0.1,
+    made with the openssl command line; returns (ca, cert, key) paths."""
+    ca_key, ca = os.path.join(tmp, "ca.key"), os.path.join(tmp, "ca.pem")
+    key, csr, cert = (os.path.join(tmp, n) for n in ("server.key", "server.csr", "server.pem"))
+    ext = os.path.join(tmp, "san.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=60)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=jobq py test CA")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", key, "-out", csr, "-subj", "/CN=localhost")
+    run("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+        "-out", cert, "-days", "2", "-extfile", ext)
+    return ca, cert, key
+
+
+def tls_and_token(tmp, client, addr):
+    """A server with TLS and tokens: the client with the CA and a token
+    works; without the CA, or over plaintext, it does not."""
+    import grpc
+    import json
+
+    ca, cert, key = make_pki(tmp)
+    out = subprocess.run(
+        [JOBQ_BIN, "--json", "token", "new", "py", "--roles", "admin", "--queues", "*"],
+        check=True, capture_output=True, text=True, timeout=30,
+    ).stdout
+    token = json.loads(out)
+    path = os.path.join(tmp, "tls-tokens.toml")
+    with open(path, "w") as f:
+        f.write(token["toml"])
+    server = Server(tmp, "--tls-cert", cert, "--tls-key", key, "--auth-tokens", path,
+                    name="tls-server")
+    port = server.addr.rsplit(":", 1)[1]
+    good = Client(f"https://localhost:{port}", token=token["secret"],
+                  root_certificates=open(ca, "rb").read())
+    untrusted = Client(f"https://localhost:{port}", token=token["secret"], timeout=5)
+    plain = Client(server.addr, token=token["secret"], timeout=5)
+    try:
+        good.wait_ready()
+        job, _ = good.enqueue("tls", "k", b"over tls")
+        assert good.get_job(job.id).payload == b"over tls"
+        for bad in (untrusted, plain):
+            try:
+                bad.stats()
+                raise AssertionError("a call without the server's CA went through")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+    finally:
+        for c in (good, untrusted, plain):
+            c.close()
+        server.stop()
+
+
+TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens,
+         tls_and_token]
 
 
 def main():
