@@ -514,6 +514,65 @@ async fn purge_deletes_old_finished_jobs_and_frees_their_keys() {
 }
 
 #[tokio::test]
+async fn list_pages_are_bounded_by_bytes_and_can_leave_payloads_out() {
+    let (_dir, store) = fresh().await;
+    let mut ids = Vec::new();
+    for i in 0..5u64 {
+        let new = NewJob {
+            payload: vec![b'x'; 100 * 1024],
+            ..new_job("big", None, 0)
+        };
+        ids.push(store.enqueue(new, at(i)).await.unwrap().job.id);
+    }
+    // 250 KiB pages hold two 100 KiB jobs; every job is seen once.
+    let (mut seen, mut after, mut pages) = (Vec::new(), None, 0);
+    loop {
+        let page = store
+            .list(ListFilter {
+                after,
+                limit: 100,
+                max_bytes: 250 * 1024,
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        pages += 1;
+        assert!(!page.jobs.is_empty() && page.jobs.len() <= 2, "{}", page.jobs.len());
+        assert!(page.jobs.iter().all(|j| j.payload.len() == 100 * 1024));
+        seen.extend(page.jobs.iter().map(|j| j.id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids);
+    assert_eq!(pages, 3);
+    // A bound smaller than one job still makes progress, one job a page.
+    let one = store
+        .list(ListFilter {
+            limit: 100,
+            max_bytes: 1,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!((one.jobs.len(), one.next), (1, Some(ids[0])));
+    // Without payloads the whole queue fits one small page.
+    let slim = store
+        .list(ListFilter {
+            limit: 100,
+            max_bytes: 250 * 1024,
+            omit_payload: true,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(slim.jobs.len(), 5);
+    assert_eq!(slim.next, None);
+    assert!(slim.jobs.iter().all(|j| j.payload.is_empty()));
+}
+
+#[tokio::test]
 async fn list_pages_by_id_and_filters() {
     let (_dir, store) = fresh().await;
     let mut all = Vec::new();

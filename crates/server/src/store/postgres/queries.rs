@@ -75,39 +75,88 @@ pub async fn get(pg: &Pg, id: JobId) -> Result<Job> {
         .ok_or(Error::NotFound(id))
 }
 
-/// A page of jobs by ascending id.
+/// A page of jobs by ascending id: at most `limit` jobs and about
+/// `max_bytes` of them (at least one, so paging moves on), payloads left
+/// out with `omit_payload`. The sizes are read first, so a page is never
+/// built bigger than its bound in memory.
 pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
     let client = pg.client().await?;
-    let limit = i64::try_from(filter.limit.max(1)).unwrap_or(i64::MAX);
+    let limit = filter.limit.max(1);
     let after = filter.after.map_or(0, |id| row::to_db(id.0));
     if filter.after.is_some_and(|id| row::to_db(id.0) < 0) {
         // Past every id the sequence hands out.
         return Ok(Page::default());
     }
     let status = filter.status.map(status_text);
+    const FILTER: &str = "id > $1 \
+         AND ($2::text IS NULL OR queue = $2) \
+         AND ($3::text IS NULL OR status = $3) \
+         AND ($4::text IS NULL OR key = $4)";
+    let sizes = client
+        .prepare_cached(&format!(
+            "SELECT id, (CASE WHEN $6 THEN 0 ELSE octet_length(payload) END)::bigint \
+             + octet_length(queue) + octet_length(kind) + coalesce(octet_length(key), 0) \
+             + coalesce(octet_length(last_error), 0) + octet_length(extra::text) + 128 \
+             FROM jobq_jobs WHERE {FILTER} ORDER BY id LIMIT $5"
+        ))
+        .await?;
+    let rows = client
+        .query(
+            &sizes,
+            &[
+                &after,
+                &filter.queue,
+                &status,
+                &filter.key,
+                &i64::try_from(limit + 1).unwrap_or(i64::MAX),
+                &filter.omit_payload,
+            ],
+        )
+        .await?;
+    let (mut last, mut taken, mut bytes, mut full) = (None, 0usize, 0usize, false);
+    for r in &rows {
+        let id: i64 = r.try_get(0)?;
+        let size = usize::try_from(r.try_get::<_, i64>(1)?).unwrap_or(usize::MAX);
+        if taken == limit || (taken > 0 && bytes.saturating_add(size) > filter.max_bytes) {
+            full = true;
+            break;
+        }
+        bytes = bytes.saturating_add(size);
+        taken += 1;
+        last = Some(id);
+    }
+    let Some(last) = last else {
+        return Ok(Page::default());
+    };
+    let columns = COLUMNS.replacen(
+        ", payload,",
+        ", CASE WHEN $6 THEN ''::bytea ELSE payload END AS payload,",
+        1,
+    );
     let stmt = client
         .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM jobq_jobs WHERE id > $1 \
-             AND ($2::text IS NULL OR queue = $2) \
-             AND ($3::text IS NULL OR status = $3) \
-             AND ($4::text IS NULL OR key = $4) \
-             ORDER BY id LIMIT $5"
+            "SELECT {columns} FROM jobq_jobs WHERE {FILTER} AND id <= $5 ORDER BY id"
         ))
         .await?;
     let rows = client
         .query(
             &stmt,
-            &[&after, &filter.queue, &status, &filter.key, &(limit + 1)],
+            &[
+                &after,
+                &filter.queue,
+                &status,
+                &filter.key,
+                &last,
+                &filter.omit_payload,
+            ],
         )
         .await?;
-    let mut jobs = rows
+    let jobs = rows
         .iter()
         .map(row::job_of)
         .collect::<Result<Vec<_>, _>>()?;
-    let more = jobs.len() > filter.limit.max(1);
-    jobs.truncate(filter.limit.max(1));
     let jobs = with_history(&client, jobs).await?;
-    let next = if more {
+    let next = if full {
         jobs.last().map(|j| j.id)
     } else {
         None
