@@ -257,6 +257,17 @@ fn serve_refuses_a_public_address_without_tls_and_tokens() {
         .expect("run jobq serve");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("without --auth-tokens"));
+    // With tokens, still not over plain HTTP to the network.
+    let out = Command::new(JOBQ)
+        .args(["serve", "--data"])
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--http-listen", "0.0.0.0:0"])
+        .args(["--auth-tokens", tokens.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run jobq serve");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("over plain HTTP"));
 }
 
 #[test]
@@ -368,7 +379,10 @@ async fn the_dashboard_asks_for_a_token_read_to_view_admin_to_retry() {
     let (status, _, body) = http(web, "GET", "/jobs", &viewer, "").await;
     assert_eq!(status, 200);
     assert!(!body.contains("theirs"), "{body}");
-    assert_eq!(http(web, "GET", "/metrics", &viewer, "").await.0, 200);
+    // /metrics counts every queue: it takes a token that reads them all.
+    assert_eq!(http(web, "GET", "/metrics", &viewer, "").await.0, 403);
+    let ops_token = [("Authorization", "Bearer ops-secret")];
+    assert_eq!(http(web, "GET", "/metrics", &ops_token, "").await.0, 200);
     let retry = format!("/jobs/{id}/retry");
     assert_eq!(http(web, "POST", &retry, &viewer, "").await.0, 403);
     // No read role at all.

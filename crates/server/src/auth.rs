@@ -129,6 +129,8 @@ struct Token {
     name: Arc<str>,
     digest: [u8; 32],
     queues: GlobSet,
+    /// One of its patterns is `*`: it covers every queue there is.
+    all_queues: bool,
     roles: u8,
 }
 
@@ -176,11 +178,13 @@ impl Tokens {
                 globs.add(Glob::new(pattern).map_err(|e| bad(format!("queues: {e}")))?);
             }
             let queues = globs.build().map_err(|e| bad(format!("queues: {e}")))?;
+            let all_queues = entry.queues.iter().any(|p| p == "*");
             let roles = entry.roles.iter().fold(0, |acc, r| acc | r.bit());
             entries.push(Arc::new(Token {
                 name: entry.name.into(),
                 digest,
                 queues,
+                all_queues,
                 roles,
             }));
         }
@@ -238,6 +242,12 @@ impl Caller {
     /// True when the token has `role` (or admin) on some queue.
     pub fn has_role(&self, role: Role) -> bool {
         (self.0.roles & (role.bit() | Role::Admin.bit())) != 0
+    }
+
+    /// True when the token has `role` (or admin) on every queue (its
+    /// queues include the pattern `*`).
+    pub fn may_everywhere(&self, role: Role) -> bool {
+        self.has_role(role) && self.0.all_queues
     }
 
     /// True when the token has `role` (or admin) on `queue`.

@@ -296,10 +296,15 @@ impl Config {
             ));
         }
         if let Some(http) = self.http_listen.0 {
-            if !http.ip().is_loopback() && self.auth_tokens.is_none() {
+            if !http.ip().is_loopback() {
+                let why = if self.auth_tokens.is_none() {
+                    "without --auth-tokens: anyone who can reach it could read jobs and retry them"
+                } else {
+                    "over plain HTTP: tokens and job data would cross the network in clear"
+                };
                 return Err(format!(
-                    "refusing to serve the dashboard and /metrics on {http} without --auth-tokens: anyone who can reach it could read jobs and retry them. \
-                     Use --auth-tokens, --http-listen 127.0.0.1:PORT or off, or pass --insecure"
+                    "refusing to serve the dashboard and /metrics on {http} {why}. \
+                     Keep --http-listen on 127.0.0.1 (behind a TLS-terminating proxy if others need it), set it to off, or pass --insecure"
                 ));
             }
         }

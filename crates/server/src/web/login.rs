@@ -94,8 +94,21 @@ pub async fn guard<S: Store>(
     } else {
         Role::Read
     };
-    if !caller.has_role(role) {
-        let message = format!("token {:?} lacks the {role} role", caller.name());
+    // `/metrics` counts every queue: it takes a token that reads them all.
+    let allowed = if req.uri().path() == "/metrics" {
+        caller.may_everywhere(role)
+    } else {
+        caller.has_role(role)
+    };
+    if !allowed {
+        let message = if req.uri().path() == "/metrics" {
+            format!(
+                "token {:?} lacks the {role} role on every queue (queues = [\"*\"]), which /metrics needs: it counts all queues",
+                caller.name()
+            )
+        } else {
+            format!("token {:?} lacks the {role} role", caller.name())
+        };
         return (
             StatusCode::FORBIDDEN,
             layout::page("Forbidden", html! { p.error { (message) } }),
