@@ -21,6 +21,7 @@
 mod error;
 pub mod flusher;
 mod index;
+mod record;
 
 use std::{
     collections::HashMap,
@@ -64,12 +65,11 @@ fn record_key(id: JobId) -> [u8; 8] {
 }
 
 fn encode(job: &Job) -> Result<Vec<u8>> {
-    postcard::to_allocvec(job)
-        .map_err(|e| Error::Corrupt(format!("cannot encode job {}: {e}", job.id)))
+    record::encode(job).map_err(|e| Error::Corrupt(format!("cannot encode job {}: {e}", job.id)))
 }
 
 fn decode(key: &[u8], value: &[u8]) -> Result<Job> {
-    let job: Job = postcard::from_bytes(value)
+    let job = record::decode(value)
         .map_err(|e| Error::Corrupt(format!("undecodable record {key:?}: {e}")))?;
     if key != record_key(job.id) {
         return Err(Error::Corrupt(format!(
