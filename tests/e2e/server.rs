@@ -386,7 +386,8 @@ async fn delayed_jobs_wait_and_due_jobs_go_by_run_at_then_enqueue_order() {
             "q",
             "k",
             "late",
-            EnqueueOptions::new().delay(Duration::from_millis(300)),
+            // Long enough that a loaded CI box takes a and b first.
+            EnqueueOptions::new().delay(Duration::from_secs(3)),
         )
         .await
         .expect("enqueue");
@@ -411,7 +412,7 @@ async fn delayed_jobs_wait_and_due_jobs_go_by_run_at_then_enqueue_order() {
         "the delayed job is not due yet"
     );
     let got = c
-        .dequeue(["q"], "w1", None, secs(5))
+        .dequeue(["q"], "w1", None, secs(15))
         .await
         .expect("dequeue")
         .expect("woken when due");

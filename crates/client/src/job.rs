@@ -137,6 +137,11 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
             }
         };
         let result = call.await;
+        if result.is_ok() {
+            // Out of the book at once: a heartbeat that crossed the ack
+            // must not count this lease as lost.
+            shared.forget(ctx);
+        }
         match (result, &outcome) {
             (Ok(()), Ok(())) => {
                 info!("acked");

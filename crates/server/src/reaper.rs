@@ -87,6 +87,10 @@ async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: Canc
     let every = (timeout / 5).max(Duration::from_millis(50));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A server whose own heartbeats failed (the database was away) judges
+    // no other until it has heartbeated for a whole timeout: after an
+    // outage that silenced everyone, the others need a tick to catch up.
+    let mut healthy_since = Some(tokio::time::Instant::now());
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -94,6 +98,11 @@ async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: Canc
         }
         if let Err(err) = store.heartbeat().await {
             warn!(cause = %err, "server heartbeat failed; retrying");
+            healthy_since = None;
+            continue;
+        }
+        let since = *healthy_since.get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() < timeout {
             continue;
         }
         match store.reclaim_orphaned(SystemTime::now()).await {

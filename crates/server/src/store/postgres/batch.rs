@@ -1,52 +1,111 @@
-//! Group commit for the PostgreSQL store: concurrent transitions (acks,
-//! fails, heartbeats, reclaims) that arrive while a transaction is in
-//! flight are applied together in the next one, so N acks cost one commit
-//! (one WAL flush) and one lock-and-write round instead of N.
+//! Group commit for the PostgreSQL store: concurrent calls that arrive
+//! while a transaction is in flight go together in the next one, so N
+//! acks (or N enqueues) cost one commit (one WAL flush) and one round of
+//! statements instead of N.
 //!
-//! The contract allows it: [`crate::store::Backend::apply`] already takes
-//! many events, applied in order, each with its own result; a batch of
-//! callers is one such call whose events are theirs in arrival order, so
-//! each caller sees exactly what running its call alone after the earlier
-//! ones would show. Rows are locked in id order, so batches never deadlock
-//! each other. At most `lanes` transactions run at once; a caller that finds
+//! The contract allows it for the two calls batched ([`Op`]):
+//! - transitions ([`crate::store::Backend::apply`]: acks, fails,
+//!   heartbeats, reclaims) already take many events, applied in order, each
+//!   with its own result; a batch of callers is one such call whose events
+//!   are theirs in arrival order, so each caller sees exactly what running
+//!   alone after the earlier ones would show. Rows are locked in id order,
+//!   so batches never deadlock each other.
+//! - enqueues ([`crate::store::Backend::insert`]) likewise take many jobs
+//!   with one result each; a key repeated by two callers of one batch is
+//!   found by the second insert (`ON CONFLICT DO NOTHING` sees the first
+//!   row in the same transaction), which returns the first's job, as if
+//!   they had run one after the other.
+//!
+//! At most `lanes` transactions of a kind run at once; a caller that finds
 //! a lane free goes at once, alone (no added latency when idle).
 
 use std::{sync::Arc, time::SystemTime};
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::{error::PgError, Core};
-use crate::{error::Result, job::JobId, machine::Event, store::Change};
+use super::{error::PgError, insert, Core};
+use crate::{
+    error::Result,
+    job::{JobId, NewJob},
+    machine::Event,
+    store::{Change, Enqueued},
+};
+
+/// A kind of call that can share a transaction with others of its kind.
+pub trait Op: Send + Sync + 'static {
+    /// One entry of a call.
+    type Item: Send + 'static;
+    /// Its result.
+    type Out: Send + 'static;
+    /// Runs entries in one transaction: one result per entry, in order.
+    fn run(
+        core: Arc<Core>,
+        items: Vec<Self::Item>,
+        now: SystemTime,
+    ) -> impl std::future::Future<Output = std::result::Result<Vec<Self::Out>, PgError>> + Send;
+}
+
+/// Transitions.
+pub struct Apply;
+
+impl Op for Apply {
+    type Item = (JobId, Event);
+    type Out = Result<Change>;
+
+    async fn run(
+        core: Arc<Core>,
+        items: Vec<Self::Item>,
+        now: SystemTime,
+    ) -> std::result::Result<Vec<Self::Out>, PgError> {
+        core.apply_events(items, now).await
+    }
+}
+
+/// Enqueues.
+pub struct Insert;
+
+impl Op for Insert {
+    type Item = NewJob;
+    type Out = Enqueued;
+
+    async fn run(
+        core: Arc<Core>,
+        items: Vec<Self::Item>,
+        now: SystemTime,
+    ) -> std::result::Result<Vec<Self::Out>, PgError> {
+        insert::insert(&core, items, now).await
+    }
+}
 
 /// What a caller gets back.
-type Reply = std::result::Result<Vec<Result<Change>>, PgError>;
+type Reply<O> = std::result::Result<Vec<<O as Op>::Out>, PgError>;
 
-/// One caller's transitions, waiting for a transaction.
-pub struct Request {
-    events: Vec<(JobId, Event)>,
+/// One caller's entries, waiting for a transaction.
+pub struct Request<O: Op> {
+    items: Vec<O::Item>,
     now: SystemTime,
-    reply: oneshot::Sender<Reply>,
+    reply: oneshot::Sender<Reply<O>>,
 }
 
-/// The queue in front of the transactions.
-pub struct Batcher {
-    tx: mpsc::UnboundedSender<Request>,
+/// The queue in front of one kind of transaction.
+pub struct Batcher<O: Op> {
+    tx: mpsc::UnboundedSender<Request<O>>,
 }
 
-impl Batcher {
+impl<O: Op> Batcher<O> {
     /// Starts the batching task for `pg` (held weakly: the task ends with
     /// the backend). `max_events` bounds one transaction; `lanes` bounds
     /// the transactions in flight.
-    pub fn start(pg: std::sync::Weak<Core>, max_events: usize, lanes: usize) -> Batcher {
+    pub fn start(pg: std::sync::Weak<Core>, max_events: usize, lanes: usize) -> Batcher<O> {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(pg, rx, max_events.max(1), lanes.max(1)));
+        tokio::spawn(run::<O>(pg, rx, max_events.max(1), lanes.max(1)));
         Batcher { tx }
     }
 
-    /// Applies `events` in the next transaction.
-    pub async fn apply(&self, events: Vec<(JobId, Event)>, now: SystemTime) -> Reply {
+    /// Runs `items` in the next transaction.
+    pub async fn run(&self, items: Vec<O::Item>, now: SystemTime) -> Reply<O> {
         let (reply, rx) = oneshot::channel();
-        let request = Request { events, now, reply };
+        let request = Request { items, now, reply };
         if self.tx.send(request).is_err() {
             return Err(PgError::Shared {
                 message: "the store is closing".into(),
@@ -62,9 +121,9 @@ impl Batcher {
     }
 }
 
-async fn run(
+async fn run<O: Op>(
     pg: std::sync::Weak<Core>,
-    mut rx: mpsc::UnboundedReceiver<Request>,
+    mut rx: mpsc::UnboundedReceiver<Request<O>>,
     max_events: usize,
     lanes: usize,
 ) {
@@ -76,11 +135,11 @@ async fn run(
             return;
         };
         let mut batch = vec![first];
-        let mut size = batch[0].events.len();
+        let mut size = batch[0].items.len();
         while size < max_events {
             match rx.try_recv() {
                 Ok(next) => {
-                    size += next.events.len();
+                    size += next.items.len();
                     batch.push(next);
                 }
                 Err(_) => break,
@@ -89,13 +148,13 @@ async fn run(
         let Some(pg) = pg.upgrade() else { return };
         tokio::spawn(async move {
             let _permit = permit;
-            commit(&pg, batch).await;
+            commit::<O>(pg, batch).await;
         });
     }
 }
 
 /// Runs one batch in one transaction and answers each caller.
-async fn commit(pg: &Core, batch: Vec<Request>) {
+async fn commit<O: Op>(pg: Arc<Core>, batch: Vec<Request<O>>) {
     // The latest `now` of the batch: with the database's clock it is
     // ignored; with the caller's (tests) every caller of a batch is
     // replaying its own time, so a batch of one keeps it exact.
@@ -108,18 +167,18 @@ async fn commit(pg: &Core, batch: Vec<Request>) {
         let Some(r) = batch.into_iter().next() else {
             return;
         };
-        let _ = r.reply.send(pg.apply_events(r.events, r.now).await);
+        let _ = r.reply.send(O::run(pg, r.items, r.now).await);
         return;
     }
     pg.count_batch(batch.len());
-    let sizes: Vec<usize> = batch.iter().map(|r| r.events.len()).collect();
-    let mut events = Vec::with_capacity(sizes.iter().sum());
+    let sizes: Vec<usize> = batch.iter().map(|r| r.items.len()).collect();
+    let mut items = Vec::with_capacity(sizes.iter().sum());
     let mut replies = Vec::with_capacity(batch.len());
     for r in batch {
-        events.extend(r.events);
+        items.extend(r.items);
         replies.push(r.reply);
     }
-    match pg.apply_events(events, now).await {
+    match O::run(pg, items, now).await {
         Ok(results) => {
             let mut results = results.into_iter();
             for (reply, n) in replies.into_iter().zip(sizes) {

@@ -13,7 +13,7 @@ use super::{
     error::PgError,
     listen,
     row::{self, JobRow, COLUMNS},
-    write, Pg,
+    write, Core,
 };
 use crate::{
     job::{JobId, NewJob},
@@ -24,7 +24,7 @@ use crate::{
 /// Adds the jobs of a batch whose keys are distinct, as
 /// [`crate::store::Backend::insert`].
 pub async fn insert(
-    pg: &Pg,
+    pg: &Core,
     batch: Vec<NewJob>,
     now: SystemTime,
 ) -> Result<Vec<Enqueued>, PgError> {

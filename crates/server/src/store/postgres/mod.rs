@@ -108,7 +108,9 @@ pub struct Pg {
     remote: std::sync::OnceLock<Remote>,
     /// Group commit of transitions; `None` with the caller's clock (tests
     /// replay each caller's own `now`) or `--pg-group-commit 1`.
-    batcher: Option<batch::Batcher>,
+    batcher: Option<batch::Batcher<batch::Apply>>,
+    /// Group commit of enqueues, likewise.
+    inserter: Option<batch::Batcher<batch::Insert>>,
 }
 
 /// What every statement needs, shared with the group-commit task.
@@ -223,10 +225,15 @@ impl Pg {
             batches: AtomicU64::new(0),
             batched: AtomicU64::new(0),
         });
-        let batcher = (options.clock == Clock::Database && options.group_commit > 1).then(|| {
-            // Half the pool for transitions, the rest for takes, enqueues
-            // and reads.
+        let batching = options.clock == Clock::Database && options.group_commit > 1;
+        // Half the pool for transitions, a quarter for enqueues, the rest
+        // for takes and reads.
+        let batcher = batching.then(|| {
             let lanes = (options.pool_size / 2).max(1);
+            batch::Batcher::start(Arc::downgrade(&core), options.group_commit, lanes)
+        });
+        let inserter = batching.then(|| {
+            let lanes = (options.pool_size / 4).max(1);
             batch::Batcher::start(Arc::downgrade(&core), options.group_commit, lanes)
         });
         let pg = Pg {
@@ -236,6 +243,7 @@ impl Pg {
             listener: Mutex::new(None),
             remote: std::sync::OnceLock::new(),
             batcher,
+            inserter,
         };
         cluster::heartbeat(&pg).await?;
         Ok(pg)
@@ -308,7 +316,10 @@ impl Core {
 
 impl Backend for Pg {
     async fn insert(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
-        Ok(insert::insert(self, batch, now).await?)
+        match &self.inserter {
+            Some(inserter) => Ok(inserter.run(batch, now).await?),
+            None => Ok(insert::insert(&self.core, batch, now).await?),
+        }
     }
 
     async fn take(
@@ -327,7 +338,7 @@ impl Backend for Pg {
         now: SystemTime,
     ) -> Result<Vec<Result<Change>>> {
         match &self.batcher {
-            Some(batcher) => Ok(batcher.apply(events, now).await?),
+            Some(batcher) => Ok(batcher.run(events, now).await?),
             None => Ok(self.apply_events(events, now).await?),
         }
     }

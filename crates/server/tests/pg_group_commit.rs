@@ -1,0 +1,126 @@
+//! Group commit in the PostgreSQL store (database clock, batching on):
+//! concurrent callers that share a transaction each get exactly what
+//! running alone would give them. Needs `JOBQ_TEST_PG` (see
+//! `scripts/pg-test.sh`).
+
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use jobq_server::{
+    job::{NewJob, Status},
+    store::{
+        postgres::{testing, Clock, PgOptions, PgStore},
+        Store,
+    },
+    Config,
+};
+use tonic::Code;
+
+async fn store() -> Arc<PgStore> {
+    let options = PgOptions {
+        url: testing::fresh_database("jobq_group").await,
+        pool_size: 8,
+        server_timeout: Duration::from_secs(5),
+        clock: Clock::Database,
+        group_commit: 256,
+    };
+    Arc::new(
+        PgStore::connect(&Config::with_data("unused"), options)
+            .await
+            .expect("connect"),
+    )
+}
+
+fn job(key: Option<&str>) -> NewJob {
+    NewJob {
+        queue: "q".into(),
+        kind: "k".into(),
+        payload: vec![],
+        key: key.map(Into::into),
+        max_attempts: 3,
+        delay: Duration::ZERO,
+        metadata: Default::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_sharing_transactions_get_their_own_results() {
+    let store = store().await;
+    // 64 enqueues at once, half of them of one key: one job for the key,
+    // 32 others.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let store = Arc::clone(&store);
+        calls.spawn(async move {
+            let key = (i % 2 == 0).then_some("order-4711");
+            store
+                .enqueue(job(key), SystemTime::now())
+                .await
+                .expect("enqueue")
+        });
+    }
+    let (mut keyed, mut created, mut ids) = (HashSet::new(), 0, HashSet::new());
+    while let Some(e) = calls.join_next().await {
+        let e = e.expect("task");
+        created += usize::from(e.created);
+        if e.job.key.is_some() {
+            keyed.insert(e.job.id);
+        }
+        ids.insert(e.job.id);
+    }
+    assert_eq!(keyed.len(), 1, "one job for the key");
+    assert_eq!(created, 33);
+    assert_eq!(ids.len(), 33);
+
+    // Take them all, then ack each at once, plus a stale ack per job that
+    // shares the batches: the stale ones are refused, the right ones land.
+    let queues = vec!["q".to_owned()];
+    let mut leased = Vec::new();
+    while let Some(l) = store
+        .take(
+            &queues,
+            "w",
+            None,
+            Duration::from_secs(60),
+            SystemTime::now(),
+        )
+        .await
+        .expect("take")
+    {
+        leased.push(l);
+    }
+    assert_eq!(leased.len(), 33);
+    let mut acks = tokio::task::JoinSet::new();
+    for l in leased {
+        let (good, stale) = (Arc::clone(&store), Arc::clone(&store));
+        let (id, lease) = (l.job.id, l.lease_id);
+        acks.spawn(async move { (true, good.ack(id, lease, SystemTime::now()).await) });
+        let wrong = jobq_server::job::LeaseId(lease.0 ^ 1);
+        acks.spawn(async move { (false, stale.ack(id, wrong, SystemTime::now()).await) });
+    }
+    while let Some(r) = acks.join_next().await {
+        let (right, result) = r.expect("task");
+        if right {
+            assert_eq!(result.expect("ack").status, Status::Done);
+        } else {
+            let code = result.expect_err("a stale ack is refused").code();
+            assert!(
+                code == Code::Aborted || code == Code::FailedPrecondition,
+                "stale ack: {code:?}"
+            );
+        }
+    }
+    let stats = store
+        .stats(Some("q"), SystemTime::now())
+        .await
+        .expect("stats");
+    assert_eq!(
+        (stats[0].done, stats[0].pending, stats[0].running),
+        (33, 0, 0)
+    );
+    let (batches, callers) = store.backend().group_commits();
+    println!("group commit: {batches} shared transactions carried {callers} calls");
+}
