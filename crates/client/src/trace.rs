@@ -85,6 +85,15 @@ pub fn extract(metadata: &HashMap<String, String>) -> Context {
     TraceContextPropagator::new().extract(&MapExtractor(metadata))
 }
 
+/// The trace id of the producer's `traceparent` in `metadata`, as logs
+/// show it (32 hex digits).
+pub fn trace_id(metadata: &HashMap<String, String>) -> Option<String> {
+    let cx = extract(metadata);
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid().then(|| sc.trace_id().to_string())
+}
+
 /// Makes `span` a child of the producer's span named in `metadata`.
 pub(crate) fn continue_trace(span: &tracing::Span, metadata: &HashMap<String, String>) {
     let cx = extract(metadata);

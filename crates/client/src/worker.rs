@@ -385,8 +385,12 @@ fn start(shared: &Arc<Shared>, leased: pb::LeasedJob, tasks: &mut JoinSet<()>) {
         job.kind = %ctx.kind(),
         job.attempt = ctx.attempt(),
         job.queue = %ctx.queue(),
+        trace_id = tracing::field::Empty,
     );
-    // Every delivery's handler span is a child of the producer's span.
+    // Logs name the producer's trace; the handler's span continues it.
+    if let Some(trace) = crate::trace::trace_id(&ctx.job().metadata) {
+        span.record("trace_id", trace);
+    }
     crate::trace::continue_trace(&span, &ctx.job().metadata);
     tasks.spawn(job::run(Arc::clone(shared), ctx).instrument(span));
 }

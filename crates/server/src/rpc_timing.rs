@@ -127,11 +127,13 @@ fn traced_span<B>(req: &http::Request<B>, method: Option<&str>) -> Option<tracin
         return None;
     }
     let method = crate::metrics::known_method(method.unwrap_or_default());
+    let trace_id = cx.span().span_context().trace_id().to_string();
     let span = tracing::info_span!(
         "rpc",
         otel.name = format!("jobq.v1.JobQueue/{method}"),
         otel.kind = "server",
         rpc.method = method,
+        trace_id = %trace_id,
     );
     // Fails only when no OpenTelemetry layer is installed.
     let _ = span.set_parent(cx);
