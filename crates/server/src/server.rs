@@ -134,6 +134,12 @@ async fn serve_store<S: Store + CommitHook>(
                     "cannot listen for HTTP (/metrics, dashboard) on {addr}: {e}; set --http-listen to another address or `off`"
                 ))
             })?;
+            // Logged here, before the gRPC "jobq serving" line, not from the
+            // spawned task: tests read this order from the log, and a loaded
+            // machine may poll the task late.
+            if let Ok(bound) = listener.local_addr() {
+                info!(http = %bound, "dashboard and /metrics serving");
+            }
             let web = Arc::new(Web {
                 store: Arc::clone(&store),
                 metrics: Arc::clone(&metrics),

@@ -22,7 +22,6 @@ use axum::{
     Router,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::info;
 
 use crate::{
     error::{Error, Result},
@@ -63,9 +62,6 @@ pub async fn serve(
     router: Router,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    if let Ok(addr) = listener.local_addr() {
-        info!(http = %addr, "dashboard and /metrics serving");
-    }
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
