@@ -48,17 +48,20 @@ chmod 755 "$PGDIR"
 [ "$OWNER" != "$(id -un)" ] && chown "$OWNER" "$PGDIR"
 PORT="${PG_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 55432)}"
 
+# The cluster's user may not be able to read the caller's directory.
+as_owner() { (cd "$PGDIR" && "${RUN_AS[@]}" "$@"); }
+
 stop() {
-  "${RUN_AS[@]}" "$PGBIN/pg_ctl" -D "$PGDIR/data" -m immediate stop >/dev/null 2>&1 || true
+  as_owner "$PGBIN/pg_ctl" -D "$PGDIR/data" -m immediate stop >/dev/null 2>&1 || true
   rm -rf "$PGDIR"
 }
 trap stop EXIT
 
-"${RUN_AS[@]}" "$PGBIN/initdb" -D "$PGDIR/data" -U jobq --auth=trust --no-sync -E UTF8 >"$PGDIR/initdb.log" 2>&1 \
+as_owner "$PGBIN/initdb" -D "$PGDIR/data" -U jobq --auth=trust --no-sync -E UTF8 >"$PGDIR/initdb.log" 2>&1 \
   || { cat "$PGDIR/initdb.log" >&2; exit 1; }
 # Many test databases and three servers per e2e test: room for connections.
 # fsync stays on: durability is part of what the tests check.
-"${RUN_AS[@]}" "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w -t 60 \
+as_owner "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w -t 60 \
   -o "-p $PORT -k $PGDIR -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=128MB" start >/dev/null \
   || { cat "$PGDIR/server.log" >&2; exit 1; }
 

@@ -262,3 +262,48 @@ async fn order_4711_across_servers_a_killed_worker_is_due_again_within_1s_and_on
     .await;
     assert_eq!(emails_for(&mailbox, "order-4711"), 1);
 }
+
+/// A worker whose server dies reconnects to another server within
+/// `--server-timeout` and declares its lease: that server adopts it, so it
+/// is not reclaimed as the dead server's orphan, and the worker's ack
+/// through the new server lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_adopted_by_another_server_outlives_its_dead_server() {
+    let mut cluster = Cluster::start().await;
+    let (c1, c2) = (cluster.client(0).await, cluster.client(1).await);
+    let (job, _) = c2
+        .enqueue("q", "k", vec![], EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let mut stream = open(&c1, "w", 1).await;
+    let leased = next_leased(&mut stream).await;
+    cluster.servers[0].kill9();
+    let killed = Instant::now();
+    // The worker reconnects to server 2 and declares what it holds.
+    let held = vec![pb::LeaseRef {
+        job_id: job.id.clone(),
+        lease_id: leased.lease_id.clone(),
+    }];
+    let (_adopting, _) = c2
+        .lease_with_token(["q"], "w", 1, Some(Duration::from_secs(60)), held)
+        .await
+        .expect("lease on server 2");
+    assert!(
+        killed.elapsed() < SERVER_TIMEOUT,
+        "the test reconnected too late to prove anything"
+    );
+    // Well past the timeout plus a tick, the job is still the worker's.
+    let wait_until = killed + SERVER_TIMEOUT + Duration::from_secs(2);
+    tokio::time::sleep_until(wait_until.into()).await;
+    let j = c2.get_job(job.id.clone()).await.expect("get");
+    assert_eq!(
+        j.status,
+        pb::JobStatus::Running as i32,
+        "not reclaimed: {j:?}"
+    );
+    let acked = c2
+        .ack(job.id.clone(), leased.lease_id.clone())
+        .await
+        .expect("the worker's ack through server 2");
+    assert_eq!(acked.status, pb::JobStatus::Done as i32);
+}

@@ -328,6 +328,13 @@ impl<S: Store> LeaseHub<S> {
                 reg.owners.remove(&lease);
             }
         }
+        // With a shared store the leases may have come from a server that
+        // died: this server holds them now, so they are not reclaimed as
+        // that server's orphans.
+        let pairs: Vec<(JobId, LeaseId)> = adopted.iter().map(|(l, j)| (*j, *l)).collect();
+        if let Err(err) = self.store.adopt(&pairs).await {
+            warn!(cause = %err, "could not record adopted leases; if their old server died they will be reclaimed");
+        }
         adopted
     }
 

@@ -144,7 +144,9 @@ async fn serve_store<S: Store + CommitHook>(
                     "cannot listen for HTTP (/metrics, dashboard) on {addr}: {e}; set --http-listen to another address or `off`"
                 ))
             })?;
-            // Logged before the gRPC address, which tools wait for.
+            // Logged here, before the gRPC "jobq serving" line, not from the
+            // spawned task: tests read this order from the log, and a loaded
+            // machine may poll the task late.
             if let Ok(bound) = listener.local_addr() {
                 info!(http = %bound, "dashboard and /metrics serving");
             }

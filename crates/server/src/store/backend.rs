@@ -133,6 +133,15 @@ pub trait Backend: Send + Sync + 'static {
         std::future::ready(Ok(Vec::new()))
     }
 
+    /// This server's Lease stream took over these leases (a worker
+    /// reconnected and declared them): a shared engine records this server
+    /// as their holder, so they are not reclaimed as orphans of the server
+    /// that held them before.
+    fn adopt(&self, leases: &[(JobId, LeaseId)]) -> impl Future<Output = Result<()>> + Send {
+        let _ = leases;
+        std::future::ready(Ok(()))
+    }
+
     /// This server stops (gracefully): its stream leases become plain
     /// leases that only expire, and it leaves the registry.
     fn leave(&self) -> impl Future<Output = Result<()>> + Send {

@@ -503,6 +503,14 @@ impl<B: Backend> Store for Jobs<B> {
         self.reclaim_all(orphaned, now).await
     }
 
+    async fn adopt(&self, leases: &[(JobId, LeaseId)]) -> Result<()> {
+        self.check()?;
+        if leases.is_empty() {
+            return Ok(());
+        }
+        self.backend.adopt(leases).await
+    }
+
     async fn leave(&self) -> Result<()> {
         self.backend.leave().await
     }

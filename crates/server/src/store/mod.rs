@@ -257,6 +257,11 @@ pub trait Store: Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Vec<(Job, LeaseId)>>> + Send;
 
+    /// A Lease stream of this server adopted these leases (its worker
+    /// reconnected, maybe from another server that died): for a shared
+    /// store, they now belong to this server.
+    fn adopt(&self, leases: &[(JobId, LeaseId)]) -> impl Future<Output = Result<()>> + Send;
+
     /// This server stops gracefully: its stream leases stay valid until
     /// they expire, and it leaves the registry of a shared store.
     fn leave(&self) -> impl Future<Output = Result<()>> + Send;

@@ -69,6 +69,22 @@ pub async fn orphaned(pg: &Pg) -> Result<Vec<(JobId, LeaseId)>, PgError> {
         .collect()
 }
 
+/// A worker reconnected to this server and declared these leases: this
+/// server's stream holds them now (fenced on the lease id, so a lease that
+/// ended meanwhile is left alone).
+pub async fn adopt(pg: &Pg, leases: &[(JobId, LeaseId)]) -> Result<(), PgError> {
+    let client = pg.client().await?;
+    let ids: Vec<i64> = leases.iter().map(|(id, _)| row::to_db(id.0)).collect();
+    let lease_ids: Vec<i64> = leases.iter().map(|(_, l)| row::to_db(l.0)).collect();
+    let stmt = client
+        .prepare_cached(
+            "UPDATE jobq_jobs j SET lease_server = $1              FROM unnest($2::bigint[], $3::bigint[]) AS t(id, lease)              WHERE j.id = t.id AND j.lease_id = t.lease AND j.status = 'running'",
+        )
+        .await?;
+    client.execute(&stmt, &[&pg.me, &ids, &lease_ids]).await?;
+    Ok(())
+}
+
 /// A graceful stop: this server's stream leases become plain leases, and
 /// it leaves the registry.
 pub async fn leave(pg: &Pg) -> Result<(), PgError> {

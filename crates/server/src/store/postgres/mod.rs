@@ -406,6 +406,10 @@ impl Backend for Pg {
         Ok(cluster::orphaned(self).await?)
     }
 
+    async fn adopt(&self, leases: &[(JobId, LeaseId)]) -> Result<()> {
+        Ok(cluster::adopt(self, leases).await?)
+    }
+
     async fn leave(&self) -> Result<()> {
         Ok(cluster::leave(self).await?)
     }
