@@ -184,7 +184,9 @@ async fn a_hung_worker_loses_its_lease_and_is_told() {
 
 #[tokio::test]
 async fn a_heartbeat_within_the_grace_keeps_the_lease() {
-    let server = TestServer::with(|c| c.disconnect_grace = Duration::from_millis(500)).await;
+    // A 3 s grace: the heartbeat below must land inside it even on a
+    // loaded 2-core CI machine (500 ms once did not).
+    let server = TestServer::with(|c| c.disconnect_grace = Duration::from_secs(3)).await;
     let c = server.client().await;
     let ids = enqueue_n(&c, "q", 2).await;
     let mut stream = open(&c, &["q"], "w1", 2, Duration::from_secs(60)).await;
@@ -206,7 +208,7 @@ async fn a_heartbeat_within_the_grace_keeps_the_lease() {
         &ids[0]
     };
     until(
-        Duration::from_secs(3),
+        Duration::from_secs(15),
         "the unheartbeated job to be reclaimed after the grace",
         || async {
             (status_of(&c, other).await.status == pb::JobStatus::Pending as i32).then_some(())
