@@ -316,6 +316,6 @@ async fn the_worker_counts_its_runs_by_outcome() {
     );
     assert!(
         !text.contains("jobq_worker_leases_lost_total{"),
-        "no lease was lost"
+        "no lease was lost:\n{text}"
     );
 }

@@ -20,6 +20,9 @@ struct Entry {
     lease_id: String,
     cancel: CancellationToken,
     deadline: Deadline,
+    /// Its ack or fail has been sent: the server's answer to that call,
+    /// not a heartbeat that crossed it, says whether the lease was lost.
+    settling: bool,
 }
 
 /// In-flight jobs by job id. A job is in the book from the moment its lease
@@ -46,9 +49,19 @@ impl InFlight {
                 lease_id,
                 cancel,
                 deadline,
+                settling: false,
             },
         );
         old.map(|entry| entry.cancel)
+    }
+
+    /// Marks a lease whose ack or fail is on its way: a heartbeat reply that
+    /// calls it lost (the server may have applied the ack first) leaves it
+    /// alone; the ack's own reply decides.
+    pub(crate) fn settling(&mut self, job_id: &str, lease_id: &str) {
+        if let Some(e) = self.jobs.get_mut(job_id).filter(|e| e.lease_id == lease_id) {
+            e.settling = true;
+        }
     }
 
     /// Forgets a job, but only under the lease the caller ran it with: a
@@ -122,7 +135,8 @@ impl InFlight {
     }
 
     fn take(&mut self, job_id: &str, lease_id: &str) -> Option<CancellationToken> {
-        if self.jobs.get(job_id)?.lease_id != lease_id {
+        let entry = self.jobs.get(job_id)?;
+        if entry.lease_id != lease_id || entry.settling {
             return None;
         }
         self.jobs.remove(job_id).map(|e| e.cancel)
@@ -184,6 +198,19 @@ mod tests {
         assert_eq!(book.snapshot(), vec![lease("j2", "l2")]);
         assert_eq!(*handles[1].1.lock().unwrap(), later);
         assert_eq!(*handles[0].1.lock().unwrap(), SystemTime::UNIX_EPOCH);
+    }
+
+    #[test]
+    fn a_heartbeat_that_crossed_the_ack_does_not_call_the_lease_lost() {
+        let (mut book, handles) = book(&[("j1", "l1")]);
+        let sent = book.snapshot();
+        book.settling("j1", "l1");
+        let later = SystemTime::UNIX_EPOCH + Duration::from_secs(60);
+        assert!(book
+            .apply_heartbeat(&sent, &[lease("j1", "l1")], later)
+            .is_empty());
+        assert!(!handles[0].0.is_cancelled());
+        assert!(book.remove("j1", "l1"), "the ack's reply removes it");
     }
 
     #[test]

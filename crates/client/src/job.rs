@@ -127,6 +127,7 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
             return;
         }
         first = false;
+        shared.book().settling(ctx.id(), ctx.lease_id());
         let call = async {
             match &outcome {
                 Ok(()) => client.ack(ctx.id(), ctx.lease_id()).await.map(drop),
