@@ -28,7 +28,7 @@ README = os.path.join(ROOT, "README.md")
 JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "jobq"))
 DEFAULT_ADDR = "127.0.0.1:50051"
 RPCS = ["Enqueue", "EnqueueBatch", "Dequeue", "Ack", "Fail", "Retry", "Lease",
-        "Heartbeat", "GetJob", "ListJobs", "Stats"]
+        "Heartbeat", "GetJob", "ListJobs", "Stats", "CancelJob"]
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits 64 + the gRPC status code
 
 
@@ -233,6 +233,17 @@ def check_stats(cb, block, r):
     expect("oldestPendingAge" in queues[0], queues)
 
 
+def check_cancel(cb, block, r):
+    job = r.ok().json()["job"]
+    expect(job["id"] == cb.env["JOB_ID"] and job["status"] == "JOB_STATUS_FAILED", job)
+    expect(job["lastError"] == "cancelled: order refunded", job)
+    # The README says a second cancel (the job is FAILED now) is refused.
+    again = cb.run(block)
+    expect(again.rc != 0 and "FailedPrecondition" in again.err,
+           f"second cancel: exit {again.rc}: {again.err}")
+    return ["CancelJob again -> FailedPrecondition"]
+
+
 STEPS = [
     ("list", check_list),
     ("describe jobq.v1.JobQueue", check_describe_service),
@@ -251,6 +262,7 @@ STEPS = [
     ("jobq.v1.JobQueue/Retry", check_retry),
     ("jobq.v1.JobQueue/Lease", check_lease),
     ("jobq.v1.JobQueue/Stats", check_stats),
+    ("jobq.v1.JobQueue/CancelJob", check_cancel),
 ]
 
 

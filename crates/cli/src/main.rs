@@ -9,11 +9,13 @@
 //! - `logging`: text or JSON log lines on stderr (`--log-format`).
 //! - `output`: tables, JSON rendering of jobs, readable enum names.
 //! - one module per subcommand: `serve`, `migrate`, `enqueue`, `get`, `list`, `retry`,
-//!   `stats`, `work`, `token` (`jobq token new`).
+//!   `stats`, `work`, `token` (`jobq token new`), and the operator's
+//!   `cancel`.
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 //! - `watchdog`: `jobq __watchdog`, which kills `jobq work`'s commands
 //!   when `jobq work` dies without cleaning up.
 
+mod cancel;
 mod cli;
 mod conn;
 mod enqueue;

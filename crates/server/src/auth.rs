@@ -42,7 +42,8 @@ pub enum Role {
     Consume,
     /// GetJob, ListJobs, Stats.
     Read,
-    /// All of the above, plus Retry and every operator call.
+    /// All of the above, plus Retry and every operator call (CancelJob,
+    /// PauseQueue, ResumeQueue, DeleteJob, PurgeJobs).
     Admin,
 }
 
@@ -454,7 +455,7 @@ pub enum Access<'a> {
     /// Read one queue (ListJobs, Stats with a queue); `None`: all queues,
     /// filtered afterwards with [`Who::sees`].
     ReadQueue(Option<&'a str>),
-    /// Change one job as an operator (Retry).
+    /// Change one job as an operator (Retry, CancelJob, DeleteJob).
     Administer(JobId),
 }
 

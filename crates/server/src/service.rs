@@ -202,6 +202,22 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         }))
     }
 
+    #[instrument(skip_all, fields(job.id = %req.get_ref().id), err(level = "debug"))]
+    async fn cancel_job(
+        &self,
+        req: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let (id, reason) = validate::cancel(req.into_inner(), &self.config)?;
+        auth::authorize(&*self.store, &who, Access::Administer(id)).await?;
+        // The holder's stream is told by the store's lease-ended event.
+        let job = self.store.cancel(id, reason, now()).await?;
+        Ok(Response::new(pb::CancelJobResponse {
+            job: Some(convert::receipt(job)),
+        }))
+    }
+
     type LeaseStream = LeaseEvents;
 
     #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id), err(level = "debug"))]

@@ -132,9 +132,10 @@ enum Rpc {
     GetJob,
     ListJobs,
     Stats,
+    CancelJob,
 }
 
-const RPCS: [Rpc; 11] = [
+const RPCS: [Rpc; 12] = [
     Rpc::Enqueue,
     Rpc::EnqueueBatch,
     Rpc::Dequeue,
@@ -146,6 +147,7 @@ const RPCS: [Rpc; 11] = [
     Rpc::GetJob,
     Rpc::ListJobs,
     Rpc::Stats,
+    Rpc::CancelJob,
 ];
 
 /// The role an RPC needs (admin may do everything).
@@ -154,7 +156,7 @@ fn needs(rpc: Rpc) -> &'static str {
         Rpc::Enqueue | Rpc::EnqueueBatch => "produce",
         Rpc::Dequeue | Rpc::Lease | Rpc::Ack | Rpc::Fail | Rpc::Heartbeat => "consume",
         Rpc::GetJob | Rpc::ListJobs | Rpc::Stats => "read",
-        Rpc::Retry => "admin",
+        Rpc::Retry | Rpc::CancelJob => "admin",
     }
 }
 
@@ -288,6 +290,14 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
                 .into_inner();
             assert_eq!(failed.job.unwrap().status, pb::JobStatus::Failed as i32);
             code(c.retry(req(pb::RetryRequest { job_id }, token)).await)
+        }
+        Rpc::CancelJob => {
+            let id = enqueue(c, queue, "root").await;
+            let cancel = pb::CancelJobRequest {
+                id,
+                reason: "r".into(),
+            };
+            code(c.cancel_job(req(cancel, token)).await)
         }
         Rpc::GetJob => {
             let id = enqueue(c, queue, "root").await;

@@ -337,6 +337,12 @@ impl<B: Backend> Store for Jobs<B> {
         Ok(change.new)
     }
 
+    async fn cancel(&self, id: JobId, reason: String, now: SystemTime) -> Result<Job> {
+        let change = self.one(id, Event::Cancel { reason }, now).await?;
+        self.commit(std::slice::from_ref(&change), false).await?;
+        Ok(change.new)
+    }
+
     async fn extend(
         &self,
         leases: &[(JobId, LeaseId)],

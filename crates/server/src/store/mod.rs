@@ -188,6 +188,16 @@ pub trait Store: Send + Sync + 'static {
     /// FAILED -> PENDING with attempts reset. Durable on return.
     fn retry(&self, id: JobId, now: SystemTime) -> impl Future<Output = Result<Job>> + Send;
 
+    /// PENDING or RUNNING -> FAILED with `last_error = "cancelled:
+    /// <reason>"`; a RUNNING job's attempt ends REVOKED, and the lease-ended
+    /// event tells its stream (`revoked`). Durable on return.
+    fn cancel(
+        &self,
+        id: JobId,
+        reason: String,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Job>> + Send;
+
     /// Extends each held lease; one result per lease, in order (an error
     /// means the lease is lost or unknown). Durable on return.
     fn extend(

@@ -1294,3 +1294,4 @@ proptest! {
     }
 }
 
+include!("operator.rs");

@@ -1,0 +1,31 @@
+//! The operator's calls on [`Client`]: cancel, pause and resume, delete and
+//! purge. Each needs a token with the `admin` role on the job's queue.
+
+use crate::{trace, Client, Error, Result};
+use jobq::pb;
+
+impl Client {
+    /// Cancels a PENDING or RUNNING job: it becomes FAILED with
+    /// `last_error = "cancelled: <reason>"`. A RUNNING job's holder is sent
+    /// `revoked` on its Lease stream and its ack is refused. Returns the job.
+    ///
+    /// # Errors
+    /// `FAILED_PRECONDITION` when the job is DONE or FAILED, `NOT_FOUND`
+    /// when there is no such job.
+    pub async fn cancel_job(
+        &self,
+        id: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Result<pb::Job> {
+        let req = pb::CancelJobRequest {
+            id: id.into(),
+            reason: reason.into(),
+        };
+        let resp = self
+            .inner()
+            .cancel_job(trace::request(req))
+            .await?
+            .into_inner();
+        resp.job.ok_or(Error::MissingField("job"))
+    }
+}
