@@ -28,7 +28,8 @@ README = os.path.join(ROOT, "README.md")
 JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "jobq"))
 DEFAULT_ADDR = "127.0.0.1:50051"
 RPCS = ["Enqueue", "EnqueueBatch", "Dequeue", "Ack", "Fail", "Retry", "Lease",
-        "Heartbeat", "GetJob", "ListJobs", "Stats", "CancelJob"]
+        "Heartbeat", "GetJob", "ListJobs", "Stats", "CancelJob", "PauseQueue",
+        "ResumeQueue"]
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits 64 + the gRPC status code
 
 
@@ -244,6 +245,29 @@ def check_cancel(cb, block, r):
     return ["CancelJob again -> FailedPrecondition"]
 
 
+def check_empty_reply(cb, block, r):
+    expect(r.ok().json() == {}, r.out)
+
+
+def check_paused_stats(cb, block, r):
+    queues = r.ok().json().get("queues", [])
+    expect(len(queues) == 1 and queues[0].get("paused") is True, queues)
+    expect(queues[0].get("pending") == "1", queues)
+    # While paused, a Dequeue gets nothing (the README says so).
+    dq = cb.run("grpcurl -plaintext -d '{\"queues\": [\"email\"], \"worker_id\": "
+                "\"cli-worker\"}' 127.0.0.1:50051 jobq.v1.JobQueue/Dequeue").ok().json()
+    expect(dq == {}, f"a paused queue handed out {dq}")
+    return ["Dequeue while paused -> {}"]
+
+
+def check_resume(cb, block, r):
+    expect(r.ok().json() == {}, r.out)
+    stats = cb.run("grpcurl -plaintext -d '{\"queue\": \"email\"}' 127.0.0.1:50051 "
+                   "jobq.v1.JobQueue/Stats").ok().json()
+    expect("paused" not in stats["queues"][0], stats)
+    return ["Stats after resume -> not paused"]
+
+
 STEPS = [
     ("list", check_list),
     ("describe jobq.v1.JobQueue", check_describe_service),
@@ -263,6 +287,9 @@ STEPS = [
     ("jobq.v1.JobQueue/Lease", check_lease),
     ("jobq.v1.JobQueue/Stats", check_stats),
     ("jobq.v1.JobQueue/CancelJob", check_cancel),
+    ("jobq.v1.JobQueue/PauseQueue", check_empty_reply),
+    ("jobq.v1.JobQueue/Stats", check_paused_stats),
+    ("jobq.v1.JobQueue/ResumeQueue", check_resume),
 ]
 
 

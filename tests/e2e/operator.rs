@@ -178,3 +178,72 @@ async fn a_worker_handler_sees_the_cancel_within_a_second() {
         .expect("worker task")
         .expect("worker result");
 }
+
+/// Nothing arrives on the stream for `quiet` (the one wait on absence: what
+/// is checked is that nothing happens).
+async fn silent(stream: &mut tonic::Streaming<pb::LeaseEvent>, quiet: Duration) -> bool {
+    tokio::time::timeout(quiet, stream.message()).await.is_err()
+}
+
+async fn dequeue_now(c: &Client, queue: &str) -> Option<pb::LeasedJob> {
+    c.dequeue(vec![queue.to_owned()], "w2", None, None)
+        .await
+        .expect("dequeue")
+}
+
+#[tokio::test]
+async fn a_pause_holds_across_a_restart_and_resume_delivers_everything() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut server = ServerProcess::start(data.path(), &[]);
+    let c = server.client().await;
+    c.pause_queue("q").await.expect("pause");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let (job, created) = c
+            .enqueue("q", "k", format!("{i}"), EnqueueOptions::new())
+            .await
+            .expect("enqueue is accepted while paused");
+        assert!(created);
+        ids.push(job.id);
+    }
+    let mut stream = open(&c, "q", Duration::from_secs(600)).await;
+    assert!(dequeue_now(&c, "q").await.is_none(), "Dequeue is empty");
+    assert!(
+        silent(&mut stream, Duration::from_secs(2)).await,
+        "a paused queue pushes nothing"
+    );
+    let stats = c.stats(Some("q")).await.expect("stats");
+    assert!(stats[0].paused);
+    assert_eq!(stats[0].pending, 3);
+    drop(stream);
+
+    let addr = server.addr.to_string();
+    server.terminate();
+    let server = ServerProcess::start_at(data.path(), &addr, &[]);
+    let c = server.client().await;
+    assert!(
+        c.stats(Some("q")).await.expect("stats")[0].paused,
+        "still paused"
+    );
+    assert!(dequeue_now(&c, "q").await.is_none());
+    let req = pb::LeaseRequest {
+        queues: vec!["q".into()],
+        worker_id: "w1".into(),
+        capacity: 3,
+        lease_duration: Some(Duration::from_secs(600).try_into().expect("duration")),
+        held: vec![],
+    };
+    let mut stream = c.inner().lease(req).await.expect("lease").into_inner();
+    c.resume_queue("q").await.expect("resume");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        match next(&mut stream, Duration::from_secs(10)).await {
+            Event::Leased(l) => got.push(l.job.expect("job").id),
+            other => panic!("expected a leased job, got {other:?}"),
+        }
+    }
+    got.sort();
+    ids.sort();
+    assert_eq!(got, ids, "the waiting stream gets all three on resume");
+    assert!(!c.stats(Some("q")).await.expect("stats")[0].paused);
+}

@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use crate::conn::Conn;
 use crate::logging::LogFormat;
 use crate::output::Out;
-use crate::{cancel, enqueue, get, list, migrate, retry, serve, stats, token, work};
+use crate::{cancel, enqueue, get, list, migrate, pause, retry, serve, stats, token, work};
 
 /// jobq: a durable job queue with a gRPC API.
 ///
@@ -66,6 +66,11 @@ pub enum Command {
     /// Cancel a PENDING or RUNNING job (it becomes FAILED; a running
     /// job's worker is told to stop). Retry brings it back.
     Cancel(cancel::Args),
+    /// Pause a queue: nothing is taken from it until `jobq resume`
+    /// (enqueues are accepted, running jobs finish). Survives restarts.
+    Pause(pause::Args),
+    /// Resume a paused queue.
+    Resume(pause::Args),
     /// Per-queue counts and the age of the oldest due job.
     Stats(stats::Args),
     /// Run a command for each job of a queue: a worker in any language.
@@ -111,6 +116,8 @@ impl Cli {
             Command::List(args) => list::run(&self.conn.client().await?, out, args).await,
             Command::Retry(args) => retry::run(&self.conn.client().await?, out, args).await,
             Command::Cancel(args) => cancel::run(&self.conn.client().await?, out, args).await,
+            Command::Pause(args) => pause::run(&self.conn.client().await?, out, args, true).await,
+            Command::Resume(args) => pause::run(&self.conn.client().await?, out, args, false).await,
             Command::Stats(args) => stats::run(&self.conn.client().await?, out, args).await,
             Command::Token(args) => token::run(out, args),
             Command::Bench(args) => jobq_bench::run(args).await,

@@ -10,7 +10,7 @@
 //! - `output`: tables, JSON rendering of jobs, readable enum names.
 //! - one module per subcommand: `serve`, `migrate`, `enqueue`, `get`, `list`, `retry`,
 //!   `stats`, `work`, `token` (`jobq token new`), and the operator's
-//!   `cancel`.
+//!   `cancel`, `pause` (and resume).
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 //! - `watchdog`: `jobq __watchdog`, which kills `jobq work`'s commands
 //!   when `jobq work` dies without cleaning up.
@@ -25,6 +25,7 @@ mod list;
 mod logging;
 mod migrate;
 mod output;
+mod pause;
 mod retry;
 mod serve;
 mod shutdown;

@@ -28,4 +28,24 @@ impl Client {
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
     }
+
+    /// Pauses `queue`: nothing is taken from it until
+    /// [`resume_queue`](Self::resume_queue); enqueues are still accepted and
+    /// running jobs finish. Persisted by the server; idempotent.
+    pub async fn pause_queue(&self, queue: impl Into<String>) -> Result<()> {
+        let req = pb::PauseQueueRequest {
+            queue: queue.into(),
+        };
+        self.inner().pause_queue(trace::request(req)).await?;
+        Ok(())
+    }
+
+    /// Resumes a paused `queue`; idempotent.
+    pub async fn resume_queue(&self, queue: impl Into<String>) -> Result<()> {
+        let req = pb::ResumeQueueRequest {
+            queue: queue.into(),
+        };
+        self.inner().resume_queue(trace::request(req)).await?;
+        Ok(())
+    }
 }

@@ -457,6 +457,8 @@ pub enum Access<'a> {
     ReadQueue(Option<&'a str>),
     /// Change one job as an operator (Retry, CancelJob, DeleteJob).
     Administer(JobId),
+    /// Change one queue as an operator (PauseQueue, ResumeQueue, PurgeJobs).
+    AdministerQueue(&'a str),
 }
 
 /// The one check per RPC: the caller's role on the queues involved, and
@@ -497,6 +499,7 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             Err(Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         },
+        Access::AdministerQueue(queue) => who.require(Role::Admin, queue),
     }
 }
 

@@ -218,6 +218,32 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         }))
     }
 
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue), err(level = "debug"))]
+    async fn pause_queue(
+        &self,
+        req: Request<pb::PauseQueueRequest>,
+    ) -> Result<Response<pb::PauseQueueResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let queue = validate::queue(req.into_inner().queue)?;
+        auth::authorize(&*self.store, &who, Access::AdministerQueue(&queue)).await?;
+        self.store.set_paused(&queue, true).await?;
+        Ok(Response::new(pb::PauseQueueResponse {}))
+    }
+
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue), err(level = "debug"))]
+    async fn resume_queue(
+        &self,
+        req: Request<pb::ResumeQueueRequest>,
+    ) -> Result<Response<pb::ResumeQueueResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let queue = validate::queue(req.into_inner().queue)?;
+        auth::authorize(&*self.store, &who, Access::AdministerQueue(&queue)).await?;
+        self.store.set_paused(&queue, false).await?;
+        Ok(Response::new(pb::ResumeQueueResponse {}))
+    }
+
     type LeaseStream = LeaseEvents;
 
     #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id), err(level = "debug"))]

@@ -133,9 +133,11 @@ enum Rpc {
     ListJobs,
     Stats,
     CancelJob,
+    PauseQueue,
+    ResumeQueue,
 }
 
-const RPCS: [Rpc; 12] = [
+const RPCS: [Rpc; 14] = [
     Rpc::Enqueue,
     Rpc::EnqueueBatch,
     Rpc::Dequeue,
@@ -148,6 +150,8 @@ const RPCS: [Rpc; 12] = [
     Rpc::ListJobs,
     Rpc::Stats,
     Rpc::CancelJob,
+    Rpc::PauseQueue,
+    Rpc::ResumeQueue,
 ];
 
 /// The role an RPC needs (admin may do everything).
@@ -156,7 +160,7 @@ fn needs(rpc: Rpc) -> &'static str {
         Rpc::Enqueue | Rpc::EnqueueBatch => "produce",
         Rpc::Dequeue | Rpc::Lease | Rpc::Ack | Rpc::Fail | Rpc::Heartbeat => "consume",
         Rpc::GetJob | Rpc::ListJobs | Rpc::Stats => "read",
-        Rpc::Retry | Rpc::CancelJob => "admin",
+        Rpc::Retry | Rpc::CancelJob | Rpc::PauseQueue | Rpc::ResumeQueue => "admin",
     }
 }
 
@@ -298,6 +302,24 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
                 reason: "r".into(),
             };
             code(c.cancel_job(req(cancel, token)).await)
+        }
+        Rpc::PauseQueue => {
+            let pause = pb::PauseQueueRequest {
+                queue: queue.into(),
+            };
+            let got = code(c.pause_queue(req(pause, token)).await);
+            // Leave the queue as it was for the next calls.
+            let resume = pb::ResumeQueueRequest {
+                queue: queue.into(),
+            };
+            c.resume_queue(req(resume, Some("root"))).await.unwrap();
+            got
+        }
+        Rpc::ResumeQueue => {
+            let resume = pb::ResumeQueueRequest {
+                queue: queue.into(),
+            };
+            code(c.resume_queue(req(resume, token)).await)
         }
         Rpc::GetJob => {
             let id = enqueue(c, queue, "root").await;

@@ -343,6 +343,14 @@ impl<B: Backend> Store for Jobs<B> {
         Ok(change.new)
     }
 
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.check()?;
+        self.written(self.backend.set_paused(queue, paused).await)?;
+        // A resume wakes the waiters once it is durable; a pause needs no
+        // wake-up (a take re-checks the paused set every time).
+        self.commit(&[], !paused).await
+    }
+
     async fn extend(
         &self,
         leases: &[(JobId, LeaseId)],
@@ -529,7 +537,10 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn stats(&self, queue: Option<&str>, now: SystemTime) -> Result<Vec<QueueStats>> {
         self.check()?;
-        self.backend.stats(queue, now).await
+        let mut stats = self.backend.stats(queue, now).await?;
+        let paused = self.backend.paused().await?;
+        rules::mark_paused(&mut stats, &paused, queue);
+        Ok(stats)
     }
 
     async fn next_run_at(&self, queues: &[String]) -> Result<Option<SystemTime>> {

@@ -114,6 +114,8 @@ pub struct QueueStats {
     pub failed: u64,
     /// Age of the oldest due PENDING job (now - run_at); `None` if none is due.
     pub oldest_pending_age: Option<Duration>,
+    /// The queue is paused: nothing is taken from it.
+    pub paused: bool,
 }
 
 /// The outcome of extending one lease in a heartbeat.
@@ -197,6 +199,12 @@ pub trait Store: Send + Sync + 'static {
         reason: String,
         now: SystemTime,
     ) -> impl Future<Output = Result<Job>> + Send;
+
+    /// Pauses (`paused = true`) or resumes a queue. A paused queue hands
+    /// out nothing ([`Store::take`] skips it, [`Store::next_run_at`]
+    /// ignores it); enqueues and running jobs go on. Resuming wakes
+    /// waiters. Durable on return, and survives a restart.
+    fn set_paused(&self, queue: &str, paused: bool) -> impl Future<Output = Result<()>> + Send;
 
     /// Extends each held lease; one result per lease, in order (an error
     /// means the lease is lost or unknown). Durable on return.

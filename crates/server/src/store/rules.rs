@@ -6,6 +6,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use super::QueueStats;
 use crate::{
     error::{Error, Result},
     job::{Job, LeaseId, NewJob, Status},
@@ -57,6 +58,26 @@ impl Retention {
             _ => false,
         }
     }
+}
+
+/// Sets [`QueueStats::paused`] from the paused queues (sorted), and lists
+/// a paused queue that has no jobs too (when it matches `only`), so an
+/// operator sees every pause. `stats` stays sorted by queue.
+pub fn mark_paused(stats: &mut Vec<QueueStats>, paused: &[String], only: Option<&str>) {
+    for s in stats.iter_mut() {
+        s.paused = paused.binary_search(&s.queue).is_ok();
+    }
+    for queue in paused {
+        if only.is_some_and(|q| q != queue) || stats.iter().any(|s| &s.queue == queue) {
+            continue;
+        }
+        stats.push(QueueStats {
+            queue: queue.clone(),
+            paused: true,
+            ..QueueStats::default()
+        });
+    }
+    stats.sort_by(|a, b| a.queue.cmp(&b.queue));
 }
 
 /// A batch with its keys de-duplicated: the jobs to hand to the backend,

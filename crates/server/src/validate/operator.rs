@@ -4,7 +4,7 @@
 
 use jobq::pb;
 
-use super::{invalid, job_id};
+use super::{invalid, job_id, name};
 use crate::{config::Config, error::Result, job::JobId};
 
 /// A CancelJob: which job, and why. The reason is operator input, so an
@@ -20,6 +20,12 @@ pub fn cancel(req: pb::CancelJobRequest, config: &Config) -> Result<(JobId, Stri
         )));
     }
     Ok((id, req.reason))
+}
+
+/// The queue of a PauseQueue or ResumeQueue.
+pub fn queue(value: String) -> Result<String> {
+    name("queue", &value)?;
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -49,5 +55,12 @@ mod tests {
             };
             assert!(cancel(req, &c).is_err(), "{id:?}");
         }
+    }
+
+    #[test]
+    fn a_paused_queue_follows_the_name_rules() {
+        assert_eq!(queue("emails".into()).unwrap(), "emails");
+        assert!(queue(String::new()).is_err());
+        assert!(queue("a b".into()).is_err());
     }
 }

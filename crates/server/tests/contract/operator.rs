@@ -115,3 +115,73 @@ async fn a_cancel_survives_a_reopen() {
     assert_eq!(store.get(pending.id).await.unwrap(), pending);
     assert_eq!(store.get(running.id).await.unwrap(), running);
 }
+
+#[tokio::test]
+async fn a_paused_queue_hands_out_nothing_until_resumed() {
+    let (_dir, store) = fresh().await;
+    let running = enqueue(&store, "q", None, 0, at(0)).await;
+    let leased = take(&store, "q", at(1)).await.unwrap();
+    assert_eq!(leased.job.id, running.id);
+    store.set_paused("q", true).await.expect("pause");
+    store.set_paused("q", true).await.expect("pausing twice is fine");
+    // Enqueues are accepted; nothing is taken, and no waiter is told to
+    // wake for a paused queue's due jobs.
+    let waiting = enqueue(&store, "q", None, 0, at(2)).await;
+    enqueue(&store, "other", None, 0, at(2)).await;
+    assert!(take(&store, "q", at(10)).await.is_none());
+    let both = store
+        .take(&qs(&["q", "other"]), "w", None, LEASE, at(10))
+        .await
+        .unwrap()
+        .expect("the other queue still delivers");
+    assert_eq!(both.job.queue, "other");
+    assert_eq!(store.next_run_at(&qs(&["q"])).await.unwrap(), None);
+    // The running job finishes as usual.
+    store.ack(running.id, leased.lease_id, at(11)).await.unwrap();
+    let stats = store.stats(Some("q"), at(12)).await.unwrap();
+    assert_eq!(stats.len(), 1);
+    assert!(stats[0].paused);
+    assert_eq!((stats[0].pending, stats[0].done), (1, 1));
+    let all = store.stats(None, at(12)).await.unwrap();
+    let flags: Vec<(&str, bool)> = all.iter().map(|s| (s.queue.as_str(), s.paused)).collect();
+    assert_eq!(flags, [("other", false), ("q", true)]);
+
+    let mut changes = store.changes();
+    changes.borrow_and_update();
+    store.set_paused("q", false).await.expect("resume");
+    assert!(changes.has_changed().unwrap(), "a resume wakes waiters");
+    assert!(!store.stats(Some("q"), at(13)).await.unwrap()[0].paused);
+    assert_eq!(take(&store, "q", at(13)).await.unwrap().job.id, waiting.id);
+    store.set_paused("q", false).await.expect("resuming twice is fine");
+}
+
+#[tokio::test]
+async fn a_paused_queue_without_jobs_is_listed_and_a_pause_survives_a_reopen() {
+    let dir = guard().await;
+    {
+        let store = reopen(&dir).await;
+        store.set_paused("empty", true).await.unwrap();
+        store.set_paused("q", true).await.unwrap();
+        enqueue(&store, "q", None, 0, at(0)).await;
+        store.set_paused("gone", true).await.unwrap();
+        store.set_paused("gone", false).await.unwrap();
+    }
+    let store = reopen(&dir).await;
+    assert!(take(&store, "q", at(10)).await.is_none(), "still paused");
+    let stats = store.stats(None, at(10)).await.unwrap();
+    let flags: Vec<(&str, bool, u64)> = stats
+        .iter()
+        .map(|s| (s.queue.as_str(), s.paused, s.pending))
+        .collect();
+    assert_eq!(flags, [("empty", true, 0), ("q", true, 1)]);
+    assert_eq!(
+        store.stats(Some("empty"), at(10)).await.unwrap(),
+        vec![QueueStats {
+            queue: "empty".into(),
+            paused: true,
+            ..QueueStats::default()
+        }]
+    );
+    store.set_paused("q", false).await.unwrap();
+    assert!(take(&store, "q", at(11)).await.is_some());
+}

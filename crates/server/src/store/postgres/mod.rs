@@ -332,6 +332,14 @@ impl Backend for Pg {
         }
     }
 
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        Ok(queries::set_paused(self, queue, paused).await?)
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        Ok(queries::paused(self).await?)
+    }
+
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
         Ok(queries::expiring(self, at).await?)
     }
