@@ -29,7 +29,7 @@ JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "job
 DEFAULT_ADDR = "127.0.0.1:50051"
 RPCS = ["Enqueue", "EnqueueBatch", "Dequeue", "Ack", "Fail", "Retry", "Lease",
         "Heartbeat", "GetJob", "ListJobs", "Stats", "CancelJob", "PauseQueue",
-        "ResumeQueue"]
+        "ResumeQueue", "DeleteJob", "PurgeJobs"]
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits 64 + the gRPC status code
 
 
@@ -268,6 +268,22 @@ def check_resume(cb, block, r):
     return ["Stats after resume -> not paused"]
 
 
+def check_delete(cb, block, r):
+    expect(r.ok().json() == {}, r.out)
+    got = cb.run("grpcurl -plaintext -d '{\"id\": \"" + cb.env["JOB_ID"] + "\"}' "
+                 "127.0.0.1:50051 jobq.v1.JobQueue/GetJob")
+    expect(got.rc != 0 and "NotFound" in got.err, f"GetJob after delete: {got.rc} {got.err}")
+    return ["GetJob after DeleteJob -> NotFound"]
+
+
+def check_purge(cb, block, r):
+    expect(r.ok().json() == {"deleted": "1"}, r.out)
+    stats = cb.run("grpcurl -plaintext -d '{\"queue\": \"email\"}' 127.0.0.1:50051 "
+                   "jobq.v1.JobQueue/Stats").ok().json()
+    q = stats["queues"][0]
+    expect(q.get("pending") == "1" and "done" not in q and "failed" not in q, q)
+
+
 STEPS = [
     ("list", check_list),
     ("describe jobq.v1.JobQueue", check_describe_service),
@@ -290,6 +306,8 @@ STEPS = [
     ("jobq.v1.JobQueue/PauseQueue", check_empty_reply),
     ("jobq.v1.JobQueue/Stats", check_paused_stats),
     ("jobq.v1.JobQueue/ResumeQueue", check_resume),
+    ("jobq.v1.JobQueue/DeleteJob", check_delete),
+    ("jobq.v1.JobQueue/PurgeJobs", check_purge),
 ]
 
 

@@ -247,3 +247,91 @@ async fn a_pause_holds_across_a_restart_and_resume_delivers_everything() {
     assert_eq!(got, ids, "the waiting stream gets all three on resume");
     assert!(!c.stats(Some("q")).await.expect("stats")[0].paused);
 }
+
+/// `jobq --server URL --json ARGS...`: (exit code, stdout, stderr).
+async fn jobq(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(crate::harness::JOBQ)
+        .arg("--server")
+        .arg(url)
+        .arg("--json")
+        .args(args)
+        .env_remove("JOBQ_SERVER")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .expect("jobq finished in time")
+        .expect("jobq output");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+#[tokio::test]
+async fn the_operator_commands_of_the_cli() {
+    let server = TestServer::start().await;
+    let (url, c) = (server.url(), server.client().await);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let (job, _) = c
+            .enqueue("q", "k", format!("{i}"), EnqueueOptions::new())
+            .await
+            .expect("enqueue");
+        ids.push(job.id);
+    }
+
+    let (rc, out, err) = jobq(&url, &["cancel", &ids[0], "--reason", "refunded"]).await;
+    assert_eq!(rc, 0, "{err}");
+    let v = json(&out);
+    assert_eq!(
+        (v["status"].as_str(), v["last_error"].as_str()),
+        (Some("FAILED"), Some("cancelled: refunded"))
+    );
+    let (rc, _, err) = jobq(&url, &["cancel", &ids[0]]).await;
+    assert_eq!(rc, 1);
+    assert!(err.contains("FAILED_PRECONDITION"), "{err}");
+
+    let (rc, out, err) = jobq(&url, &["pause", "q"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(json(&out)["paused"], true);
+    let (_, out, _) = jobq(&url, &["stats", "--queue", "q"]).await;
+    assert_eq!(json(&out)[0]["paused"], true, "{out}");
+    assert!(dequeue_now(&c, "q").await.is_none());
+    let (rc, _, err) = jobq(&url, &["resume", "q"]).await;
+    assert_eq!(rc, 0, "{err}");
+    let leased = dequeue_now(&c, "q").await.expect("resumed");
+    let running = leased.job.expect("job").id;
+
+    let (rc, _, err) = jobq(&url, &["delete", &running]).await;
+    assert_eq!(rc, 1);
+    assert!(err.contains("cancel it first"), "{err}");
+    let pending = ids
+        .iter()
+        .find(|id| **id != running && **id != ids[0])
+        .expect("one left");
+    let (rc, out, err) = jobq(&url, &["delete", pending]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(json(&out)["deleted"], true);
+    assert_eq!(code(c.get_job(pending.clone()).await), Code::NotFound);
+
+    let (rc, _, _) = jobq(&url, &["purge", "--queue", "q", "--status", "pending"]).await;
+    assert_eq!(rc, 2, "not a finished status: a usage error");
+    let (rc, out, err) = jobq(&url, &["purge", "--queue", "q", "--older-than", "1h"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(json(&out)["deleted"], 0, "the cancelled job is too new");
+    let (rc, out, err) = jobq(&url, &["purge", "--queue", "q", "--status", "failed"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(json(&out)["deleted"], 1);
+    assert_eq!(
+        c.get_job(running.clone()).await.expect("kept").status,
+        pb::JobStatus::Running as i32
+    );
+}

@@ -6,7 +6,9 @@ use clap::{Parser, Subcommand};
 use crate::conn::Conn;
 use crate::logging::LogFormat;
 use crate::output::Out;
-use crate::{cancel, enqueue, get, list, migrate, pause, retry, serve, stats, token, work};
+use crate::{
+    cancel, delete, enqueue, get, list, migrate, pause, purge, retry, serve, stats, token, work,
+};
 
 /// jobq: a durable job queue with a gRPC API.
 ///
@@ -71,6 +73,11 @@ pub enum Command {
     Pause(pause::Args),
     /// Resume a paused queue.
     Resume(pause::Args),
+    /// Delete PENDING, DONE or FAILED jobs for good (cancel a RUNNING one
+    /// first).
+    Delete(delete::Args),
+    /// Delete a queue's finished jobs (DONE and/or FAILED), by age.
+    Purge(purge::Args),
     /// Per-queue counts and the age of the oldest due job.
     Stats(stats::Args),
     /// Run a command for each job of a queue: a worker in any language.
@@ -116,6 +123,8 @@ impl Cli {
             Command::List(args) => list::run(&self.conn.client().await?, out, args).await,
             Command::Retry(args) => retry::run(&self.conn.client().await?, out, args).await,
             Command::Cancel(args) => cancel::run(&self.conn.client().await?, out, args).await,
+            Command::Delete(args) => delete::run(&self.conn.client().await?, out, args).await,
+            Command::Purge(args) => purge::run(&self.conn.client().await?, out, args).await,
             Command::Pause(args) => pause::run(&self.conn.client().await?, out, args, true).await,
             Command::Resume(args) => pause::run(&self.conn.client().await?, out, args, false).await,
             Command::Stats(args) => stats::run(&self.conn.client().await?, out, args).await,

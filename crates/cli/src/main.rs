@@ -10,7 +10,7 @@
 //! - `output`: tables, JSON rendering of jobs, readable enum names.
 //! - one module per subcommand: `serve`, `migrate`, `enqueue`, `get`, `list`, `retry`,
 //!   `stats`, `work`, `token` (`jobq token new`), and the operator's
-//!   `cancel`, `pause` (and resume).
+//!   `cancel`, `pause` (and resume), `delete`, `purge`.
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 //! - `watchdog`: `jobq __watchdog`, which kills `jobq work`'s commands
 //!   when `jobq work` dies without cleaning up.
@@ -18,6 +18,7 @@
 mod cancel;
 mod cli;
 mod conn;
+mod delete;
 mod enqueue;
 mod exit;
 mod get;
@@ -26,6 +27,7 @@ mod logging;
 mod migrate;
 mod output;
 mod pause;
+mod purge;
 mod retry;
 mod serve;
 mod shutdown;

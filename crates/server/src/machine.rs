@@ -173,6 +173,12 @@ pub enum TransitionError {
         /// The presented lease.
         lease_id: LeaseId,
     },
+    /// A delete of a RUNNING job: its worker holds it; cancel it first.
+    #[error("job {id} is RUNNING: cancel it first (CancelJob), then delete it")]
+    Running {
+        /// The job.
+        id: JobId,
+    },
     /// A reclaim for expiry of a lease that has not run out.
     #[error("lease {lease_id} of job {id} has not expired")]
     NotExpired {
@@ -366,6 +372,19 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             finish_failed(&mut job, now);
             Ok(job)
         }
+    }
+}
+
+/// Whether an operator may delete `job` for good: any job but a RUNNING
+/// one (its worker holds a lease on it; DeleteJob never pulls a job from
+/// under a worker).
+///
+/// # Errors
+/// [`TransitionError::Running`].
+pub fn deletable(job: &Job) -> Result<(), TransitionError> {
+    match job.status {
+        Status::Running => Err(TransitionError::Running { id: job.id }),
+        Status::Pending | Status::Done | Status::Failed => Ok(()),
     }
 }
 

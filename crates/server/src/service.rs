@@ -244,6 +244,36 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         Ok(Response::new(pb::ResumeQueueResponse {}))
     }
 
+    #[instrument(skip_all, fields(job.id = %req.get_ref().id), err(level = "debug"))]
+    async fn delete_job(
+        &self,
+        req: Request<pb::DeleteJobRequest>,
+    ) -> Result<Response<pb::DeleteJobResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let id = validate::delete(req.into_inner())?;
+        auth::authorize(&*self.store, &who, Access::Administer(id)).await?;
+        self.store.delete(id).await?;
+        Ok(Response::new(pb::DeleteJobResponse {}))
+    }
+
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue, deleted), err(level = "debug"))]
+    async fn purge_jobs(
+        &self,
+        req: Request<pb::PurgeJobsRequest>,
+    ) -> Result<Response<pb::PurgeJobsResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let purge = validate::purge(req.into_inner(), now())?;
+        auth::authorize(&*self.store, &who, Access::AdministerQueue(&purge.queue)).await?;
+        let deleted = self
+            .store
+            .purge_jobs(&purge.queue, purge.status, purge.finished_before)
+            .await?;
+        tracing::Span::current().record("deleted", deleted);
+        Ok(Response::new(pb::PurgeJobsResponse { deleted }))
+    }
+
     type LeaseStream = LeaseEvents;
 
     #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id), err(level = "debug"))]

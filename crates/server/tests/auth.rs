@@ -135,9 +135,11 @@ enum Rpc {
     CancelJob,
     PauseQueue,
     ResumeQueue,
+    DeleteJob,
+    PurgeJobs,
 }
 
-const RPCS: [Rpc; 14] = [
+const RPCS: [Rpc; 16] = [
     Rpc::Enqueue,
     Rpc::EnqueueBatch,
     Rpc::Dequeue,
@@ -152,6 +154,8 @@ const RPCS: [Rpc; 14] = [
     Rpc::CancelJob,
     Rpc::PauseQueue,
     Rpc::ResumeQueue,
+    Rpc::DeleteJob,
+    Rpc::PurgeJobs,
 ];
 
 /// The role an RPC needs (admin may do everything).
@@ -160,7 +164,12 @@ fn needs(rpc: Rpc) -> &'static str {
         Rpc::Enqueue | Rpc::EnqueueBatch => "produce",
         Rpc::Dequeue | Rpc::Lease | Rpc::Ack | Rpc::Fail | Rpc::Heartbeat => "consume",
         Rpc::GetJob | Rpc::ListJobs | Rpc::Stats => "read",
-        Rpc::Retry | Rpc::CancelJob | Rpc::PauseQueue | Rpc::ResumeQueue => "admin",
+        Rpc::Retry
+        | Rpc::CancelJob
+        | Rpc::PauseQueue
+        | Rpc::ResumeQueue
+        | Rpc::DeleteJob
+        | Rpc::PurgeJobs => "admin",
     }
 }
 
@@ -320,6 +329,17 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
                 queue: queue.into(),
             };
             code(c.resume_queue(req(resume, token)).await)
+        }
+        Rpc::DeleteJob => {
+            let id = enqueue(c, queue, "root").await;
+            code(c.delete_job(req(pb::DeleteJobRequest { id }, token)).await)
+        }
+        Rpc::PurgeJobs => {
+            let purge = pb::PurgeJobsRequest {
+                queue: queue.into(),
+                ..Default::default()
+            };
+            code(c.purge_jobs(req(purge, token)).await)
         }
         Rpc::GetJob => {
             let id = enqueue(c, queue, "root").await;

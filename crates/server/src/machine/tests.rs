@@ -315,6 +315,7 @@ fn the_transition_table() {
                     TransitionError::NotExpired { .. } => "not expired",
                     TransitionError::NotDue { .. } => "not due",
                     TransitionError::Expired { .. } => "expired",
+                    TransitionError::Running { .. } => "running",
                 };
                 assert_eq!(actual, kind, "{from} --{name}--> {err}");
             }
@@ -700,4 +701,17 @@ fn cancel_of_a_running_job_revokes_its_attempt_and_fences_its_lease() {
     last = apply(last, cancel(""), t(2)).expect("cancel");
     assert_eq!((last.attempts, last.max_attempts), (1, 1));
     assert_eq!(last.last_error.as_deref(), Some("cancelled: "));
+}
+
+#[test]
+fn only_a_running_job_cannot_be_deleted() {
+    for status in Status::ALL {
+        let got = deletable(&in_status(status));
+        if status == Status::Running {
+            let err = got.expect_err("running");
+            assert!(err.to_string().contains("cancel it first"), "{err}");
+        } else {
+            assert_eq!(got, Ok(()), "{status}");
+        }
+    }
 }

@@ -86,6 +86,11 @@ pub trait Backend: Send + Sync + 'static {
         retention: Retention,
     ) -> impl Future<Output = Result<(u64, Option<JobId>)>> + Send;
 
+    /// Deletes one job if [`crate::machine::deletable`] allows it, checked
+    /// under the engine's own lock or transaction (so a take cannot slip
+    /// in between), with its history and its key.
+    fn delete(&self, id: JobId) -> impl Future<Output = Result<()>> + Send;
+
     /// One job.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
 

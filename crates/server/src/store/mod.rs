@@ -263,6 +263,28 @@ pub trait Store: Send + Sync + 'static {
         failed_before: SystemTime,
     ) -> impl Future<Output = Result<u64>> + Send;
 
+    /// An operator's purge: deletes the jobs of `queue` finished before
+    /// `finished_before` whose status is `status` (DONE or FAILED; `None`:
+    /// both), in bounded chunks; returns how many. Never a PENDING or
+    /// RUNNING job. Frees their keys. Durable on return.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for another status.
+    fn purge_jobs(
+        &self,
+        queue: &str,
+        status: Option<Status>,
+        finished_before: SystemTime,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Deletes one PENDING, DONE or FAILED job for good, with its history;
+    /// frees its key. Durable on return.
+    ///
+    /// # Errors
+    /// FAILED_PRECONDITION for a RUNNING job ([`crate::machine::deletable`]),
+    /// NOT_FOUND for an unknown one.
+    fn delete(&self, id: JobId) -> impl Future<Output = Result<()>> + Send;
+
     /// Keeps this server registered as alive, for a store shared by
     /// several servers; nothing otherwise.
     fn heartbeat(&self) -> impl Future<Output = Result<()>> + Send;

@@ -39,19 +39,25 @@ pub fn jitter() -> f64 {
     rand::random::<f64>()
 }
 
-/// How long finished jobs are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which finished jobs a purge deletes: the retention reaper's (every
+/// queue) or an operator's PurgeJobs (one queue, one or both statuses).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retention {
     /// DONE jobs finished before this are purged.
     pub done_before: SystemTime,
     /// FAILED jobs finished before this are purged.
     pub failed_before: SystemTime,
+    /// Only jobs of this queue; `None`: every queue.
+    pub queue: Option<String>,
 }
 
 impl Retention {
     /// Whether a job is old enough to purge. Never a PENDING or RUNNING
     /// job.
     pub fn purgeable(&self, job: &Job) -> bool {
+        if self.queue.as_ref().is_some_and(|q| *q != job.queue) {
+            return false;
+        }
         match (job.status, job.finished_at) {
             (Status::Done, Some(at)) => at < self.done_before,
             (Status::Failed, Some(at)) => at < self.failed_before,

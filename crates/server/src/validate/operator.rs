@@ -2,10 +2,27 @@
 //! DeleteJob, PurgeJobs): same rules as the rest of [`super`], kept apart so
 //! neither file grows past one concern.
 
+use std::time::SystemTime;
+
 use jobq::pb;
 
-use super::{invalid, job_id, name};
-use crate::{config::Config, error::Result, job::JobId};
+use super::{invalid, job_id, name, status_filter};
+use crate::{
+    config::Config,
+    error::Result,
+    job::{JobId, Status},
+};
+
+/// A checked PurgeJobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Purge {
+    /// The queue.
+    pub queue: String,
+    /// DONE, FAILED, or `None` for both.
+    pub status: Option<Status>,
+    /// Jobs finished before this go.
+    pub finished_before: SystemTime,
+}
 
 /// A CancelJob: which job, and why. The reason is operator input, so an
 /// over-long one is refused (not cut, as a handler's error is): the
@@ -26,6 +43,40 @@ pub fn cancel(req: pb::CancelJobRequest, config: &Config) -> Result<(JobId, Stri
 pub fn queue(value: String) -> Result<String> {
     name("queue", &value)?;
     Ok(value)
+}
+
+/// A DeleteJob's job id.
+pub fn delete(req: pb::DeleteJobRequest) -> Result<JobId> {
+    job_id("id", &req.id)
+}
+
+/// A PurgeJobs: a named queue, a finished status (or both), and a time
+/// (`now` when unset).
+pub fn purge(req: pb::PurgeJobsRequest, now: SystemTime) -> Result<Purge> {
+    name("queue", &req.queue)?;
+    let status = status_filter(req.status)?;
+    if let Some(s @ (Status::Pending | Status::Running)) = status {
+        return Err(invalid(format!(
+            "status {s} cannot be purged: only DONE and FAILED jobs (delete a PENDING job with DeleteJob)"
+        )));
+    }
+    let finished_before = match req.finished_before {
+        None => now,
+        // google/protobuf/timestamp.proto: nanos in 0..=999_999_999.
+        Some(t) if !(0..=999_999_999).contains(&t.nanos) => {
+            return Err(invalid(format!(
+                "finished_before.nanos {} is out of range 0..=999999999",
+                t.nanos
+            )))
+        }
+        Some(t) => SystemTime::try_from(t)
+            .map_err(|_| invalid("finished_before is not a valid timestamp"))?,
+    };
+    Ok(Purge {
+        queue: req.queue,
+        status,
+        finished_before,
+    })
 }
 
 #[cfg(test)]
@@ -55,6 +106,42 @@ mod tests {
             };
             assert!(cancel(req, &c).is_err(), "{id:?}");
         }
+    }
+
+    #[test]
+    fn purge_takes_a_queue_and_a_finished_status() {
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let req = |queue: &str, status: pb::JobStatus, at: Option<prost_types::Timestamp>| {
+            pb::PurgeJobsRequest {
+                queue: queue.into(),
+                status: status as i32,
+                finished_before: at,
+            }
+        };
+        let all = purge(req("q", pb::JobStatus::Unspecified, None), now).unwrap();
+        assert_eq!((all.status, all.finished_before), (None, now));
+        let done = purge(req("q", pb::JobStatus::Done, Some(now.into())), now).unwrap();
+        assert_eq!(done.status, Some(Status::Done));
+        for bad in [
+            req("", pb::JobStatus::Done, None),
+            req("q", pb::JobStatus::Pending, None),
+            req("q", pb::JobStatus::Running, None),
+            req(
+                "q",
+                pb::JobStatus::Done,
+                Some(prost_types::Timestamp {
+                    seconds: 1,
+                    nanos: -5,
+                }),
+            ),
+        ] {
+            assert!(purge(bad.clone(), now).is_err(), "{bad:?}");
+        }
+        let unknown = pb::PurgeJobsRequest {
+            status: 99,
+            ..req("q", pb::JobStatus::Done, None)
+        };
+        assert!(purge(unknown, now).is_err());
     }
 
     #[test]

@@ -185,3 +185,131 @@ async fn a_paused_queue_without_jobs_is_listed_and_a_pause_survives_a_reopen() {
     store.set_paused("q", false).await.unwrap();
     assert!(take(&store, "q", at(11)).await.is_some());
 }
+
+#[tokio::test]
+async fn delete_removes_a_job_for_good_and_frees_its_key_but_not_a_running_one() {
+    let (_dir, store) = fresh().await;
+    let pending = enqueue(&store, "q", Some("k1"), 0, at(0)).await;
+    let running_job = enqueue(&store, "q", Some("k2"), 0, at(1)).await;
+    store.delete(pending.id).await.expect("delete a PENDING job");
+    assert_eq!(code(store.get(pending.id).await), Code::NotFound);
+    assert_eq!(code(store.delete(pending.id).await), Code::NotFound);
+    let again = store.enqueue(new_job("q", Some("k1"), 0), at(2)).await.unwrap();
+    assert!(again.created, "the key is free again");
+    assert_ne!(again.job.id, pending.id, "ids are never reused");
+
+    let leased = take(&store, "q", at(3)).await.unwrap();
+    assert_eq!(leased.job.id, running_job.id);
+    let err = store.delete(running_job.id).await.expect_err("running");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("cancel it first"), "{err}");
+    assert_eq!(store.get(running_job.id).await.unwrap(), leased.job);
+    let done = store.ack(leased.job.id, leased.lease_id, at(4)).await.unwrap();
+    store.delete(done.id).await.expect("delete a DONE job");
+    let failed = store.cancel(again.job.id, "x".into(), at(5)).await.unwrap();
+    store.delete(failed.id).await.expect("delete a FAILED job");
+    let stats = store.stats(Some("q"), at(6)).await.unwrap();
+    assert_eq!(
+        (stats[0].pending, stats[0].running, stats[0].done, stats[0].failed),
+        (0, 0, 0, 0)
+    );
+    let fresh = store.enqueue(new_job("q", Some("k2"), 0), at(7)).await.unwrap();
+    assert!(fresh.created);
+}
+
+#[tokio::test]
+async fn a_delete_survives_a_reopen() {
+    let dir = guard().await;
+    let id = {
+        let store = reopen(&dir).await;
+        let job = enqueue(&store, "q", Some("k"), 0, at(0)).await;
+        store.delete(job.id).await.unwrap();
+        job.id
+    };
+    let store = reopen(&dir).await;
+    assert_eq!(code(store.get(id).await), Code::NotFound);
+    assert!(take(&store, "q", at(1)).await.is_none());
+}
+
+/// `n` jobs of `queue`, finished at `at(ms)`: DONE, or FAILED when `fail`.
+async fn finished(store: &TestStore, queue: &str, n: usize, fail: bool, ms: u64) -> Vec<JobId> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let job = enqueue(store, queue, None, 0, at(ms)).await;
+        ids.push(job.id);
+        if fail {
+            store.cancel(job.id, "old".into(), at(ms)).await.unwrap();
+        } else {
+            let leased = store
+                .take(&qs(&[queue]), "w", None, LEASE, at(ms))
+                .await
+                .unwrap()
+                .unwrap();
+            store.ack(leased.job.id, leased.lease_id, at(ms)).await.unwrap();
+        }
+    }
+    ids
+}
+
+#[tokio::test]
+async fn purge_jobs_deletes_one_queues_finished_jobs_by_status_and_age() {
+    let (_dir, store) = fresh().await;
+    let old_done = finished(&store, "q", 3, false, 10).await;
+    let old_failed = finished(&store, "q", 2, true, 10).await;
+    let new_done = finished(&store, "q", 1, false, 500).await;
+    let other = finished(&store, "other", 2, false, 10).await;
+    let first = enqueue(&store, "q", None, 0, at(20)).await;
+    let second = enqueue(&store, "q", None, 0, at(20)).await;
+    let leased = store
+        .take(&qs(&["q"]), "w", None, LEASE, at(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leased.job.id, first.id);
+    let (running_id, pending_id) = (first.id, second.id);
+
+    assert_eq!(
+        store.purge_jobs("q", Some(Status::Done), at(100)).await.unwrap(),
+        3
+    );
+    for id in &old_done {
+        assert_eq!(code(store.get(*id).await), Code::NotFound);
+    }
+    for id in old_failed.iter().chain(&new_done).chain(&other) {
+        assert!(store.get(*id).await.is_ok(), "job {id} kept");
+    }
+    assert_eq!(
+        store.purge_jobs("q", Some(Status::Failed), at(100)).await.unwrap(),
+        2
+    );
+    // Both statuses, up to a later time: the newer DONE job goes too, the
+    // other queue's jobs and the PENDING and RUNNING ones never.
+    assert_eq!(store.purge_jobs("q", None, at(10_000)).await.unwrap(), 1);
+    assert_eq!(store.purge_jobs("q", None, at(10_000)).await.unwrap(), 0);
+    assert_eq!(store.get(running_id).await.unwrap().status, Status::Running);
+    assert_eq!(store.get(pending_id).await.unwrap().status, Status::Pending);
+    for id in &other {
+        assert!(store.get(*id).await.is_ok());
+    }
+    for bad in [Status::Pending, Status::Running] {
+        assert_eq!(
+            code(store.purge_jobs("q", Some(bad), at(10_000)).await),
+            Code::InvalidArgument
+        );
+    }
+    assert_eq!(store.get(running_id).await.unwrap().status, Status::Running);
+}
+
+#[tokio::test]
+async fn purge_jobs_goes_through_more_than_one_batch() {
+    let (_dir, store) = fresh().await;
+    // More than either engine's chunk (sled 1024, PostgreSQL 1000).
+    let batch: Vec<NewJob> = (0..1100).map(|_| new_job("q", None, 0)).collect();
+    let jobs = store.enqueue_batch(batch, at(0)).await.unwrap();
+    for e in jobs.iter().take(1050) {
+        store.cancel(e.job.id, String::new(), at(1)).await.unwrap();
+    }
+    assert_eq!(store.purge_jobs("q", None, at(2)).await.unwrap(), 1050);
+    let stats = store.stats(Some("q"), at(3)).await.unwrap();
+    assert_eq!((stats[0].pending, stats[0].failed), (50, 0));
+}

@@ -10,7 +10,6 @@ use deadpool_postgres::GenericClient;
 
 use super::{
     error::PgError,
-    listen,
     row::{self, status_text, ATTEMPT_SELECT, COLUMNS},
     Pg,
 };
@@ -180,40 +179,6 @@ pub async fn next_run_at(pg: &Pg, queues: &[String]) -> Result<Option<SystemTime
         )
         .await?;
     Ok(client.query_one(&stmt, &[&queues]).await?.try_get(0)?)
-}
-
-/// Pauses or resumes a queue (idempotent). A resume tells every server
-/// (this one included, through its listener) that jobs may be due.
-pub async fn set_paused(pg: &Pg, queue: &str, paused: bool) -> Result<(), PgError> {
-    let mut client = pg.client().await?;
-    let tx = client.transaction().await?;
-    if paused {
-        tx.execute(
-            "INSERT INTO jobq_paused (queue) VALUES ($1) ON CONFLICT DO NOTHING",
-            &[&queue],
-        )
-        .await?;
-    } else {
-        tx.execute("DELETE FROM jobq_paused WHERE queue = $1", &[&queue])
-            .await?;
-        tx.execute("SELECT pg_notify($1, $2)", &[&listen::DUE, &queue])
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// Every paused queue, sorted.
-pub async fn paused(pg: &Pg) -> Result<Vec<String>, PgError> {
-    let client = pg.client().await?;
-    let stmt = client
-        .prepare_cached("SELECT queue FROM jobq_paused ORDER BY queue")
-        .await?;
-    let rows = client.query(&stmt, &[]).await?;
-    rows.iter()
-        .map(|r| r.try_get(0))
-        .collect::<Result<_, _>>()
-        .map_err(PgError::from)
 }
 
 /// The earliest lease expiry among RUNNING jobs.

@@ -465,6 +465,15 @@ impl Backend for Sled {
         self.purge_chunk_locked(after, retention)
     }
 
+    async fn delete(&self, id: JobId) -> Result<()> {
+        let mut index = self.lock();
+        let job = self.load(id)?;
+        machine::deletable(&job)?;
+        self.jobs.remove(record_key(id)).map_err(SledError::from)?;
+        index.remove(&job);
+        Ok(())
+    }
+
     async fn get(&self, id: JobId) -> Result<Job> {
         self.load(id)
     }
