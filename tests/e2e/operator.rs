@@ -215,6 +215,12 @@ async fn a_pause_holds_across_a_restart_and_resume_delivers_everything() {
     let stats = c.stats(Some("q")).await.expect("stats");
     assert!(stats[0].paused);
     assert_eq!(stats[0].pending, 3);
+    let (status, page) = http_get(server.http, "/").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(r#"class="paused""#),
+        "the dashboard shows the pause"
+    );
     drop(stream);
 
     let addr = server.addr.to_string();
