@@ -28,7 +28,8 @@ README = os.path.join(ROOT, "README.md")
 JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "jobq"))
 DEFAULT_ADDR = "127.0.0.1:50051"
 RPCS = ["Enqueue", "EnqueueBatch", "Dequeue", "Ack", "Fail", "Retry", "Lease",
-        "Heartbeat", "GetJob", "ListJobs", "Stats"]
+        "Heartbeat", "GetJob", "ListJobs", "Stats", "CancelJob", "PauseQueue",
+        "ResumeQueue", "DeleteJob", "PurgeJobs"]
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits 64 + the gRPC status code
 
 
@@ -233,6 +234,56 @@ def check_stats(cb, block, r):
     expect("oldestPendingAge" in queues[0], queues)
 
 
+def check_cancel(cb, block, r):
+    job = r.ok().json()["job"]
+    expect(job["id"] == cb.env["JOB_ID"] and job["status"] == "JOB_STATUS_FAILED", job)
+    expect(job["lastError"] == "cancelled: order refunded", job)
+    # The README says a second cancel (the job is FAILED now) is refused.
+    again = cb.run(block)
+    expect(again.rc != 0 and "FailedPrecondition" in again.err,
+           f"second cancel: exit {again.rc}: {again.err}")
+    return ["CancelJob again -> FailedPrecondition"]
+
+
+def check_empty_reply(cb, block, r):
+    expect(r.ok().json() == {}, r.out)
+
+
+def check_paused_stats(cb, block, r):
+    queues = r.ok().json().get("queues", [])
+    expect(len(queues) == 1 and queues[0].get("paused") is True, queues)
+    expect(queues[0].get("pending") == "1", queues)
+    # While paused, a Dequeue gets nothing (the README says so).
+    dq = cb.run("grpcurl -plaintext -d '{\"queues\": [\"email\"], \"worker_id\": "
+                "\"cli-worker\"}' 127.0.0.1:50051 jobq.v1.JobQueue/Dequeue").ok().json()
+    expect(dq == {}, f"a paused queue handed out {dq}")
+    return ["Dequeue while paused -> {}"]
+
+
+def check_resume(cb, block, r):
+    expect(r.ok().json() == {}, r.out)
+    stats = cb.run("grpcurl -plaintext -d '{\"queue\": \"email\"}' 127.0.0.1:50051 "
+                   "jobq.v1.JobQueue/Stats").ok().json()
+    expect("paused" not in stats["queues"][0], stats)
+    return ["Stats after resume -> not paused"]
+
+
+def check_delete(cb, block, r):
+    expect(r.ok().json() == {}, r.out)
+    got = cb.run("grpcurl -plaintext -d '{\"id\": \"" + cb.env["JOB_ID"] + "\"}' "
+                 "127.0.0.1:50051 jobq.v1.JobQueue/GetJob")
+    expect(got.rc != 0 and "NotFound" in got.err, f"GetJob after delete: {got.rc} {got.err}")
+    return ["GetJob after DeleteJob -> NotFound"]
+
+
+def check_purge(cb, block, r):
+    expect(r.ok().json() == {"deleted": "1"}, r.out)
+    stats = cb.run("grpcurl -plaintext -d '{\"queue\": \"email\"}' 127.0.0.1:50051 "
+                   "jobq.v1.JobQueue/Stats").ok().json()
+    q = stats["queues"][0]
+    expect(q.get("pending") == "1" and "done" not in q and "failed" not in q, q)
+
+
 STEPS = [
     ("list", check_list),
     ("describe jobq.v1.JobQueue", check_describe_service),
@@ -251,6 +302,12 @@ STEPS = [
     ("jobq.v1.JobQueue/Retry", check_retry),
     ("jobq.v1.JobQueue/Lease", check_lease),
     ("jobq.v1.JobQueue/Stats", check_stats),
+    ("jobq.v1.JobQueue/CancelJob", check_cancel),
+    ("jobq.v1.JobQueue/PauseQueue", check_empty_reply),
+    ("jobq.v1.JobQueue/Stats", check_paused_stats),
+    ("jobq.v1.JobQueue/ResumeQueue", check_resume),
+    ("jobq.v1.JobQueue/DeleteJob", check_delete),
+    ("jobq.v1.JobQueue/PurgeJobs", check_purge),
 ]
 
 

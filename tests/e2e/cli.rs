@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::harness::{until, TestServer, JOBQ};
 
-const LIMIT: Duration = Duration::from_secs(20);
+const LIMIT: Duration = Duration::from_secs(45);
 
 /// What one `jobq` run printed and how it exited.
 struct Run {

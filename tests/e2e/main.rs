@@ -12,6 +12,7 @@ mod harness;
 mod lease;
 mod limits;
 mod observability;
+mod operator;
 mod pki;
 mod security;
 mod server;

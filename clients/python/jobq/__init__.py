@@ -294,6 +294,45 @@ class Client:
     def retry(self, job_id: str) -> pb.Job:
         return self.stub.Retry(pb.RetryRequest(job_id=job_id), timeout=self.timeout).job
 
+    def cancel_job(self, job_id: str, reason: str = "") -> pb.Job:
+        """PENDING or RUNNING -> FAILED with last_error "cancelled: <reason>";
+        a running job's worker is sent `revoked`. FAILED_PRECONDITION for a
+        DONE or FAILED job. Needs the admin role."""
+        req = pb.CancelJobRequest(id=job_id, reason=reason)
+        return self.stub.CancelJob(req, timeout=self.timeout).job
+
+    def pause_queue(self, queue: str) -> None:
+        """Nothing is taken from ``queue`` until resume_queue (enqueues are
+        accepted, running jobs finish). Persisted. Needs the admin role."""
+        self.stub.PauseQueue(pb.PauseQueueRequest(queue=queue), timeout=self.timeout)
+
+    def resume_queue(self, queue: str) -> None:
+        """Undoes pause_queue. Needs the admin role."""
+        self.stub.ResumeQueue(pb.ResumeQueueRequest(queue=queue), timeout=self.timeout)
+
+    def paused(self, queue: str) -> bool:
+        """Whether ``queue`` is paused (QueueStats.paused)."""
+        resp = self.stub.Stats(pb.StatsRequest(queue=queue), timeout=self.timeout)
+        return any(q.paused for q in resp.queues if q.queue == queue)
+
+    def delete_job(self, job_id: str) -> None:
+        """Deletes a PENDING, DONE or FAILED job for good (its key is free
+        again); FAILED_PRECONDITION for a RUNNING one. Needs the admin role."""
+        self.stub.DeleteJob(pb.DeleteJobRequest(id=job_id), timeout=self.timeout)
+
+    def purge_jobs(self, queue: str, status: Union[int, str] = 0,
+                   finished_before: Optional[float] = None) -> int:
+        """Deletes ``queue``'s DONE and/or FAILED jobs (status 0 = both) that
+        finished before ``finished_before`` (a Unix time; None = now);
+        returns how many. Never PENDING or RUNNING jobs."""
+        if isinstance(status, str):
+            name = status if status.startswith("JOB_STATUS_") else "JOB_STATUS_" + status
+            status = pb.JobStatus.Value(name)
+        req = pb.PurgeJobsRequest(queue=queue, status=status)
+        if finished_before is not None:
+            req.finished_before.FromNanoseconds(int(finished_before * 1e9))
+        return self.stub.PurgeJobs(req, timeout=self.timeout).deleted
+
     def get_job(self, job_id: str) -> pb.Job:
         return self.stub.GetJob(pb.GetJobRequest(id=job_id), timeout=self.timeout)
 

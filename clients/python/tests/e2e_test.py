@@ -360,8 +360,39 @@ def tls_and_token(tmp, client, addr):
         server.stop()
 
 
+def operator_calls(tmp, client, addr):
+    """cancel, pause/resume, delete and purge through the Python Client."""
+    import grpc
+
+    a = client.enqueue("ops", "send-email", b"a")[0]
+    b = client.enqueue("ops", "send-email", b"b")[0]
+    cancelled = client.cancel_job(a.id, "refunded")
+    assert cancelled.status == pb.JOB_STATUS_FAILED, cancelled
+    assert cancelled.last_error == "cancelled: refunded", cancelled
+    client.pause_queue("ops")
+    assert client.paused("ops")
+    assert client.dequeue(["ops"], "py-ops") is None
+    client.resume_queue("ops")
+    assert not client.paused("ops")
+    leased = client.dequeue(["ops"], "py-ops")
+    assert leased is not None and leased.job.id == b.id, leased
+    try:
+        client.delete_job(b.id)
+        raise AssertionError("a RUNNING job was deleted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+    assert client.purge_jobs("ops", "FAILED") == 1
+    c = client.enqueue("ops", "send-email", b"c")[0]
+    client.delete_job(c.id)
+    try:
+        client.get_job(c.id)
+        raise AssertionError("a deleted job was found")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e
+
+
 TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens,
-         tls_and_token]
+         tls_and_token, operator_calls]
 
 
 def main():

@@ -6,7 +6,9 @@ use clap::{Parser, Subcommand};
 use crate::conn::Conn;
 use crate::logging::LogFormat;
 use crate::output::Out;
-use crate::{enqueue, get, list, migrate, retry, serve, stats, token, work};
+use crate::{
+    cancel, delete, enqueue, get, list, migrate, pause, purge, retry, serve, stats, token, work,
+};
 
 /// jobq: a durable job queue with a gRPC API.
 ///
@@ -63,6 +65,19 @@ pub enum Command {
     List(list::Args),
     /// Bring FAILED jobs (dead letters) back to PENDING.
     Retry(retry::Args),
+    /// Cancel a PENDING or RUNNING job (it becomes FAILED; a running
+    /// job's worker is told to stop). Retry brings it back.
+    Cancel(cancel::Args),
+    /// Pause a queue: nothing is taken from it until `jobq resume`
+    /// (enqueues are accepted, running jobs finish). Survives restarts.
+    Pause(pause::Args),
+    /// Resume a paused queue.
+    Resume(pause::Args),
+    /// Delete PENDING, DONE or FAILED jobs for good (cancel a RUNNING one
+    /// first).
+    Delete(delete::Args),
+    /// Delete a queue's finished jobs (DONE and/or FAILED), by age.
+    Purge(purge::Args),
     /// Per-queue counts and the age of the oldest due job.
     Stats(stats::Args),
     /// Run a command for each job of a queue: a worker in any language.
@@ -107,6 +122,11 @@ impl Cli {
             Command::Get(args) => get::run(&self.conn.client().await?, out, args).await,
             Command::List(args) => list::run(&self.conn.client().await?, out, args).await,
             Command::Retry(args) => retry::run(&self.conn.client().await?, out, args).await,
+            Command::Cancel(args) => cancel::run(&self.conn.client().await?, out, args).await,
+            Command::Delete(args) => delete::run(&self.conn.client().await?, out, args).await,
+            Command::Purge(args) => purge::run(&self.conn.client().await?, out, args).await,
+            Command::Pause(args) => pause::run(&self.conn.client().await?, out, args, true).await,
+            Command::Resume(args) => pause::run(&self.conn.client().await?, out, args, false).await,
             Command::Stats(args) => stats::run(&self.conn.client().await?, out, args).await,
             Command::Token(args) => token::run(out, args),
             Command::Bench(args) => jobq_bench::run(args).await,

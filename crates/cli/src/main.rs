@@ -9,13 +9,16 @@
 //! - `logging`: text or JSON log lines on stderr (`--log-format`).
 //! - `output`: tables, JSON rendering of jobs, readable enum names.
 //! - one module per subcommand: `serve`, `migrate`, `enqueue`, `get`, `list`, `retry`,
-//!   `stats`, `work`, `token` (`jobq token new`).
+//!   `stats`, `work`, `token` (`jobq token new`), and the operator's
+//!   `cancel`, `pause` (and resume), `delete`, `purge`.
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 //! - `watchdog`: `jobq __watchdog`, which kills `jobq work`'s commands
 //!   when `jobq work` dies without cleaning up.
 
+mod cancel;
 mod cli;
 mod conn;
+mod delete;
 mod enqueue;
 mod exit;
 mod get;
@@ -23,6 +26,8 @@ mod list;
 mod logging;
 mod migrate;
 mod output;
+mod pause;
+mod purge;
 mod retry;
 mod serve;
 mod shutdown;

@@ -64,6 +64,7 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
         "DONE",
         "FAILED",
         "OLDEST_PENDING",
+        "PAUSED",
     ]);
     for q in &stats {
         t.row([
@@ -73,6 +74,7 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
             q.done.to_string(),
             q.failed.to_string(),
             duration_text(std_duration(q.oldest_pending_age.as_ref())),
+            if q.paused { "yes" } else { "no" }.to_owned(),
         ]);
     }
     out.table(&t)?;
@@ -80,7 +82,8 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
 }
 
 /// `[{"queue", "pending", "running", "done", "failed",
-/// "oldest_pending_age_secs" (a number, or null when nothing is due)}]`.
+/// "oldest_pending_age_secs" (a number, or null when nothing is due),
+/// "paused"}]`.
 fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
     stats
         .iter()
@@ -93,6 +96,7 @@ fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
                 "failed": q.failed,
                 "oldest_pending_age_secs":
                     std_duration(q.oldest_pending_age.as_ref()).map(|d| d.as_secs_f64()),
+                "paused": q.paused,
             })
         })
         .collect()

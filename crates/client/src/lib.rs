@@ -3,7 +3,8 @@
 //! # Layout
 //! - [`client`]: [`Client`], one typed method per `JobQueue` RPC, plus
 //!   JSON helpers; [`connect`]: how it reaches the server ([`Connect`]:
-//!   bearer token, TLS and mTLS).
+//!   bearer token, TLS and mTLS); `operator` (private): the operator's
+//!   calls on [`Client`] (cancel, pause/resume, delete, purge).
 //! - [`options`]: [`EnqueueOptions`] (key, attempts, delay) and
 //!   [`FailOptions`] (retry delay, fatal).
 //! - [`error`]: [`enum@Error`], the crate's one error type, and [`Result`].
@@ -77,6 +78,7 @@ mod heartbeat;
 mod inflight;
 mod job;
 mod metrics;
+mod operator;
 pub mod options;
 pub mod trace;
 pub mod worker;

@@ -42,7 +42,8 @@ pub enum Role {
     Consume,
     /// GetJob, ListJobs, Stats.
     Read,
-    /// All of the above, plus Retry and every operator call.
+    /// All of the above, plus Retry and every operator call (CancelJob,
+    /// PauseQueue, ResumeQueue, DeleteJob, PurgeJobs).
     Admin,
 }
 
@@ -469,8 +470,10 @@ pub enum Access<'a> {
     /// Read one queue (ListJobs, Stats with a queue); `None`: all queues,
     /// filtered afterwards with [`Who::sees`].
     ReadQueue(Option<&'a str>),
-    /// Change one job as an operator (Retry).
+    /// Change one job as an operator (Retry, CancelJob, DeleteJob).
     Administer(JobId),
+    /// Change one queue as an operator (PauseQueue, ResumeQueue, PurgeJobs).
+    AdministerQueue(&'a str),
 }
 
 /// The one check per RPC: the caller's role on the queues involved, and
@@ -511,6 +514,7 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             Err(Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         },
+        Access::AdministerQueue(queue) => who.require(Role::Admin, queue),
     }
 }
 

@@ -135,6 +135,7 @@ impl From<QueueStats> for pb::QueueStats {
             done: s.done,
             failed: s.failed,
             oldest_pending_age: s.oldest_pending_age.map(duration),
+            paused: s.paused,
         }
     }
 }

@@ -79,7 +79,8 @@ impl Error {
                 }
                 TransitionError::NotAllowed { .. }
                 | TransitionError::NotDue { .. }
-                | TransitionError::NotExpired { .. } => Code::FailedPrecondition,
+                | TransitionError::NotExpired { .. }
+                | TransitionError::Running { .. } => Code::FailedPrecondition,
             },
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Unauthenticated(_) => Code::Unauthenticated,

@@ -107,6 +107,16 @@ pub enum Event {
     },
     /// An operator brings a FAILED job back.
     Retry,
+    /// An operator cancels a PENDING or RUNNING job: FAILED at once with
+    /// `last_error = "cancelled: <reason>"`. A RUNNING job's attempt ends
+    /// [`Outcome::Revoked`] (it counts as an attempt, like any run that
+    /// ended without an ack) and its lease is gone, so the holder's ack,
+    /// fail and heartbeat are stale. A cancelled job is a dead letter:
+    /// [`Event::Retry`] brings it back.
+    Cancel {
+        /// The operator's reason (may be empty).
+        reason: String,
+    },
 }
 
 impl Event {
@@ -121,6 +131,7 @@ impl Event {
             Event::Return { .. } => "return",
             Event::RestartGrace { .. } => "restart grace",
             Event::Retry => "retry",
+            Event::Cancel { .. } => "cancel",
         }
     }
 }
@@ -161,6 +172,12 @@ pub enum TransitionError {
         id: JobId,
         /// The presented lease.
         lease_id: LeaseId,
+    },
+    /// A delete of a RUNNING job: its worker holds it; cancel it first.
+    #[error("job {id} is RUNNING: cancel it first (CancelJob), then delete it")]
+    Running {
+        /// The job.
+        id: JobId,
     },
     /// A reclaim for expiry of a lease that has not run out.
     #[error("lease {lease_id} of job {id} has not expired")]
@@ -338,7 +355,42 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             job.finished_at = None;
             Ok(job)
         }
+        Event::Cancel { reason } => {
+            let error = cancelled(&reason);
+            match job.status {
+                Status::Pending => {}
+                Status::Running => {
+                    // A RUNNING job has attempts < max_attempts (the take
+                    // requires a job that is not FAILED), so this keeps
+                    // attempts <= max_attempts.
+                    job.attempts = (job.attempts + 1).min(job.max_attempts);
+                    end_attempt(&mut job, Outcome::Revoked, Some(error.clone()), now);
+                }
+                Status::Done | Status::Failed => return Err(not_allowed(&job, "cancel")),
+            }
+            job.last_error = Some(error);
+            finish_failed(&mut job, now);
+            Ok(job)
+        }
     }
+}
+
+/// Whether an operator may delete `job` for good: any job but a RUNNING
+/// one (its worker holds a lease on it; DeleteJob never pulls a job from
+/// under a worker).
+///
+/// # Errors
+/// [`TransitionError::Running`].
+pub fn deletable(job: &Job) -> Result<(), TransitionError> {
+    match job.status {
+        Status::Running => Err(TransitionError::Running { id: job.id }),
+        Status::Pending | Status::Done | Status::Failed => Ok(()),
+    }
+}
+
+/// The `last_error` of a cancelled job.
+pub fn cancelled(reason: &str) -> String {
+    format!("cancelled: {reason}")
 }
 
 fn not_allowed(job: &Job, event: &'static str) -> TransitionError {

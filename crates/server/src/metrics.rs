@@ -79,6 +79,11 @@ const METHODS: &[&str] = &[
     "GetJob",
     "ListJobs",
     "Stats",
+    "CancelJob",
+    "PauseQueue",
+    "ResumeQueue",
+    "DeleteJob",
+    "PurgeJobs",
 ];
 
 /// Every metric of the server.

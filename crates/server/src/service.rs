@@ -207,6 +207,78 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         }))
     }
 
+    #[instrument(skip_all, fields(job.id = %req.get_ref().id), err(level = "debug"))]
+    async fn cancel_job(
+        &self,
+        req: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let (id, reason) = validate::cancel(req.into_inner(), &self.config)?;
+        auth::authorize(&*self.store, &who, Access::Administer(id)).await?;
+        // The holder's stream is told by the store's lease-ended event.
+        let job = self.store.cancel(id, reason, now()).await?;
+        Ok(Response::new(pb::CancelJobResponse {
+            job: Some(convert::receipt(job)),
+        }))
+    }
+
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue), err(level = "debug"))]
+    async fn pause_queue(
+        &self,
+        req: Request<pb::PauseQueueRequest>,
+    ) -> Result<Response<pb::PauseQueueResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let queue = validate::queue(req.into_inner().queue)?;
+        auth::authorize(&*self.store, &who, Access::AdministerQueue(&queue)).await?;
+        self.store.set_paused(&queue, true).await?;
+        Ok(Response::new(pb::PauseQueueResponse {}))
+    }
+
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue), err(level = "debug"))]
+    async fn resume_queue(
+        &self,
+        req: Request<pb::ResumeQueueRequest>,
+    ) -> Result<Response<pb::ResumeQueueResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let queue = validate::queue(req.into_inner().queue)?;
+        auth::authorize(&*self.store, &who, Access::AdministerQueue(&queue)).await?;
+        self.store.set_paused(&queue, false).await?;
+        Ok(Response::new(pb::ResumeQueueResponse {}))
+    }
+
+    #[instrument(skip_all, fields(job.id = %req.get_ref().id), err(level = "debug"))]
+    async fn delete_job(
+        &self,
+        req: Request<pb::DeleteJobRequest>,
+    ) -> Result<Response<pb::DeleteJobResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let id = validate::delete(req.into_inner())?;
+        auth::authorize(&*self.store, &who, Access::Administer(id)).await?;
+        self.store.delete(id).await?;
+        Ok(Response::new(pb::DeleteJobResponse {}))
+    }
+
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue, deleted), err(level = "debug"))]
+    async fn purge_jobs(
+        &self,
+        req: Request<pb::PurgeJobsRequest>,
+    ) -> Result<Response<pb::PurgeJobsResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let purge = validate::purge(req.into_inner(), now())?;
+        auth::authorize(&*self.store, &who, Access::AdministerQueue(&purge.queue)).await?;
+        let deleted = self
+            .store
+            .purge_jobs(&purge.queue, purge.status, purge.finished_before)
+            .await?;
+        tracing::Span::current().record("deleted", deleted);
+        Ok(Response::new(pb::PurgeJobsResponse { deleted }))
+    }
+
     type LeaseStream = LeaseEvents;
 
     #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id), err(level = "debug"))]

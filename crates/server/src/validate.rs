@@ -25,6 +25,10 @@ pub const DEFAULT_PAGE_SIZE: usize = 100;
 /// Largest ListJobs page size.
 pub const MAX_PAGE_SIZE: usize = 1000;
 
+mod operator;
+
+pub use operator::*;
+
 fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
 }

@@ -28,9 +28,14 @@ enum Rpc {
     GetJob,
     ListJobs,
     Stats,
+    CancelJob,
+    PauseQueue,
+    ResumeQueue,
+    DeleteJob,
+    PurgeJobs,
 }
 
-const RPCS: [Rpc; 11] = [
+const RPCS: [Rpc; 16] = [
     Rpc::Enqueue,
     Rpc::EnqueueBatch,
     Rpc::Dequeue,
@@ -42,6 +47,11 @@ const RPCS: [Rpc; 11] = [
     Rpc::GetJob,
     Rpc::ListJobs,
     Rpc::Stats,
+    Rpc::CancelJob,
+    Rpc::PauseQueue,
+    Rpc::ResumeQueue,
+    Rpc::DeleteJob,
+    Rpc::PurgeJobs,
 ];
 
 /// The role an RPC needs (admin may do everything).
@@ -50,7 +60,12 @@ fn needs(rpc: Rpc) -> &'static str {
         Rpc::Enqueue | Rpc::EnqueueBatch => "produce",
         Rpc::Dequeue | Rpc::Lease | Rpc::Ack | Rpc::Fail | Rpc::Heartbeat => "consume",
         Rpc::GetJob | Rpc::ListJobs | Rpc::Stats => "read",
-        Rpc::Retry => "admin",
+        Rpc::Retry
+        | Rpc::CancelJob
+        | Rpc::PauseQueue
+        | Rpc::ResumeQueue
+        | Rpc::DeleteJob
+        | Rpc::PurgeJobs => "admin",
     }
 }
 
@@ -184,6 +199,43 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
                 .into_inner();
             assert_eq!(failed.job.unwrap().status, pb::JobStatus::Failed as i32);
             code(c.retry(req(pb::RetryRequest { job_id }, token)).await)
+        }
+        Rpc::CancelJob => {
+            let id = enqueue(c, queue, "root").await;
+            let cancel = pb::CancelJobRequest {
+                id,
+                reason: "r".into(),
+            };
+            code(c.cancel_job(req(cancel, token)).await)
+        }
+        Rpc::PauseQueue => {
+            let pause = pb::PauseQueueRequest {
+                queue: queue.into(),
+            };
+            let got = code(c.pause_queue(req(pause, token)).await);
+            // Leave the queue as it was for the next calls.
+            let resume = pb::ResumeQueueRequest {
+                queue: queue.into(),
+            };
+            c.resume_queue(req(resume, Some("root"))).await.unwrap();
+            got
+        }
+        Rpc::ResumeQueue => {
+            let resume = pb::ResumeQueueRequest {
+                queue: queue.into(),
+            };
+            code(c.resume_queue(req(resume, token)).await)
+        }
+        Rpc::DeleteJob => {
+            let id = enqueue(c, queue, "root").await;
+            code(c.delete_job(req(pb::DeleteJobRequest { id }, token)).await)
+        }
+        Rpc::PurgeJobs => {
+            let purge = pb::PurgeJobsRequest {
+                queue: queue.into(),
+                ..Default::default()
+            };
+            code(c.purge_jobs(req(purge, token)).await)
         }
         Rpc::GetJob => {
             let id = enqueue(c, queue, "root").await;

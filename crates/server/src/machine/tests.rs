@@ -57,6 +57,12 @@ fn fail_with(lease: u64, retry_delay: Option<Duration>, fatal: bool) -> Event {
     }
 }
 
+fn cancel(reason: &str) -> Event {
+    Event::Cancel {
+        reason: reason.into(),
+    }
+}
+
 /// A job in each status, holding lease 7 when RUNNING.
 fn in_status(status: Status) -> Job {
     let running = take(new_job(3), 7, t(1)).expect("take");
@@ -291,6 +297,10 @@ fn the_transition_table() {
         (Running, Event::Retry, Err("not allowed")),
         (Done, Event::Retry, Err("not allowed")),
         (Failed, Event::Retry, Ok(Pending)),
+        (Pending, cancel("stop"), Ok(Failed)),
+        (Running, cancel("stop"), Ok(Failed)),
+        (Done, cancel("stop"), Err("not allowed")),
+        (Failed, cancel("stop"), Err("not allowed")),
     ];
     for (from, event, expected) in table {
         let job = in_status(from);
@@ -305,6 +315,7 @@ fn the_transition_table() {
                     TransitionError::NotExpired { .. } => "not expired",
                     TransitionError::NotDue { .. } => "not due",
                     TransitionError::Expired { .. } => "expired",
+                    TransitionError::Running { .. } => "running",
                 };
                 assert_eq!(actual, kind, "{from} --{name}--> {err}");
             }
@@ -644,4 +655,63 @@ fn restart_grace_extends_a_lapsed_lease_from_startup_but_never_shortens() {
     )
     .expect("grace");
     assert_eq!(early.lease_expires_at(), Some(expires), "never shortened");
+}
+
+#[test]
+fn cancel_of_a_pending_job_dead_letters_it_with_the_reason() {
+    let job = apply(in_status(Status::Pending), cancel("duplicate order"), t(5)).expect("cancel");
+    assert_eq!(job.status, Status::Failed);
+    assert_eq!(
+        job.last_error.as_deref(),
+        Some("cancelled: duplicate order")
+    );
+    assert_eq!(job.finished_at, Some(t(5)));
+    assert_eq!(job.attempts, 0, "no run, no attempt");
+    assert!(job.history.is_empty());
+    let back = apply(job, Event::Retry, t(6)).expect("retry brings it back");
+    assert_eq!(back.status, Status::Pending);
+}
+
+#[test]
+fn cancel_of_a_running_job_revokes_its_attempt_and_fences_its_lease() {
+    let job = apply(in_status(Status::Running), cancel("stop"), t(5)).expect("cancel");
+    assert_eq!(job.status, Status::Failed);
+    assert!(job.lease.is_none());
+    assert_eq!(job.attempts, 1);
+    let attempt = job.history.last().expect("the attempt");
+    assert_eq!(attempt.outcome, Some(Outcome::Revoked));
+    assert_eq!(attempt.ended_at, Some(t(5)));
+    assert_eq!(attempt.error.as_deref(), Some("cancelled: stop"));
+    // The holder's late ack, fail and heartbeat are stale (ABORTED).
+    for late in [
+        Event::Ack {
+            lease_id: LeaseId(7),
+        },
+        fail(7),
+        Event::Extend {
+            lease_id: LeaseId(7),
+            extend_by: None,
+        },
+    ] {
+        let err = apply(job.clone(), late, t(6)).expect_err("late");
+        assert!(matches!(err, TransitionError::StaleLease { .. }), "{err}");
+    }
+    // On its last attempt it still never exceeds max_attempts.
+    let mut last = take(new_job(1), 9, t(1)).expect("take");
+    last = apply(last, cancel(""), t(2)).expect("cancel");
+    assert_eq!((last.attempts, last.max_attempts), (1, 1));
+    assert_eq!(last.last_error.as_deref(), Some("cancelled: "));
+}
+
+#[test]
+fn only_a_running_job_cannot_be_deleted() {
+    for status in Status::ALL {
+        let got = deletable(&in_status(status));
+        if status == Status::Running {
+            let err = got.expect_err("running");
+            assert!(err.to_string().contains("cancel it first"), "{err}");
+        } else {
+            assert_eq!(got, Ok(()), "{status}");
+        }
+    }
 }

@@ -37,7 +37,7 @@ pub trait Backend: Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
 
-    /// Finds the first due job of the first queue that has one and applies
+    /// Finds the first due job of the first unpaused queue that has one and applies
     /// `take` (an [`Event::Take`]) to it, atomically: two callers never
     /// take the same job. `streamed`: the lease goes to a Lease stream of
     /// this server, so a shared backend records the server as its holder
@@ -61,6 +61,16 @@ pub trait Backend: Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Vec<Result<Change>>>> + Send;
 
+    /// Records that `queue` is paused (or no longer is). Idempotent.
+    /// [`Backend::take`] and [`Backend::next_run_at`] skip paused queues,
+    /// reading the paused set at the time of the take (for a shared
+    /// engine: as committed by any server). Resuming a queue on a shared
+    /// engine tells the other servers that jobs may be due.
+    fn set_paused(&self, queue: &str, paused: bool) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every paused queue, sorted by name.
+    fn paused(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
+
     /// The leases that expire at or before `at`.
     fn expiring(
         &self,
@@ -76,6 +86,11 @@ pub trait Backend: Send + Sync + 'static {
         retention: Retention,
     ) -> impl Future<Output = Result<(u64, Option<JobId>)>> + Send;
 
+    /// Deletes one job if [`crate::machine::deletable`] allows it, checked
+    /// under the engine's own lock or transaction (so a take cannot slip
+    /// in between), with its history and its key.
+    fn delete(&self, id: JobId) -> impl Future<Output = Result<()>> + Send;
+
     /// One job.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
 
@@ -89,7 +104,8 @@ pub trait Backend: Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Vec<QueueStats>>> + Send;
 
-    /// The earliest `run_at` among PENDING jobs of these queues.
+    /// The earliest `run_at` among PENDING jobs of these queues, paused
+    /// ones left out.
     fn next_run_at(
         &self,
         queues: &[String],

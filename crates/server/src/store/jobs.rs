@@ -141,6 +141,30 @@ impl<B: Backend> Jobs<B> {
             .collect())
     }
 
+    /// Deletes the finished jobs `retention` names, one bounded chunk at a
+    /// time (each its own short lock or transaction), yielding between
+    /// chunks. Durable on return.
+    async fn purge_where(&self, retention: Retention) -> Result<u64> {
+        self.check()?;
+        let mut purged = 0;
+        let mut after = None;
+        loop {
+            let step = self.backend.purge_chunk(after, retention.clone()).await;
+            let (n, next) = self.written(step)?;
+            purged += n;
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+            // Let other tasks run between chunks of a long scan.
+            tokio::task::yield_now().await;
+        }
+        if purged > 0 {
+            self.commit(&[], false).await?;
+        }
+        Ok(purged)
+    }
+
     /// How many reclaims were refused because another server had reclaimed
     /// the lease first (see [`Backend::fenced_reclaims`]).
     pub fn fenced_reclaims(&self) -> u64 {
@@ -337,6 +361,20 @@ impl<B: Backend> Store for Jobs<B> {
         Ok(change.new)
     }
 
+    async fn cancel(&self, id: JobId, reason: String, now: SystemTime) -> Result<Job> {
+        let change = self.one(id, Event::Cancel { reason }, now).await?;
+        self.commit(std::slice::from_ref(&change), false).await?;
+        Ok(change.new)
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        self.check()?;
+        self.written(self.backend.set_paused(queue, paused).await)?;
+        // A resume wakes the waiters once it is durable; a pause needs no
+        // wake-up (a take re-checks the paused set every time).
+        self.commit(&[], !paused).await
+    }
+
     async fn extend(
         &self,
         leases: &[(JobId, LeaseId)],
@@ -469,27 +507,45 @@ impl<B: Backend> Store for Jobs<B> {
     }
 
     async fn purge(&self, done_before: SystemTime, failed_before: SystemTime) -> Result<u64> {
-        self.check()?;
-        let retention = Retention {
+        self.purge_where(Retention {
             done_before,
             failed_before,
-        };
-        let mut purged = 0;
-        let mut after = None;
-        loop {
-            let (n, next) = self.written(self.backend.purge_chunk(after, retention).await)?;
-            purged += n;
-            match next {
-                Some(next) => after = Some(next),
-                None => break,
+            queue: None,
+        })
+        .await
+    }
+
+    async fn purge_jobs(
+        &self,
+        queue: &str,
+        status: Option<Status>,
+        finished_before: SystemTime,
+    ) -> Result<u64> {
+        let never = SystemTime::UNIX_EPOCH;
+        let (done_before, failed_before) = match status {
+            None => (finished_before, finished_before),
+            Some(Status::Done) => (finished_before, never),
+            Some(Status::Failed) => (never, finished_before),
+            Some(other) => {
+                return Err(Error::InvalidArgument(format!(
+                    "status {other} cannot be purged: only DONE and FAILED jobs (delete a PENDING one with DeleteJob)"
+                )))
             }
-            // Let other tasks run between chunks of a long scan.
-            tokio::task::yield_now().await;
-        }
-        if purged > 0 {
-            self.commit(&[], false).await?;
-        }
-        Ok(purged)
+        };
+        self.purge_where(Retention {
+            done_before,
+            failed_before,
+            queue: Some(queue.to_owned()),
+        })
+        .await
+    }
+
+    async fn delete(&self, id: JobId) -> Result<()> {
+        self.check()?;
+        self.written(self.backend.delete(id).await)?;
+        // A deleted job makes nothing due and its freed key needs no
+        // wake-up: the reply only waits until the delete is durable.
+        self.commit(&[], false).await
     }
 
     async fn heartbeat(&self) -> Result<()> {
@@ -531,7 +587,10 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn stats(&self, queue: Option<&str>, now: SystemTime) -> Result<Vec<QueueStats>> {
         self.check()?;
-        self.backend.stats(queue, now).await
+        let mut stats = self.backend.stats(queue, now).await?;
+        let paused = self.backend.paused().await?;
+        rules::mark_paused(&mut stats, &paused, queue);
+        Ok(stats)
     }
 
     async fn next_run_at(&self, queues: &[String]) -> Result<Option<SystemTime>> {

@@ -114,6 +114,8 @@ pub struct QueueStats {
     pub failed: u64,
     /// Age of the oldest due PENDING job (now - run_at); `None` if none is due.
     pub oldest_pending_age: Option<Duration>,
+    /// The queue is paused: nothing is taken from it.
+    pub paused: bool,
 }
 
 /// The outcome of extending one lease in a heartbeat.
@@ -188,6 +190,22 @@ pub trait Store: Send + Sync + 'static {
     /// FAILED -> PENDING with attempts reset. Durable on return.
     fn retry(&self, id: JobId, now: SystemTime) -> impl Future<Output = Result<Job>> + Send;
 
+    /// PENDING or RUNNING -> FAILED with `last_error = "cancelled:
+    /// <reason>"`; a RUNNING job's attempt ends REVOKED, and the lease-ended
+    /// event tells its stream (`revoked`). Durable on return.
+    fn cancel(
+        &self,
+        id: JobId,
+        reason: String,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Job>> + Send;
+
+    /// Pauses (`paused = true`) or resumes a queue. A paused queue hands
+    /// out nothing ([`Store::take`] skips it, [`Store::next_run_at`]
+    /// ignores it); enqueues and running jobs go on. Resuming wakes
+    /// waiters. Durable on return, and survives a restart.
+    fn set_paused(&self, queue: &str, paused: bool) -> impl Future<Output = Result<()>> + Send;
+
     /// Extends each held lease; one result per lease, in order (an error
     /// means the lease is lost or unknown). Durable on return.
     fn extend(
@@ -244,6 +262,28 @@ pub trait Store: Send + Sync + 'static {
         done_before: SystemTime,
         failed_before: SystemTime,
     ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// An operator's purge: deletes the jobs of `queue` finished before
+    /// `finished_before` whose status is `status` (DONE or FAILED; `None`:
+    /// both), in bounded chunks; returns how many. Never a PENDING or
+    /// RUNNING job. Frees their keys. Durable on return.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] for another status.
+    fn purge_jobs(
+        &self,
+        queue: &str,
+        status: Option<Status>,
+        finished_before: SystemTime,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Deletes one PENDING, DONE or FAILED job for good, with its history;
+    /// frees its key. Durable on return.
+    ///
+    /// # Errors
+    /// FAILED_PRECONDITION for a RUNNING job ([`crate::machine::deletable`]),
+    /// NOT_FOUND for an unknown one.
+    fn delete(&self, id: JobId) -> impl Future<Output = Result<()>> + Send;
 
     /// Keeps this server registered as alive, for a store shared by
     /// several servers; nothing otherwise.

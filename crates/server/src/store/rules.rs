@@ -6,6 +6,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use super::QueueStats;
 use crate::{
     error::{Error, Result},
     job::{Job, LeaseId, NewJob, Status},
@@ -38,25 +39,51 @@ pub fn jitter() -> f64 {
     rand::random::<f64>()
 }
 
-/// How long finished jobs are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which finished jobs a purge deletes: the retention reaper's (every
+/// queue) or an operator's PurgeJobs (one queue, one or both statuses).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retention {
     /// DONE jobs finished before this are purged.
     pub done_before: SystemTime,
     /// FAILED jobs finished before this are purged.
     pub failed_before: SystemTime,
+    /// Only jobs of this queue; `None`: every queue.
+    pub queue: Option<String>,
 }
 
 impl Retention {
     /// Whether a job is old enough to purge. Never a PENDING or RUNNING
     /// job.
     pub fn purgeable(&self, job: &Job) -> bool {
+        if self.queue.as_ref().is_some_and(|q| *q != job.queue) {
+            return false;
+        }
         match (job.status, job.finished_at) {
             (Status::Done, Some(at)) => at < self.done_before,
             (Status::Failed, Some(at)) => at < self.failed_before,
             _ => false,
         }
     }
+}
+
+/// Sets [`QueueStats::paused`] from the paused queues (sorted), and lists
+/// a paused queue that has no jobs too (when it matches `only`), so an
+/// operator sees every pause. `stats` stays sorted by queue.
+pub fn mark_paused(stats: &mut Vec<QueueStats>, paused: &[String], only: Option<&str>) {
+    for s in stats.iter_mut() {
+        s.paused = paused.binary_search(&s.queue).is_ok();
+    }
+    for queue in paused {
+        if only.is_some_and(|q| q != queue) || stats.iter().any(|s| &s.queue == queue) {
+            continue;
+        }
+        stats.push(QueueStats {
+            queue: queue.clone(),
+            paused: true,
+            ..QueueStats::default()
+        });
+    }
+    stats.sort_by(|a, b| a.queue.cmp(&b.queue));
 }
 
 /// A batch with its keys de-duplicated: the jobs to hand to the backend,

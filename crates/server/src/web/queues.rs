@@ -40,7 +40,10 @@ pub async fn page<S: Store>(
                 tbody {
                     @for q in &stats {
                         tr data-queue=(q.queue) {
-                            td { a href={ "/jobs?queue=" (q.queue) } { (q.queue) } }
+                            td {
+                                a href={ "/jobs?queue=" (q.queue) } { (q.queue) }
+                                @if q.paused { " " span.paused title="PauseQueue: nothing is taken from it" { "paused" } }
+                            }
                             td.num.pending { a href={ "/jobs?queue=" (q.queue) "&status=PENDING" } { (q.pending) } }
                             td.num.running { a href={ "/jobs?queue=" (q.queue) "&status=RUNNING" } { (q.running) } }
                             td.num.done { a href={ "/jobs?queue=" (q.queue) "&status=DONE" } { (q.done) } }

@@ -899,6 +899,12 @@ enum Op {
     Retry {
         pick: usize,
     },
+    Cancel {
+        pick: usize,
+    },
+    Delete {
+        pick: usize,
+    },
     ReclaimExpired,
     Purge {
         done_age_ms: u64,
@@ -929,6 +935,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(picks, by_ms)| Op::Extend { picks, by_ms }),
         1 => (any::<usize>(), any::<bool>(), outcome).prop_map(|(pick, right, outcome)| Op::Reclaim { pick, right, outcome }),
         1 => any::<usize>().prop_map(|pick| Op::Retry { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Delete { pick }),
         1 => Just(Op::ReclaimExpired),
         1 => (0..300u64, 0..300u64).prop_map(|(done_age_ms, failed_age_ms)| Op::Purge { done_age_ms, failed_age_ms }),
         3 => (0..150u64).prop_map(|ms| Op::Advance { ms }),
@@ -1237,6 +1245,29 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                 "retry",
             );
         }
+        Op::Cancel { pick } => {
+            let id = model.pick(pick);
+            let reason = format!("op {pick}");
+            same(
+                store.cancel(id, reason.clone(), t).await,
+                model.apply(id, Event::Cancel { reason }, t),
+                "cancel",
+            );
+        }
+        Op::Delete { pick } => {
+            let id = model.pick(pick);
+            let expected = match model.jobs.get(&id) {
+                None => Err(Code::NotFound),
+                Some(job) => match machine::deletable(job) {
+                    Ok(()) => {
+                        model.jobs.remove(&id);
+                        Ok(())
+                    }
+                    Err(e) => Err(jobq_server::Error::from(e).code()),
+                },
+            };
+            same(store.delete(id).await, expected, "delete");
+        }
         Op::ReclaimExpired => {
             let mut got = store.reclaim_expired(t, &|_| false).await.unwrap();
             got.sort_by_key(|(job, _)| job.id);
@@ -1353,3 +1384,4 @@ proptest! {
     }
 }
 
+include!("operator.rs");

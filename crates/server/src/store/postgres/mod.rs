@@ -11,7 +11,8 @@
 //!   for their fsync: a lost take is a redelivery, and the ack that follows
 //!   waits for a flush that covers it.
 //! - Dequeue ([`take`]): `FOR UPDATE SKIP LOCKED` over the partial index of
-//!   PENDING jobs.
+//!   PENDING jobs, skipping the queues paused in `jobq_paused`.
+//! - Operator writes ([`operator`]): delete a job, pause and resume a queue.
 //! - Time: `now` is the database's (`now()`, the transaction's start),
 //!   read in the same round trip as the rows, so every server's leases run
 //!   on one clock. [`Clock::Caller`] (tests only) uses the caller's `now`.
@@ -24,6 +25,7 @@ pub mod cluster;
 mod error;
 mod insert;
 pub mod listen;
+mod operator;
 mod purge;
 mod queries;
 mod row;
@@ -343,6 +345,14 @@ impl Backend for Pg {
         }
     }
 
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        Ok(operator::set_paused(self, queue, paused).await?)
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        Ok(operator::paused(self).await?)
+    }
+
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
         Ok(queries::expiring(self, at).await?)
     }
@@ -353,6 +363,10 @@ impl Backend for Pg {
         retention: Retention,
     ) -> Result<(u64, Option<JobId>)> {
         Ok(purge::purge_chunk(self, after, retention).await?)
+    }
+
+    async fn delete(&self, id: JobId) -> Result<()> {
+        operator::delete(self, id).await
     }
 
     async fn get(&self, id: JobId) -> Result<crate::job::Job> {

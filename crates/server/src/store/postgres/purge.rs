@@ -28,10 +28,13 @@ pub async fn purge_chunk(
     let select = tx
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM jobq_jobs WHERE id > $1 AND status IN ('done', 'failed') \
-             AND finished_at < $2 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
+             AND finished_at < $2 AND ($4::text IS NULL OR queue = $4) \
+             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
         ))
         .await?;
-    let rows = tx.query(&select, &[&after, &latest, &PURGE_CHUNK]).await?;
+    let rows = tx
+        .query(&select, &[&after, &latest, &PURGE_CHUNK, &retention.queue])
+        .await?;
     let mut doomed = Vec::new();
     let mut last = None;
     for r in &rows {

@@ -223,7 +223,8 @@ pub async fn next_run_at(pg: &Pg, queues: &[String]) -> Result<Option<SystemTime
     let client = pg.client().await?;
     let stmt = client
         .prepare_cached(
-            "SELECT min(run_at) FROM jobq_jobs WHERE status = 'pending' AND queue = ANY($1)",
+            "SELECT min(run_at) FROM jobq_jobs WHERE status = 'pending' AND queue = ANY($1) \
+             AND queue NOT IN (SELECT queue FROM jobq_paused)",
         )
         .await?;
     Ok(client.query_one(&stmt, &[&queues]).await?.try_get(0)?)

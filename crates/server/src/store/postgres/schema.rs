@@ -16,7 +16,8 @@ use super::error::PgError;
 const MIGRATION_LOCK: i64 = 0x6a6f_6271;
 
 /// (version, name, SQL), in order.
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "jobs, attempts, servers", V1)];
+pub const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "jobs, attempts, servers", V1), (2, "paused queues", V2)];
 
 /// Version 1.
 ///
@@ -80,6 +81,16 @@ CREATE TABLE jobq_servers (
     id           text PRIMARY KEY,
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+"#;
+
+/// Version 2: `jobq_paused`, one row per paused queue (PauseQueue inserts,
+/// ResumeQueue deletes). Every take reads it in its own transaction, so a
+/// pause made on one server holds on all of them.
+const V2: &str = r#"
+CREATE TABLE jobq_paused (
+    queue     text PRIMARY KEY,
+    paused_at timestamptz NOT NULL DEFAULT now()
 );
 "#;
 

@@ -38,6 +38,8 @@ pub(crate) struct Index {
     by_name: HashMap<Box<str>, usize>,
     /// RUNNING jobs by lease expiry.
     leases: BTreeSet<(SystemTime, JobId)>,
+    /// Paused queues (persisted in the `paused` tree).
+    paused: BTreeSet<String>,
 }
 
 fn slot(status: Status) -> usize {
@@ -139,9 +141,31 @@ impl Index {
     }
 
     /// The earliest `run_at` of the PENDING jobs of these queues.
+    /// Marks a queue paused or not.
+    pub(crate) fn set_paused(&mut self, queue: &str, paused: bool) {
+        if paused {
+            self.paused.insert(queue.to_owned());
+        } else {
+            self.paused.remove(queue);
+        }
+    }
+
+    /// Whether a queue is paused.
+    pub(crate) fn is_paused(&self, queue: &str) -> bool {
+        self.paused.contains(queue)
+    }
+
+    /// The paused queues, sorted.
+    pub(crate) fn paused(&self) -> Vec<String> {
+        self.paused.iter().cloned().collect()
+    }
+
+    /// The earliest `run_at` among PENDING jobs of these queues, paused
+    /// ones left out.
     pub(crate) fn next_run_at(&self, queues: &[String]) -> Option<SystemTime> {
         queues
             .iter()
+            .filter(|q| !self.is_paused(q))
             .filter_map(|q| self.queue(q)?.pending.first().map(|&(run_at, _)| run_at))
             .min()
     }
@@ -175,6 +199,7 @@ impl Index {
                 done: q.counts[2],
                 failed: q.counts[3],
                 oldest_pending_age,
+                paused: false,
             }
         };
         match queue {

@@ -57,6 +57,10 @@ pub struct Sled {
     flusher: Flusher,
     db: sled::Db,
     jobs: sled::Tree,
+    /// Paused queues: the queue name as key, an empty value.
+    paused_tree: sled::Tree,
+    /// The indexes, and the paused queues (under the same lock, so a take
+    /// never races a pause).
     state: Mutex<Index>,
 }
 
@@ -126,11 +130,19 @@ impl Sled {
             let (key, value) = record.map_err(SledError::from)?;
             index.insert(&decode(&key, &value)?);
         }
+        let paused_tree = db.open_tree("paused").map_err(SledError::from)?;
+        for record in paused_tree.iter() {
+            let (key, _) = record.map_err(SledError::from)?;
+            let queue = String::from_utf8(key.to_vec())
+                .map_err(|_| Error::Corrupt(format!("undecodable paused queue {key:?}")))?;
+            index.set_paused(&queue, true);
+        }
         let flusher = Flusher::start(db.clone(), &config.data, config.fault_sync())?;
         Ok(Sled {
             flusher,
             db,
             jobs,
+            paused_tree,
             state: Mutex::new(index),
         })
     }
@@ -247,7 +259,11 @@ impl Sled {
         now: SystemTime,
     ) -> Result<Option<Change>> {
         let mut index = self.lock();
-        let Some(id) = queues.iter().find_map(|q| index.first_due(q, now)) else {
+        let Some(id) = queues
+            .iter()
+            .filter(|q| !index.is_paused(q))
+            .find_map(|q| index.first_due(q, now))
+        else {
             return Ok(None);
         };
         let mut results = self.apply_locked(&mut index, vec![(id, take)], now)?;
@@ -418,6 +434,25 @@ impl Backend for Sled {
         self.apply_locked(&mut index, events, now)
     }
 
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+        let mut index = self.lock();
+        if paused {
+            self.paused_tree
+                .insert(queue.as_bytes(), &[])
+                .map_err(SledError::from)?;
+        } else {
+            self.paused_tree
+                .remove(queue.as_bytes())
+                .map_err(SledError::from)?;
+        }
+        index.set_paused(queue, paused);
+        Ok(())
+    }
+
+    async fn paused(&self) -> Result<Vec<String>> {
+        Ok(self.lock().paused())
+    }
+
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
         self.expiring_locked(at)
     }
@@ -428,6 +463,15 @@ impl Backend for Sled {
         retention: Retention,
     ) -> Result<(u64, Option<JobId>)> {
         self.purge_chunk_locked(after, retention)
+    }
+
+    async fn delete(&self, id: JobId) -> Result<()> {
+        let mut index = self.lock();
+        let job = self.load(id)?;
+        machine::deletable(&job)?;
+        self.jobs.remove(record_key(id)).map_err(SledError::from)?;
+        index.remove(&job);
+        Ok(())
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {

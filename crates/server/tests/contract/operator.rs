@@ -1,0 +1,315 @@
+// The operator's calls (issue 13), part of the store contract: included by
+// `suite.rs`, so they run against every backend.
+
+#[tokio::test]
+async fn cancel_dead_letters_a_pending_job_and_retry_brings_it_back() {
+    let (_dir, store) = fresh().await;
+    let job = enqueue(&store, "q", Some("order-1"), 0, at(0)).await;
+    let cancelled = store
+        .cancel(job.id, "duplicate order".into(), at(5))
+        .await
+        .expect("cancel");
+    assert_eq!(cancelled.status, Status::Failed);
+    assert_eq!(
+        cancelled.last_error.as_deref(),
+        Some("cancelled: duplicate order")
+    );
+    assert_eq!(cancelled.finished_at, Some(at(5)));
+    assert_eq!(cancelled.attempts, 0);
+    assert_eq!(store.get(job.id).await.unwrap(), cancelled);
+    assert!(take(&store, "q", at(10)).await.is_none(), "never delivered");
+    // A dead letter keeps its key, as any other.
+    let again = store.enqueue(new_job("q", Some("order-1"), 0), at(11)).await;
+    assert!(!again.unwrap().created);
+    let back = store.retry(job.id, at(20)).await.expect("retry");
+    assert_eq!(back.status, Status::Pending);
+    assert_eq!(take(&store, "q", at(21)).await.unwrap().job.id, job.id);
+}
+
+#[tokio::test]
+async fn cancel_revokes_a_running_lease_and_fences_its_holder() {
+    let (_dir, store) = fresh().await;
+    let ended = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&ended);
+    store.on_lease_ended(Arc::new(move |e| seen.lock().unwrap().push(e.clone())));
+    let job = enqueue(&store, "q", None, 0, at(0)).await;
+    let leased = take(&store, "q", at(1)).await.unwrap();
+    let cancelled = store
+        .cancel(job.id, "stop".into(), at(5))
+        .await
+        .expect("cancel");
+    assert_eq!(cancelled.status, Status::Failed);
+    assert_eq!(cancelled.lease, None);
+    assert_eq!(cancelled.attempts, 1);
+    assert_eq!(cancelled.last_error.as_deref(), Some("cancelled: stop"));
+    let attempt = cancelled.history.last().unwrap();
+    assert_eq!(attempt.outcome, Some(Outcome::Revoked));
+    assert_eq!(attempt.ended_at, Some(at(5)));
+    {
+        let ended = ended.lock().unwrap();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        assert_eq!(ended[0].lease, leased.lease_id);
+        assert_eq!(ended[0].outcome, Some(Outcome::Revoked));
+        assert_eq!(ended[0].status, Status::Failed);
+    }
+    assert_eq!(
+        code(store.ack(job.id, leased.lease_id, at(6)).await),
+        Code::Aborted
+    );
+    assert_eq!(
+        code(store.fail(job.id, report(leased.lease_id, None), at(6)).await),
+        Code::Aborted
+    );
+    let extended = store
+        .extend(&[(job.id, leased.lease_id)], None, at(6))
+        .await
+        .unwrap();
+    assert_eq!(code(extended.into_iter().next().unwrap()), Code::Aborted);
+    assert_eq!(store.next_lease_expiry().await.unwrap(), None);
+    assert_eq!(store.get(job.id).await.unwrap(), cancelled);
+    let back = store.retry(job.id, at(20)).await.expect("retry");
+    assert_eq!((back.status, back.attempts), (Status::Pending, 0));
+    let again = take(&store, "q", at(21)).await.unwrap();
+    assert_eq!(again.job.id, job.id);
+    assert_ne!(again.lease_id, leased.lease_id);
+}
+
+#[tokio::test]
+async fn cancel_of_a_finished_or_unknown_job_changes_nothing() {
+    let (_dir, store) = fresh().await;
+    enqueue(&store, "q", None, 0, at(0)).await;
+    let leased = take(&store, "q", at(1)).await.unwrap();
+    let done = store.ack(leased.job.id, leased.lease_id, at(2)).await.unwrap();
+    assert_eq!(
+        code(store.cancel(done.id, "late".into(), at(3)).await),
+        Code::FailedPrecondition
+    );
+    assert_eq!(store.get(done.id).await.unwrap(), done);
+    let pending = enqueue(&store, "q", None, 0, at(4)).await;
+    let failed = store.cancel(pending.id, "x".into(), at(5)).await.unwrap();
+    assert_eq!(
+        code(store.cancel(failed.id, "again".into(), at(6)).await),
+        Code::FailedPrecondition
+    );
+    assert_eq!(store.get(failed.id).await.unwrap(), failed);
+    assert_eq!(
+        code(store.cancel(JobId(424242), String::new(), at(7)).await),
+        Code::NotFound
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_survives_a_reopen() {
+    let dir = guard().await;
+    let (pending, running) = {
+        let store = reopen(&dir).await;
+        let a = enqueue(&store, "q", None, 0, at(0)).await;
+        let b = enqueue(&store, "q", None, 0, at(1)).await;
+        let leased = take(&store, "q", at(2)).await.unwrap();
+        assert_eq!(leased.job.id, a.id);
+        let running = store.cancel(a.id, "r".into(), at(3)).await.unwrap();
+        let pending = store.cancel(b.id, "p".into(), at(3)).await.unwrap();
+        (pending, running)
+    };
+    let store = reopen(&dir).await;
+    assert_eq!(store.get(pending.id).await.unwrap(), pending);
+    assert_eq!(store.get(running.id).await.unwrap(), running);
+}
+
+#[tokio::test]
+async fn a_paused_queue_hands_out_nothing_until_resumed() {
+    let (_dir, store) = fresh().await;
+    let running = enqueue(&store, "q", None, 0, at(0)).await;
+    let leased = take(&store, "q", at(1)).await.unwrap();
+    assert_eq!(leased.job.id, running.id);
+    store.set_paused("q", true).await.expect("pause");
+    store.set_paused("q", true).await.expect("pausing twice is fine");
+    // Enqueues are accepted; nothing is taken, and no waiter is told to
+    // wake for a paused queue's due jobs.
+    let waiting = enqueue(&store, "q", None, 0, at(2)).await;
+    enqueue(&store, "other", None, 0, at(2)).await;
+    assert!(take(&store, "q", at(10)).await.is_none());
+    let both = store
+        .take(&qs(&["q", "other"]), "w", None, LEASE, at(10))
+        .await
+        .unwrap()
+        .expect("the other queue still delivers");
+    assert_eq!(both.job.queue, "other");
+    assert_eq!(store.next_run_at(&qs(&["q"])).await.unwrap(), None);
+    // The running job finishes as usual.
+    store.ack(running.id, leased.lease_id, at(11)).await.unwrap();
+    let stats = store.stats(Some("q"), at(12)).await.unwrap();
+    assert_eq!(stats.len(), 1);
+    assert!(stats[0].paused);
+    assert_eq!((stats[0].pending, stats[0].done), (1, 1));
+    let all = store.stats(None, at(12)).await.unwrap();
+    let flags: Vec<(&str, bool)> = all.iter().map(|s| (s.queue.as_str(), s.paused)).collect();
+    assert_eq!(flags, [("other", false), ("q", true)]);
+
+    let mut changes = store.changes();
+    changes.borrow_and_update();
+    store.set_paused("q", false).await.expect("resume");
+    assert!(changes.has_changed().unwrap(), "a resume wakes waiters");
+    assert!(!store.stats(Some("q"), at(13)).await.unwrap()[0].paused);
+    assert_eq!(take(&store, "q", at(13)).await.unwrap().job.id, waiting.id);
+    store.set_paused("q", false).await.expect("resuming twice is fine");
+}
+
+#[tokio::test]
+async fn a_paused_queue_without_jobs_is_listed_and_a_pause_survives_a_reopen() {
+    let dir = guard().await;
+    {
+        let store = reopen(&dir).await;
+        store.set_paused("empty", true).await.unwrap();
+        store.set_paused("q", true).await.unwrap();
+        enqueue(&store, "q", None, 0, at(0)).await;
+        store.set_paused("gone", true).await.unwrap();
+        store.set_paused("gone", false).await.unwrap();
+    }
+    let store = reopen(&dir).await;
+    assert!(take(&store, "q", at(10)).await.is_none(), "still paused");
+    let stats = store.stats(None, at(10)).await.unwrap();
+    let flags: Vec<(&str, bool, u64)> = stats
+        .iter()
+        .map(|s| (s.queue.as_str(), s.paused, s.pending))
+        .collect();
+    assert_eq!(flags, [("empty", true, 0), ("q", true, 1)]);
+    assert_eq!(
+        store.stats(Some("empty"), at(10)).await.unwrap(),
+        vec![QueueStats {
+            queue: "empty".into(),
+            paused: true,
+            ..QueueStats::default()
+        }]
+    );
+    store.set_paused("q", false).await.unwrap();
+    assert!(take(&store, "q", at(11)).await.is_some());
+}
+
+#[tokio::test]
+async fn delete_removes_a_job_for_good_and_frees_its_key_but_not_a_running_one() {
+    let (_dir, store) = fresh().await;
+    let pending = enqueue(&store, "q", Some("k1"), 0, at(0)).await;
+    let running_job = enqueue(&store, "q", Some("k2"), 0, at(1)).await;
+    store.delete(pending.id).await.expect("delete a PENDING job");
+    assert_eq!(code(store.get(pending.id).await), Code::NotFound);
+    assert_eq!(code(store.delete(pending.id).await), Code::NotFound);
+    let again = store.enqueue(new_job("q", Some("k1"), 0), at(2)).await.unwrap();
+    assert!(again.created, "the key is free again");
+    assert_ne!(again.job.id, pending.id, "ids are never reused");
+
+    let leased = take(&store, "q", at(3)).await.unwrap();
+    assert_eq!(leased.job.id, running_job.id);
+    let err = store.delete(running_job.id).await.expect_err("running");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("cancel it first"), "{err}");
+    assert_eq!(store.get(running_job.id).await.unwrap(), leased.job);
+    let done = store.ack(leased.job.id, leased.lease_id, at(4)).await.unwrap();
+    store.delete(done.id).await.expect("delete a DONE job");
+    let failed = store.cancel(again.job.id, "x".into(), at(5)).await.unwrap();
+    store.delete(failed.id).await.expect("delete a FAILED job");
+    let stats = store.stats(Some("q"), at(6)).await.unwrap();
+    assert_eq!(
+        (stats[0].pending, stats[0].running, stats[0].done, stats[0].failed),
+        (0, 0, 0, 0)
+    );
+    let fresh = store.enqueue(new_job("q", Some("k2"), 0), at(7)).await.unwrap();
+    assert!(fresh.created);
+}
+
+#[tokio::test]
+async fn a_delete_survives_a_reopen() {
+    let dir = guard().await;
+    let id = {
+        let store = reopen(&dir).await;
+        let job = enqueue(&store, "q", Some("k"), 0, at(0)).await;
+        store.delete(job.id).await.unwrap();
+        job.id
+    };
+    let store = reopen(&dir).await;
+    assert_eq!(code(store.get(id).await), Code::NotFound);
+    assert!(take(&store, "q", at(1)).await.is_none());
+}
+
+/// `n` jobs of `queue`, finished at `at(ms)`: DONE, or FAILED when `fail`.
+async fn finished(store: &TestStore, queue: &str, n: usize, fail: bool, ms: u64) -> Vec<JobId> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let job = enqueue(store, queue, None, 0, at(ms)).await;
+        ids.push(job.id);
+        if fail {
+            store.cancel(job.id, "old".into(), at(ms)).await.unwrap();
+        } else {
+            let leased = store
+                .take(&qs(&[queue]), "w", None, LEASE, at(ms))
+                .await
+                .unwrap()
+                .unwrap();
+            store.ack(leased.job.id, leased.lease_id, at(ms)).await.unwrap();
+        }
+    }
+    ids
+}
+
+#[tokio::test]
+async fn purge_jobs_deletes_one_queues_finished_jobs_by_status_and_age() {
+    let (_dir, store) = fresh().await;
+    let old_done = finished(&store, "q", 3, false, 10).await;
+    let old_failed = finished(&store, "q", 2, true, 10).await;
+    let new_done = finished(&store, "q", 1, false, 500).await;
+    let other = finished(&store, "other", 2, false, 10).await;
+    let first = enqueue(&store, "q", None, 0, at(20)).await;
+    let second = enqueue(&store, "q", None, 0, at(20)).await;
+    let leased = store
+        .take(&qs(&["q"]), "w", None, LEASE, at(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leased.job.id, first.id);
+    let (running_id, pending_id) = (first.id, second.id);
+
+    assert_eq!(
+        store.purge_jobs("q", Some(Status::Done), at(100)).await.unwrap(),
+        3
+    );
+    for id in &old_done {
+        assert_eq!(code(store.get(*id).await), Code::NotFound);
+    }
+    for id in old_failed.iter().chain(&new_done).chain(&other) {
+        assert!(store.get(*id).await.is_ok(), "job {id} kept");
+    }
+    assert_eq!(
+        store.purge_jobs("q", Some(Status::Failed), at(100)).await.unwrap(),
+        2
+    );
+    // Both statuses, up to a later time: the newer DONE job goes too, the
+    // other queue's jobs and the PENDING and RUNNING ones never.
+    assert_eq!(store.purge_jobs("q", None, at(10_000)).await.unwrap(), 1);
+    assert_eq!(store.purge_jobs("q", None, at(10_000)).await.unwrap(), 0);
+    assert_eq!(store.get(running_id).await.unwrap().status, Status::Running);
+    assert_eq!(store.get(pending_id).await.unwrap().status, Status::Pending);
+    for id in &other {
+        assert!(store.get(*id).await.is_ok());
+    }
+    for bad in [Status::Pending, Status::Running] {
+        assert_eq!(
+            code(store.purge_jobs("q", Some(bad), at(10_000)).await),
+            Code::InvalidArgument
+        );
+    }
+    assert_eq!(store.get(running_id).await.unwrap().status, Status::Running);
+}
+
+#[tokio::test]
+async fn purge_jobs_goes_through_more_than_one_batch() {
+    let (_dir, store) = fresh().await;
+    // More than either engine's chunk (sled 1024, PostgreSQL 1000).
+    let batch: Vec<NewJob> = (0..1100).map(|_| new_job("q", None, 0)).collect();
+    let jobs = store.enqueue_batch(batch, at(0)).await.unwrap();
+    for e in jobs.iter().take(1050) {
+        store.cancel(e.job.id, String::new(), at(1)).await.unwrap();
+    }
+    assert_eq!(store.purge_jobs("q", None, at(2)).await.unwrap(), 1050);
+    let stats = store.stats(Some("q"), at(3)).await.unwrap();
+    assert_eq!((stats[0].pending, stats[0].failed), (50, 0));
+}
