@@ -508,7 +508,15 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             Err(e) => Err(e),
         },
         Access::ReadQueue(Some(queue)) => who.require(Role::Read, queue),
-        Access::ReadQueue(None) => Ok(()),
+        // Every queue, filtered afterwards; a token that reads no queue at
+        // all is told so rather than shown an empty list.
+        Access::ReadQueue(None) => match who {
+            Who::Token(c) if !c.has_role(Role::Read) => Err(Error::PermissionDenied(format!(
+                "token {:?} has no read role on any queue",
+                c.name()
+            ))),
+            _ => Ok(()),
+        },
         Access::Administer(id) => match store.get(id).await {
             Ok(job) => who.require(Role::Admin, &job.queue),
             Err(Error::NotFound(_)) => Ok(()),

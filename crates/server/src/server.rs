@@ -211,7 +211,11 @@ async fn serve_store<S: Store + CommitHook>(
     )
     .with_auth(auth.clone());
     let auth_on = auth.enabled();
-    let reload = tokio::spawn(reload_on_sighup(auth.clone(), shutdown.clone()));
+    // The SIGHUP handler is installed here, before the server says it is
+    // serving: a SIGHUP that arrived before a spawned task got to it would
+    // take the default action and kill the process.
+    let hangups = hangups(&auth);
+    let reload = tokio::spawn(reload_on_sighup(auth.clone(), hangups, shutdown.clone()));
     let addr = listener
         .local_addr()
         .map_err(|e| Error::Io(e.to_string()))?;
@@ -304,18 +308,29 @@ async fn serve_store<S: Store + CommitHook>(
     served
 }
 
-/// Reloads the tokens file on SIGHUP until `shutdown`; connections and
-/// calls in flight are not touched. A bad file keeps the old tokens.
-async fn reload_on_sighup(auth: Auth, shutdown: CancellationToken) {
+/// The SIGHUP stream, when tokens are on (the only thing SIGHUP reloads).
+fn hangups(auth: &Auth) -> Option<tokio::signal::unix::Signal> {
     if !auth.enabled() {
-        return;
+        return None;
     }
-    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => s,
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
         Err(err) => {
             warn!(cause = %err, "cannot listen for SIGHUP; the tokens file will not be reloaded");
-            return;
+            None
         }
+    }
+}
+
+/// Reloads the tokens file on SIGHUP until `shutdown`; connections and
+/// calls in flight are not touched. A bad file keeps the old tokens.
+async fn reload_on_sighup(
+    auth: Auth,
+    hangups: Option<tokio::signal::unix::Signal>,
+    shutdown: CancellationToken,
+) {
+    let Some(mut hangups) = hangups else {
+        return;
     };
     loop {
         tokio::select! {
