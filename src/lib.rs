@@ -8,7 +8,7 @@
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set, for gRPC server
 //!   reflection and for tools that need the schema at run time.
 //! - The limits client and server share: [`MAX_HEARTBEAT_LEASES`],
-//!   [`MAX_DECODE_BYTES`].
+//!   [`MAX_DECODE_BYTES`]; and [`code_name`], how status codes are written.
 #![warn(missing_docs)]
 
 /// Generated protobuf messages and gRPC stubs for package `jobq.v1`.
@@ -38,3 +38,29 @@ pub const MAX_HEARTBEAT_LEASES: usize = 1000;
 /// with a big payload and a long history can always be read back. gRPC's
 /// usual client default (4 MiB) is below a single maximal job.
 pub const MAX_DECODE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The canonical upper-case name of a gRPC code (`NOT_FOUND`), as grpcurl
+/// and the other gRPC tools print it: the CLI's messages and the server's
+/// `code` metric label both use it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}

@@ -255,11 +255,29 @@ impl Drop for TestServer {
 /// A plain HTTP/1.1 GET (the dashboard and `/metrics` speak HTTP/1.1):
 /// the status code and the body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let (status, _head, body) = http(addr, "GET", path, &[], "").await;
+    (status, body)
+}
+
+/// One HTTP/1.1 request: (status, head, body).
+pub async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the HTTP listener");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
     conn.write_all(request.as_bytes()).await.expect("send");
     let mut raw = Vec::new();
     conn.read_to_end(&mut raw).await.expect("read");
@@ -270,5 +288,5 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .expect("a status code");
-    (status, body.to_owned())
+    (status, head.to_owned(), body.to_owned())
 }

@@ -12,7 +12,7 @@ use jobq_client::{Client, EnqueueOptions};
 use tonic::Code;
 
 use crate::{
-    harness::{signal, until, ServerProcess, TestServer, JOBQ},
+    harness::{http, signal, until, ServerProcess, TestServer, JOBQ},
     pki::{tokens_file, Pki},
 };
 
@@ -277,38 +277,6 @@ fn serve_on_a_public_address_with_insecure_starts() {
         ServerProcess::start_at(&dir.path().join("data"), "0.0.0.0:0", &["--insecure"]);
     assert!(server.addr.ip().is_unspecified());
     assert!(server.terminate().success());
-}
-
-/// One HTTP/1.1 request: (status, head, body).
-async fn http(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        request.push_str(&format!("{k}: {v}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    conn.write_all(request.as_bytes()).await.expect("send");
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status code");
-    (status, head.to_owned(), body.to_owned())
 }
 
 #[tokio::test]

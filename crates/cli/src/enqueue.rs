@@ -10,8 +10,9 @@ use serde::Deserialize;
 use serde_json::json;
 use tracing::Instrument;
 
-use crate::exit::{code_name, usage};
+use crate::exit::usage;
 use crate::output::{receipt_json, status_name, Out, Table};
+use jobq::code_name;
 
 /// Most entries per EnqueueBatch call (the server's default `--max-batch`).
 const BATCH_CHUNK: usize = 1000;

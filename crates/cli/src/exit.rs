@@ -39,7 +39,7 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
 
 /// `<CODE>: <message>` for a gRPC status.
 pub fn status_text(status: &tonic::Status) -> String {
-    format!("{}: {}", code_name(status.code()), status.message())
+    format!("{}: {}", jobq::code_name(status.code()), status.message())
 }
 
 /// `<CODE>: <message>` when `err` is a gRPC refusal, else its chain.
@@ -66,31 +66,6 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
             .downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
-}
-
-/// The canonical upper-case name of a gRPC code (`NOT_FOUND`), as grpcurl
-/// and the other gRPC tools print it.
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
-    }
 }
 
 #[cfg(test)]

@@ -5,9 +5,10 @@ use anyhow::bail;
 use jobq_client::{pb, Client};
 use serde_json::json;
 
-use crate::exit::{client_error_text, code_name};
+use crate::exit::client_error_text;
 use crate::list::{fetch, Filter};
 use crate::output::{status_name, Out, Table};
+use jobq::code_name;
 
 /// Options of `jobq retry`.
 #[derive(Debug, clap::Args)]

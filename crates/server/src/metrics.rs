@@ -286,7 +286,7 @@ impl Metrics {
         self.rpc_duration
             .get_or_create(&MethodCode {
                 method: method.into(),
-                code: code_name(code).into(),
+                code: jobq::code_name(code).into(),
             })
             .observe(took.as_secs_f64());
     }
@@ -412,30 +412,6 @@ pub fn known_method(method: &str) -> &str {
         method
     } else {
         "unknown"
-    }
-}
-
-/// The canonical upper-case name of a gRPC code.
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
