@@ -712,3 +712,24 @@ async fn a_sigkilled_work_takes_its_command_with_it() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_connection_error_names_the_url_and_why() {
+    let down = jobq("http://127.0.0.1:1", &["stats"]).await;
+    assert_eq!(down.code, 1);
+    assert!(
+        down.stderr
+            .contains("cannot connect to http://127.0.0.1:1: ")
+            && down.stderr.contains("Connection refused"),
+        "{}",
+        down.stderr
+    );
+    let bare = jobq("127.0.0.1:1", &["stats"]).await;
+    assert_eq!(bare.code, 1);
+    assert!(
+        bare.stderr
+            .contains("the URL has no scheme; did you mean http://127.0.0.1:1?"),
+        "{}",
+        bare.stderr
+    );
+}

@@ -623,3 +623,307 @@ async fn eight_workers_drain_two_thousand_jobs_each_done_once() {
     assert_eq!(runs.len(), 2000);
     assert!(runs.values().all(|&n| n == 1), "every job ran exactly once");
 }
+
+// ---- The typed client (issue 13) ----
+
+#[tokio::test]
+async fn a_payload_that_does_not_decode_is_dead_lettered_at_once() {
+    #[derive(serde::Deserialize)]
+    struct Order {
+        #[allow(dead_code)]
+        order: String,
+    }
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let bad = c
+        .submit(
+            "q",
+            "order",
+            "not json",
+            EnqueueOptions::new().max_attempts(5),
+        )
+        .await
+        .expect("enqueue");
+    let shutdown = CancellationToken::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&runs);
+    let w = worker(&server.url(), 1, Duration::from_secs(30), &shutdown)
+        .handler("order", move |ctx: JobContext| {
+            let r = Arc::clone(&r);
+            async move {
+                r.fetch_add(1, Ordering::SeqCst);
+                let _order: Order = ctx.json()?;
+                Ok(())
+            }
+        })
+        .build();
+    let run = tokio::spawn(w.run());
+    let dead = until(
+        Duration::from_secs(20),
+        "the job to be dead-lettered",
+        || {
+            let c = c.clone();
+            let id = bad.job.id.clone();
+            async move { Some(c.job(id).await.expect("get")).filter(|j| j.status.is_final()) }
+        },
+    )
+    .await;
+    shutdown.cancel();
+    run.await.expect("join").expect("worker");
+    assert_eq!(dead.status, jobq_client::Status::Failed, "{dead:?}");
+    assert_eq!(dead.history.len(), 1, "one run, no retries: {dead:?}");
+    assert_eq!(dead.history[0].outcome, jobq_client::Outcome::Failed);
+    let error = dead.last_error.clone().unwrap_or_default();
+    assert!(error.starts_with("payload is not a valid "), "{error}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn typed_jobs_carry_every_field_through_the_server() {
+    use jobq_client::{NewJob, Outcome, Status};
+    use std::time::SystemTime;
+
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let before = SystemTime::now();
+    let added = c
+        .submit_json(
+            "typed",
+            "send-email",
+            &serde_json::json!({ "order": "order-4711" }),
+            EnqueueOptions::new()
+                .key("order-4711")
+                .max_attempts(4)
+                .delay(Duration::from_secs(3600))
+                .metadata("tenant", "acme"),
+        )
+        .await
+        .expect("submit");
+    assert!(added.created);
+    let job = c.job(added.job.id.clone()).await.expect("get");
+    assert_eq!(job.id, added.job.id);
+    assert_eq!(
+        (job.queue.as_str(), job.kind.as_str()),
+        ("typed", "send-email")
+    );
+    assert_eq!(job.key.as_deref(), Some("order-4711"));
+    assert_eq!(job.status, Status::Pending);
+    assert_eq!((job.attempts, job.max_attempts), (0, 4));
+    assert_eq!(
+        job.json::<serde_json::Value>().unwrap()["order"],
+        "order-4711"
+    );
+    assert_eq!(job.metadata.get("tenant").map(String::as_str), Some("acme"));
+    let enqueued = job.enqueued_at.expect("enqueued_at");
+    assert!(enqueued + Duration::from_secs(1) >= before, "{enqueued:?}");
+    let delay = job
+        .run_at
+        .expect("run_at")
+        .duration_since(enqueued)
+        .expect("run_at after enqueued_at");
+    assert!(
+        (Duration::from_secs(3599)..=Duration::from_secs(3601)).contains(&delay),
+        "{delay:?}"
+    );
+    assert_eq!((job.taken_at, job.finished_at), (None, None));
+    assert_eq!(
+        (job.worker_id.clone(), job.last_error.clone()),
+        (None, None)
+    );
+    // The same key again: the same job, not created.
+    let again = c
+        .submit(
+            "typed",
+            "send-email",
+            "{}",
+            EnqueueOptions::new().key("order-4711"),
+        )
+        .await
+        .expect("submit");
+    assert_eq!(
+        (again.job.id.clone(), again.created),
+        (job.id.clone(), false)
+    );
+    // And back to the wire type without loss.
+    let raw = c.get_job(job.id.clone()).await.expect("get raw");
+    assert_eq!(job.clone().into_proto(), raw);
+
+    // A run that fails: typed history and error.
+    c.submit("typed", "k", "x", EnqueueOptions::new().max_attempts(1))
+        .await
+        .expect("submit");
+    let leased = c
+        .dequeue(["typed"], "w-typed", None, None)
+        .await
+        .expect("dequeue")
+        .expect("due");
+    let id = leased.job.expect("job").id;
+    let running = c.job(id.clone()).await.expect("get");
+    assert_eq!(running.status, Status::Running);
+    assert_eq!(running.worker_id.as_deref(), Some("w-typed"));
+    assert!(running.taken_at.is_some() && running.lease_expires_at.is_some());
+    assert_eq!(running.history[0].outcome, Outcome::Running);
+    c.fail(id.clone(), leased.lease_id, "smtp 550", Default::default())
+        .await
+        .expect("fail");
+    let dead = c.job(id).await.expect("get");
+    assert_eq!(dead.status, Status::Failed);
+    assert_eq!(dead.last_error.as_deref(), Some("smtp 550"));
+    assert!(dead.finished_at.is_some());
+    let attempt = &dead.history[0];
+    assert_eq!(attempt.outcome, Outcome::Failed);
+    assert_eq!(attempt.error.as_deref(), Some("smtp 550"));
+    assert!(attempt.duration().is_some(), "{attempt:?}");
+
+    // A typed batch: accepted and rejected entries side by side.
+    let results = c
+        .submit_batch([
+            NewJob::new("typed", "k", "a"),
+            NewJob::new("bad queue", "k", "b"),
+            NewJob::json("typed", "k", &[1, 2])
+                .unwrap()
+                .options(EnqueueOptions::new().key("batch-1")),
+        ])
+        .await
+        .expect("batch");
+    assert_eq!(results.len(), 3);
+    assert!(results[0].as_ref().is_ok_and(|e| e.created));
+    let rejected = results[1].as_ref().unwrap_err();
+    assert_eq!(rejected.code, tonic::Code::InvalidArgument, "{rejected}");
+    let keyed = results[2].as_ref().expect("accepted");
+    assert_eq!(keyed.job.key.as_deref(), Some("batch-1"));
+
+    let stats = c.queue_stats(Some("typed")).await.expect("stats");
+    assert_eq!(stats.len(), 1);
+    assert_eq!(
+        (stats[0].pending, stats[0].failed, stats[0].paused),
+        (3, 1, false),
+        "{stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn list_all_walks_every_page() {
+    use futures::TryStreamExt;
+    use jobq_client::{JobFilter, NewJob, Status};
+
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let results = c
+        .submit_batch((0..25).map(|i| NewJob::new("pages", "k", format!("{i}"))))
+        .await
+        .expect("batch");
+    let ids: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("accepted").job.id)
+        .collect();
+    c.submit("elsewhere", "k", "x", EnqueueOptions::new())
+        .await
+        .expect("submit");
+
+    let filter = JobFilter::new().queue("pages").page_size(7);
+    let all: Vec<_> = c
+        .list_all(filter.clone())
+        .try_collect()
+        .await
+        .expect("list");
+    let listed: Vec<_> = all.iter().map(|j| j.id.clone()).collect();
+    assert_eq!(listed, ids, "every job once, in id order");
+    assert_eq!(all[24].payload, b"24");
+
+    // The same by hand, a page at a time: 7 + 7 + 7 + 4.
+    let (mut sizes, mut token) = (Vec::new(), None);
+    loop {
+        let page = c.list_page(&filter, token.as_deref()).await.expect("page");
+        sizes.push(page.jobs.len());
+        match page.next_page_token {
+            Some(t) => token = Some(t),
+            None => break,
+        }
+    }
+    assert_eq!(sizes.iter().sum::<usize>(), 25);
+    assert!(sizes.iter().all(|&n| n <= 7), "{sizes:?}");
+
+    // Filters and an empty result.
+    let none: Vec<_> = c
+        .list_all(JobFilter::new().queue("pages").status(Status::Failed))
+        .try_collect()
+        .await
+        .expect("list");
+    assert!(none.is_empty());
+    let everything: Vec<_> = c
+        .list_all(JobFilter::new().omit_payload(true))
+        .try_collect()
+        .await
+        .expect("list");
+    assert_eq!(everything.len(), 26);
+    assert!(everything.iter().all(|j| j.payload.is_empty()));
+}
+
+#[tokio::test]
+async fn connection_errors_name_the_url_and_the_cause() {
+    let port = StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let refused = Client::connect(url.clone()).await.unwrap_err();
+    let text = refused.to_string();
+    assert!(
+        text.starts_with(&format!("cannot connect to {url}: ")),
+        "{text}"
+    );
+    assert!(text.contains("Connection refused"), "{text}");
+
+    let server = TestServer::start().await;
+    let bare = server.url().trim_start_matches("http://").to_owned();
+    let no_scheme = Client::connect(bare.clone()).await.unwrap_err().to_string();
+    assert_eq!(
+        no_scheme,
+        format!("cannot connect to {bare}: the URL has no scheme; did you mean http://{bare}?")
+    );
+    // The same server with the scheme is fine.
+    Client::connect(server.url()).await.expect("connects");
+}
+
+#[tokio::test]
+async fn sigterm_with_handle_signals_finishes_and_acks_the_running_job() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mailbox = dir.path().join("mailbox");
+    // Sending takes 2 s: long enough to be SIGTERMed in the middle.
+    let mut w = EmailWorker::start(&server.url(), &mailbox, &["--send-delay", "2s"]);
+    w.expect_line("READY").await;
+    let added = c
+        .submit_json(
+            "emails",
+            "send-email",
+            &serde_json::json!({ "order": "order-9", "to": "ada@example.com" }),
+            EnqueueOptions::new().key("order-9"),
+        )
+        .await
+        .expect("submit");
+    until(Duration::from_secs(20), "the job to be running", || {
+        let c = c.clone();
+        let id = added.job.id.clone();
+        async move {
+            (c.job(id).await.expect("get").status == jobq_client::Status::Running).then_some(())
+        }
+    })
+    .await;
+    crate::harness::signal(&w.child, libc::SIGTERM);
+    w.expect_line("SENT order-9").await;
+    w.expect_line("STOPPED").await;
+    let status = until(Duration::from_secs(20), "the worker to exit", || {
+        std::future::ready(w.child.try_wait().expect("try_wait"))
+    })
+    .await;
+    assert!(status.success(), "{status:?}");
+    let job = c.job(added.job.id).await.expect("get");
+    assert_eq!(job.status, jobq_client::Status::Done, "{job:?}");
+    assert_eq!(job.history.len(), 1, "acked, not reclaimed: {job:?}");
+    assert_eq!(job.history[0].outcome, jobq_client::Outcome::Acked);
+    assert_eq!(emails_for(&mailbox, "order-9"), 1);
+}

@@ -58,22 +58,14 @@ impl Conn {
 
     /// Connects; a refused connection reads as UNAVAILABLE.
     pub async fn client(&self) -> anyhow::Result<Client> {
-        let server = &self.server;
         match self.connect_options()?.connect().await {
             Ok(client) => Ok(client),
-            Err(jobq_client::Error::Transport(err)) => {
-                // tonic's transport error prints only "transport error";
-                // the cause (connection refused, bad URI, bad certificate)
-                // is in its source chain.
-                let mut why = String::new();
-                let mut source: Option<&dyn std::error::Error> = Some(&err);
-                while let Some(cause) = source {
-                    why = cause.to_string();
-                    source = cause.source();
-                }
-                Err(tonic::Status::unavailable(format!("cannot connect to {server}: {why}")).into())
+            // The client's message names the URL and the cause (connection
+            // refused, no scheme, a bad certificate).
+            Err(err @ jobq_client::Error::Connect { .. }) => {
+                Err(tonic::Status::unavailable(err.to_string()).into())
             }
-            Err(err) => Err(err).with_context(|| format!("cannot connect to {server}")),
+            Err(err) => Err(err).with_context(|| format!("cannot connect to {}", self.server)),
         }
     }
 

@@ -32,7 +32,6 @@ use std::time::Duration;
 use clap::Parser;
 use jobq_client::{HandlerError, JobContext, Worker};
 use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
 #[command(about = "A send-email worker that records emails in a mailbox file")]
@@ -131,9 +130,8 @@ async fn send_email(
     args: Arc<Args>,
     mailbox: Mailbox,
 ) -> Result<(), HandlerError> {
-    let email: Email = ctx
-        .json()
-        .map_err(|e| HandlerError::fatal(format!("bad payload: {e}")))?;
+    // A payload that does not decode is fatal: the job is dead-lettered.
+    let email: Email = ctx.json()?;
     let order = email
         .order
         .or_else(|| ctx.key().map(str::to_owned))
@@ -160,17 +158,6 @@ async fn send_email(
     Ok(())
 }
 
-/// Cancels `token` on SIGINT or SIGTERM.
-async fn cancel_on_signal(token: CancellationToken) -> io::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        res = tokio::signal::ctrl_c() => res?,
-        _ = term.recv() => {}
-    }
-    token.cancel();
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -185,15 +172,12 @@ async fn main() -> anyhow::Result<()> {
         path: args.mailbox.clone(),
         lock: Arc::default(),
     };
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
-
     let mut builder = Worker::builder(args.server.as_str())
         .queues([args.queue.as_str()])
         .capacity(args.capacity)
         .lease(args.lease)
         .drain_timeout(args.drain_timeout)
-        .shutdown(shutdown)
+        .handle_signals(true)
         .on_ready(|| println!("READY"));
     if let Some(id) = &args.worker_id {
         builder = builder.worker_id(id);

@@ -45,6 +45,9 @@ pub(crate) type ReadyHook = Arc<dyn Fn() + Send + Sync>;
 /// Everything [`Worker::run`] needs, validated.
 pub(crate) struct Config {
     pub(crate) client: Client,
+    /// The server's URL, when the worker was given one (for its logs: a
+    /// connection error then says where it tried).
+    pub(crate) server: Option<String>,
     pub(crate) queues: Vec<String>,
     pub(crate) worker_id: Arc<str>,
     pub(crate) capacity: u32,
@@ -52,6 +55,7 @@ pub(crate) struct Config {
     pub(crate) heartbeat_every: Duration,
     pub(crate) drain_timeout: Duration,
     pub(crate) shutdown: CancellationToken,
+    pub(crate) handle_signals: bool,
     pub(crate) handlers: HashMap<String, BoxedHandler>,
     pub(crate) fallback: Option<BoxedHandler>,
     pub(crate) on_ready: Option<ReadyHook>,
@@ -61,8 +65,9 @@ pub(crate) struct Config {
 /// Builds a [`Worker`]; start with [`Worker::builder`].
 ///
 /// Defaults: queue `default`, a random `worker-<pid>-<hex>` id, capacity 1,
-/// 30 s leases heartbeated every lease/3, 30 s drain timeout, and a shutdown
-/// token nobody cancels.
+/// 30 s leases heartbeated every lease/3, 30 s drain timeout, a shutdown
+/// token nobody cancels, and no signal handling
+/// ([`handle_signals`](Self::handle_signals)).
 pub struct WorkerBuilder {
     target: WorkerTarget,
     token: Option<String>,
@@ -75,6 +80,7 @@ pub struct WorkerBuilder {
     heartbeat_every: Option<Duration>,
     drain_timeout: Duration,
     shutdown: CancellationToken,
+    handle_signals: bool,
     handlers: HashMap<String, BoxedHandler>,
     fallback: Option<BoxedHandler>,
     on_ready: Option<ReadyHook>,
@@ -93,6 +99,7 @@ impl fmt::Debug for WorkerBuilder {
             .field("lease", &self.lease)
             .field("heartbeat_every", &self.heartbeat_every)
             .field("drain_timeout", &self.drain_timeout)
+            .field("handle_signals", &self.handle_signals)
             .field("handlers", &kinds)
             .field("fallback", &self.fallback.is_some())
             .finish_non_exhaustive()
@@ -113,6 +120,7 @@ impl WorkerBuilder {
             heartbeat_every: None,
             drain_timeout: Duration::from_secs(30),
             shutdown: CancellationToken::new(),
+            handle_signals: false,
             handlers: HashMap::new(),
             fallback: None,
             on_ready: None,
@@ -187,6 +195,17 @@ impl WorkerBuilder {
     /// The token whose cancellation starts a graceful shutdown.
     pub fn shutdown(mut self, token: CancellationToken) -> Self {
         self.shutdown = token;
+        self
+    }
+
+    /// Shuts down gracefully on SIGINT (Ctrl-C) or SIGTERM: the same drain
+    /// as cancelling the [`shutdown`](Self::shutdown) token, which the
+    /// signal cancels. Off by default, since a library should not take over
+    /// a process's signals unasked. The handlers are installed when
+    /// [`Worker::run`] starts and stay for the life of the process (a
+    /// later Ctrl-C no longer kills it by default).
+    pub fn handle_signals(mut self, on: bool) -> Self {
+        self.handle_signals = on;
         self
     }
 
@@ -285,6 +304,10 @@ impl WorkerBuilder {
         }
         let connection_set =
             self.token.is_some() || self.ca_cert.is_some() || self.identity.is_some();
+        let server = match &self.target {
+            WorkerTarget::Url(url) => Some(url.clone()),
+            WorkerTarget::Client(_) => None,
+        };
         let client = match self.target {
             WorkerTarget::Client(_) if connection_set => {
                 return Err(Error::Config(
@@ -308,6 +331,7 @@ impl WorkerBuilder {
         };
         Ok(Config {
             client,
+            server,
             queues: self.queues,
             worker_id,
             capacity: self.capacity,
@@ -315,6 +339,7 @@ impl WorkerBuilder {
             heartbeat_every,
             drain_timeout: self.drain_timeout,
             shutdown: self.shutdown,
+            handle_signals: self.handle_signals,
             handlers: self.handlers,
             fallback: self.fallback,
             on_ready: self.on_ready,

@@ -36,7 +36,8 @@ impl Client {
     /// Connects to the server at `url` (e.g. `http://127.0.0.1:50051`).
     ///
     /// # Errors
-    /// [`Error::Transport`] when the URL is malformed or nothing answers.
+    /// [`Error::Connect`], naming the URL and the cause, when the URL is
+    /// malformed or nothing answers.
     pub async fn connect(url: impl Into<String>) -> Result<Self> {
         Self::builder(url).connect().await
     }
@@ -46,7 +47,7 @@ impl Client {
     /// fail with `UNAVAILABLE`.
     ///
     /// # Errors
-    /// [`Error::Transport`] when the URL is malformed.
+    /// [`Error::Connect`] when the URL is malformed.
     pub fn connect_lazy(url: impl Into<String>) -> Result<Self> {
         Self::builder(url).connect_lazy()
     }
@@ -407,8 +408,43 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn malformed_url_is_a_transport_error() {
-        let err = Client::connect_lazy("not a url").unwrap_err();
-        assert!(matches!(err, Error::Transport(_)), "{err:?}");
+    async fn malformed_url_is_a_connect_error_naming_it() {
+        let err = Client::connect_lazy("http://not a url").unwrap_err();
+        assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot connect to http://not a url: "),
+            "{err}"
+        );
+        assert!(!err.is_transient());
+    }
+
+    #[tokio::test]
+    async fn a_url_without_a_scheme_says_so() {
+        let err = Client::connect("127.0.0.1:50051").await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot connect to 127.0.0.1:50051: the URL has no scheme; \
+             did you mean http://127.0.0.1:50051?"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_names_the_url_and_the_cause() {
+        // A port that was just free: nothing listens on it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}");
+        let err = Client::connect(url.clone()).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("cannot connect to {url}: ")),
+            "{text}"
+        );
+        assert!(text.to_lowercase().contains("refused"), "{text}");
+        assert!(err.is_transient());
     }
 }

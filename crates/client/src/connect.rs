@@ -123,7 +123,16 @@ impl Connect {
     /// loss, network partition) is noticed by the open Lease stream instead
     /// of it hanging forever; TLS when the URL is `https://`.
     fn endpoint(&self) -> Result<Endpoint> {
-        let mut endpoint = Endpoint::from_shared(self.url.clone())?
+        // tonic takes `127.0.0.1:50051` as a URI and fails later with a bare
+        // "transport error"; say what is wrong instead.
+        if !self.url.contains("://") {
+            return Err(self.error(
+                format!("the URL has no scheme; did you mean http://{}?", self.url),
+                None,
+            ));
+        }
+        let mut endpoint = Endpoint::from_shared(self.url.clone())
+            .map_err(|e| self.error(crate::error::chain(&e), None))?
             .connect_timeout(Duration::from_secs(5))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(20))
@@ -141,7 +150,9 @@ impl Connect {
             if let Some(domain) = &self.domain {
                 tls = tls.domain_name(domain.clone());
             }
-            endpoint = endpoint.tls_config(tls)?;
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| self.error(crate::error::chain(&e), None))?;
         } else if tls_asked {
             return Err(Error::Config(format!(
                 "a CA or client certificate was given, but {} is not an https:// URL",
@@ -149,6 +160,23 @@ impl Connect {
             )));
         }
         Ok(endpoint)
+    }
+
+    /// `source` is set for a failure to reach the server (worth retrying),
+    /// and not for settings that cannot work.
+    fn error(&self, cause: String, source: Option<tonic::transport::Error>) -> Error {
+        Error::Connect {
+            url: self.url.clone(),
+            cause,
+            source,
+        }
+    }
+
+    fn transport_error(&self, err: tonic::transport::Error) -> Error {
+        let chain = crate::error::chain(&err);
+        // tonic's own top level says nothing the causes do not.
+        let cause = chain.strip_prefix("transport error: ").unwrap_or(&chain);
+        self.error(cause.to_owned(), Some(err))
     }
 
     fn credentials(&self) -> Result<Credentials> {
@@ -161,11 +189,15 @@ impl Connect {
     /// Connects now.
     ///
     /// # Errors
-    /// [`Error::Transport`] when the URL or TLS settings are malformed or
-    /// nothing answers; [`Error::Config`] for a bad token.
+    /// [`Error::Connect`] (naming the URL and the cause) when the URL or TLS
+    /// settings are malformed or nothing answers; [`Error::Config`] for a bad token.
     pub async fn connect(self) -> Result<Client> {
         let credentials = self.credentials()?;
-        let channel = self.endpoint()?.connect().await?;
+        let channel = self
+            .endpoint()?
+            .connect()
+            .await
+            .map_err(|e| self.transport_error(e))?;
         Ok(Client::with_credentials(channel, credentials))
     }
 

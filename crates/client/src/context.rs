@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::inflight::Deadline;
-use crate::Result;
+use crate::HandlerError;
 
 /// The job a handler runs, under which lease, and a signal for when to stop.
 ///
@@ -88,9 +88,18 @@ impl JobContext {
     /// The payload decoded from JSON.
     ///
     /// # Errors
-    /// [`Error::Json`](crate::Error::Json) when the payload is not a `T`.
-    pub fn json<T: DeserializeOwned>(&self) -> Result<T> {
-        Ok(serde_json::from_slice(&self.inner.job.payload)?)
+    /// A *fatal* [`HandlerError`] when the payload is not a `T`: no retry
+    /// decodes it better, so `ctx.json()?` dead-letters such a job at once
+    /// instead of burning its attempts. A handler that expects a fix in the
+    /// handler itself (a rolling deploy of a new payload shape) can decode
+    /// [`payload`](Self::payload) with `serde_json` and retry instead.
+    pub fn json<T: DeserializeOwned>(&self) -> std::result::Result<T, HandlerError> {
+        serde_json::from_slice(&self.inner.job.payload).map_err(|err| {
+            HandlerError::fatal(format!(
+                "payload is not a valid {}: {err}",
+                std::any::type_name::<T>()
+            ))
+        })
     }
 
     /// The whole job as the server leased it.
@@ -181,9 +190,13 @@ mod tests {
         });
         assert_eq!(c.key(), None);
         assert_eq!(c.attempt(), 1);
-        assert!(matches!(
-            c.json::<serde_json::Value>(),
-            Err(crate::Error::Json(_))
-        ));
+        let err = c.json::<serde_json::Value>().unwrap_err();
+        assert!(err.is_fatal(), "{err:?}");
+        assert!(
+            err.message()
+                .starts_with("payload is not a valid serde_json::value::Value: "),
+            "{}",
+            err.message()
+        );
     }
 }

@@ -13,11 +13,27 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// The connection could not be set up: a malformed URL, or no server
-    /// reachable at it.
-    #[error("transport: {0}")]
+    /// reachable at it (without the URL; [`Error::Connect`] names it).
+    #[error("transport: {}", chain(.0))]
     Transport(#[from] tonic::transport::Error),
+    /// [`Client::connect`](crate::Client::connect) (or a lazy client's
+    /// setup) failed: names the URL and the root cause (`connection
+    /// refused`, `the URL has no scheme`, a TLS error, ...).
+    #[error("cannot connect to {url}: {cause}")]
+    Connect {
+        /// The URL as given.
+        url: String,
+        /// What went wrong, with tonic's chain of causes.
+        cause: String,
+        /// The transport error, when there was one.
+        #[source]
+        source: Option<tonic::transport::Error>,
+    },
     /// The server answered with a non-OK gRPC status.
-    #[error("server replied {:?}: {}", .0.code(), .0.message())]
+    /// (tonic also reports a call that never reached the server as a
+    /// status, `UNAVAILABLE` with the transport error as its source; the
+    /// text then says so, with the cause.)
+    #[error("{}", status_text(.0))]
     Status(#[from] tonic::Status),
     /// A payload could not be encoded to or decoded from JSON.
     #[error("json: {0}")]
@@ -46,9 +62,48 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Transport(_) => true,
+            // A malformed URL will not fix itself; a refused connection may.
+            Error::Connect { source, .. } => source.is_some(),
             Error::Status(status) => is_transient_code(status.code()),
             _ => false,
         }
+    }
+}
+
+/// A status the server sent, or one tonic made up for a call that never
+/// got an answer (then with the transport error's chain, e.g. `Connection
+/// refused`).
+fn status_text(status: &tonic::Status) -> String {
+    use std::error::Error as _;
+    match status.source() {
+        Some(cause) => {
+            let mut text = status.message().to_owned();
+            append_causes(&mut text, Some(cause));
+            format!("no reply ({:?}): {text}", status.code())
+        }
+        None => format!("server replied {:?}: {}", status.code(), status.message()),
+    }
+}
+
+/// `err` and its causes, `: `-separated: tonic's top-level text alone is
+/// `transport error`, which says nothing.
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    append_causes(&mut text, err.source());
+    text
+}
+
+/// Appends each cause from `source` on that `text` does not already say
+/// (hyper and tonic repeat the inner message in the outer one, and wrap
+/// it in a bare `transport error`).
+fn append_causes(text: &mut String, mut source: Option<&(dyn std::error::Error + 'static)>) {
+    while let Some(cause) = source {
+        let next = cause.to_string();
+        if next != "transport error" && !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = cause.source();
     }
 }
 
@@ -76,6 +131,17 @@ mod tests {
         assert_eq!(err.code(), Some(tonic::Code::Aborted));
         assert!(!err.is_transient());
         assert_eq!(err.to_string(), "server replied Aborted: stale lease");
+    }
+
+    #[test]
+    fn a_status_tonic_made_up_says_there_was_no_reply_and_why() {
+        let status = tonic::Status::from_error(Box::new(std::io::Error::other(
+            "Connection refused (os error 111)",
+        )));
+        assert_eq!(
+            Error::from(status).to_string(),
+            "no reply (Unknown): Connection refused (os error 111)"
+        );
     }
 
     #[test]

@@ -1,20 +1,30 @@
 //! Typed client and worker runtime for jobq.
 //!
 //! # Layout
-//! - [`client`]: [`Client`], one typed method per `JobQueue` RPC, plus
-//!   JSON helpers; [`connect`]: how it reaches the server ([`Connect`]:
+//! - [`client`]: [`Client`], one method per `JobQueue` RPC speaking the
+//!   wire types (`pb`); [`typed`]: the same calls returning the client's
+//!   own types ([`Job`], [`Enqueued`], [`QueueStats`]), typed batch
+//!   enqueue ([`NewJob`]) and listing ([`JobFilter`], a page at a time or
+//!   as one stream); [`connect`]: how it reaches the server ([`Connect`]:
 //!   bearer token, TLS and mTLS); `operator` (private): the operator's
 //!   calls on [`Client`] (cancel, pause/resume, delete, purge).
+//! - [`model`]: the client's types ([`Job`], [`JobId`], [`Status`],
+//!   [`Attempt`], [`Outcome`], [`QueueStats`]) and their conversions from
+//!   and to `pb`.
 //! - [`options`]: [`EnqueueOptions`] (key, attempts, delay) and
 //!   [`FailOptions`] (retry delay, fatal).
 //! - [`error`]: [`enum@Error`], the crate's one error type, and [`Result`].
 //! - [`worker`]: [`Worker`], which holds a Lease stream, reconnects and
-//!   drains; [`builder`]: its options ([`WorkerBuilder`]).
+//!   drains; [`builder`]: its options ([`WorkerBuilder`]); `signals`
+//!   (private): SIGINT/SIGTERM as a shutdown.
 //! - [`handler`]: [`HandlerError`], how a handler asks for a retry delay or
 //!   rules retries out; [`context`]: [`JobContext`], what a handler gets.
 //! - private: `job` (one job's run: slot, handler, panic, ack/fail),
 //!   `heartbeat` (the batched heartbeat task), `inflight` (the book of held
 //!   leases), `backoff` (jittered exponential backoff).
+//!
+//! Nothing is logged unless the application installs a `tracing`
+//! subscriber (e.g. `tracing_subscriber::fmt::init()`).
 //!
 //! # Producing jobs
 //!
@@ -24,10 +34,10 @@
 //! # async fn demo() -> jobq_client::Result<()> {
 //! let client = Client::connect("http://127.0.0.1:50051").await?;
 //! let email = serde_json::json!({ "order": "order-4711", "to": "ada@example.com" });
-//! let (job, created) = client
-//!     .enqueue_json("emails", "send-email", &email, EnqueueOptions::new().key("order-4711"))
+//! let added = client
+//!     .submit_json("emails", "send-email", &email, EnqueueOptions::new().key("order-4711"))
 //!     .await?;
-//! println!("{} created={created}", job.id);
+//! println!("{} created={} status={}", added.job.id, added.created, added.job.status);
 //! # Ok(()) }
 //! ```
 //!
@@ -35,8 +45,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use jobq_client::{HandlerError, JobContext, Worker};
-//! use tokio_util::sync::CancellationToken;
+//! use jobq_client::{CancellationToken, HandlerError, JobContext, Worker};
 //!
 //! # async fn demo() -> jobq_client::Result<()> {
 //! let shutdown = CancellationToken::new();
@@ -46,19 +55,18 @@
 //!     .capacity(4)
 //!     .lease(Duration::from_secs(30))
 //!     .drain_timeout(Duration::from_secs(10))
+//!     // Drains on SIGINT/SIGTERM, and on `shutdown.cancel()`.
+//!     .handle_signals(true)
 //!     .shutdown(shutdown.clone())
 //!     .handler("send-email", |ctx: JobContext| async move {
 //!         if ctx.attempt() > 1 {
 //!             // An earlier run may have sent it: check by ctx.key() first.
 //!         }
+//!         // A payload that does not decode dead-letters the job at once.
 //!         let _email: serde_json::Value = ctx.json()?;
 //!         Err(HandlerError::retry_after("smtp busy", Duration::from_secs(60)))
 //!     })
 //!     .build();
-//! tokio::spawn(async move {
-//!     let _ = tokio::signal::ctrl_c().await;
-//!     shutdown.cancel();
-//! });
 //! worker.run().await
 //! # }
 //! ```
@@ -78,9 +86,12 @@ mod heartbeat;
 mod inflight;
 mod job;
 mod metrics;
+pub mod model;
 mod operator;
 pub mod options;
+mod signals;
 pub mod trace;
+pub mod typed;
 pub mod worker;
 
 pub use builder::{WorkerBuilder, WorkerTarget};
@@ -90,5 +101,10 @@ pub use context::JobContext;
 pub use error::{Error, Result};
 pub use handler::{HandlerError, HandlerResult};
 pub use jobq::pb;
+pub use model::{Attempt, Enqueued, Job, JobId, Outcome, QueueStats, Rejected, Status};
 pub use options::{EnqueueOptions, FailOptions};
+/// The shutdown token [`WorkerBuilder::shutdown`] takes, re-exported so the
+/// tokio-util version always matches.
+pub use tokio_util::sync::CancellationToken;
+pub use typed::{JobFilter, JobPage, NewJob};
 pub use worker::Worker;

@@ -138,7 +138,7 @@ impl Worker {
     ///
     /// # Errors
     /// [`Error::Config`](crate::Error::Config) for unusable options and
-    /// [`Error::Transport`](crate::Error::Transport) for a malformed URL,
+    /// [`Error::Connect`](crate::Error::Connect) for a malformed URL,
     /// both before any job is taken.
     pub async fn run(self) -> Result<()> {
         let cfg = self.builder.into_config()?;
@@ -150,7 +150,15 @@ impl Worker {
             stream_token: Mutex::default(),
             cfg,
         });
-        let span = info_span!("worker", worker.id = %shared.cfg.worker_id);
+        let span = info_span!(
+            "worker",
+            worker.id = %shared.cfg.worker_id,
+            server = shared.cfg.server.as_deref(),
+        );
+        let signals = shared
+            .cfg
+            .handle_signals
+            .then(|| crate::signals::watch(shared.cfg.shutdown.clone()));
         async move {
             let stop_heartbeats = CancellationToken::new();
             let heartbeats = tokio::spawn(
@@ -162,6 +170,9 @@ impl Worker {
             stop_heartbeats.cancel();
             if let Err(err) = heartbeats.await {
                 error!(cause = %err, "heartbeat task failed");
+            }
+            if let Some(signals) = signals {
+                signals.abort();
             }
             info!("worker stopped");
             Ok(())

@@ -1,0 +1,541 @@
+//! The client's own types for what the server returns: [`Job`] (with its
+//! [`JobId`], [`Status`] and [`Attempt`]s), [`QueueStats`], and the results
+//! of an enqueue ([`Enqueued`], [`Rejected`]). Each converts from its
+//! `pb` message, and back with `into_proto`, for code that needs the wire
+//! form.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use jobq::pb;
+
+/// A job's id, as the server assigned it. Opaque: compare and print it,
+/// pass it back; do not parse it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct JobId(String);
+
+impl JobId {
+    /// Wraps an id read from elsewhere (a log line, a command line).
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for JobId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for JobId {
+    fn from(id: String) -> Self {
+        Self(id)
+    }
+}
+
+impl From<&str> for JobId {
+    fn from(id: &str) -> Self {
+        Self(id.to_owned())
+    }
+}
+
+impl From<JobId> for String {
+    /// So a `JobId` goes wherever the client takes `impl Into<String>`.
+    fn from(id: JobId) -> Self {
+        id.0
+    }
+}
+
+impl From<&JobId> for String {
+    fn from(id: &JobId) -> Self {
+        id.0.clone()
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Status {
+    /// Waiting to be taken (possibly not before its `run_at`).
+    Pending,
+    /// Leased to a worker.
+    Running,
+    /// Acknowledged. Final.
+    Done,
+    /// Attempts exhausted, fatal failure or cancelled: a dead letter until
+    /// retried.
+    Failed,
+    /// A value this client does not know (a newer server).
+    Unknown(i32),
+}
+
+impl Status {
+    /// The wire value.
+    pub fn to_proto(self) -> i32 {
+        match self {
+            Status::Pending => pb::JobStatus::Pending as i32,
+            Status::Running => pb::JobStatus::Running as i32,
+            Status::Done => pb::JobStatus::Done as i32,
+            Status::Failed => pb::JobStatus::Failed as i32,
+            Status::Unknown(v) => v,
+        }
+    }
+
+    /// Whether the job will not change again unless someone retries it.
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Done | Status::Failed)
+    }
+}
+
+impl From<i32> for Status {
+    fn from(v: i32) -> Self {
+        match pb::JobStatus::try_from(v) {
+            Ok(pb::JobStatus::Pending) => Status::Pending,
+            Ok(pb::JobStatus::Running) => Status::Running,
+            Ok(pb::JobStatus::Done) => Status::Done,
+            Ok(pb::JobStatus::Failed) => Status::Failed,
+            _ => Status::Unknown(v),
+        }
+    }
+}
+
+impl From<pb::JobStatus> for Status {
+    fn from(s: pb::JobStatus) -> Self {
+        Status::from(s as i32)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Status::Pending => f.write_str("pending"),
+            Status::Running => f.write_str("running"),
+            Status::Done => f.write_str("done"),
+            Status::Failed => f.write_str("failed"),
+            Status::Unknown(v) => write!(f, "unknown({v})"),
+        }
+    }
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Still running (only the last attempt of a RUNNING job).
+    Running,
+    /// The worker acknowledged the job.
+    Acked,
+    /// The worker reported a failure.
+    Failed,
+    /// The lease ran out without an ack or heartbeat.
+    LeaseExpired,
+    /// The worker's Lease stream ended (process died, connection lost).
+    WorkerDisconnected,
+    /// An operator (CancelJob) or the server took the lease back.
+    Revoked,
+    /// A value this client does not know (a newer server).
+    Unknown(i32),
+}
+
+impl Outcome {
+    /// The wire value.
+    pub fn to_proto(self) -> i32 {
+        use pb::AttemptOutcome as O;
+        match self {
+            Outcome::Running => O::Unspecified as i32,
+            Outcome::Acked => O::Acked as i32,
+            Outcome::Failed => O::Failed as i32,
+            Outcome::LeaseExpired => O::LeaseExpired as i32,
+            Outcome::WorkerDisconnected => O::WorkerDisconnected as i32,
+            Outcome::Revoked => O::Revoked as i32,
+            Outcome::Unknown(v) => v,
+        }
+    }
+}
+
+impl From<i32> for Outcome {
+    fn from(v: i32) -> Self {
+        use pb::AttemptOutcome as O;
+        match O::try_from(v) {
+            Ok(O::Unspecified) => Outcome::Running,
+            Ok(O::Acked) => Outcome::Acked,
+            Ok(O::Failed) => Outcome::Failed,
+            Ok(O::LeaseExpired) => Outcome::LeaseExpired,
+            Ok(O::WorkerDisconnected) => Outcome::WorkerDisconnected,
+            Ok(O::Revoked) => Outcome::Revoked,
+            Err(_) => Outcome::Unknown(v),
+        }
+    }
+}
+
+/// One run of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// The worker that ran it.
+    pub worker_id: String,
+    /// When its lease began.
+    pub started_at: Option<SystemTime>,
+    /// When it ended; `None` while it runs.
+    pub ended_at: Option<SystemTime>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The error, for an attempt that ended badly.
+    pub error: Option<String>,
+}
+
+impl Attempt {
+    /// How long it ran, once it has ended.
+    pub fn duration(&self) -> Option<Duration> {
+        self.ended_at?.duration_since(self.started_at?).ok()
+    }
+
+    /// The wire form.
+    pub fn into_proto(self) -> pb::Attempt {
+        pb::Attempt {
+            worker_id: self.worker_id,
+            started_at: self.started_at.map(Into::into),
+            ended_at: self.ended_at.map(Into::into),
+            outcome: self.outcome.to_proto(),
+            error: self.error.unwrap_or_default(),
+        }
+    }
+}
+
+impl From<pb::Attempt> for Attempt {
+    fn from(a: pb::Attempt) -> Self {
+        Self {
+            worker_id: a.worker_id,
+            started_at: time(a.started_at),
+            ended_at: time(a.ended_at),
+            outcome: Outcome::from(a.outcome),
+            error: non_empty(a.error),
+        }
+    }
+}
+
+/// A job and everything the queue remembers about it.
+///
+/// Replies to writes (enqueue, ack, fail) leave out the payload and most of
+/// the history, as the wire contract says; [`Client::job`](crate::Client::job)
+/// has the whole job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Job {
+    /// Assigned by the server; unique, never reused.
+    pub id: JobId,
+    /// The queue it waits in.
+    pub queue: String,
+    /// Which handler runs it.
+    pub kind: String,
+    /// Bytes for the handler.
+    pub payload: Vec<u8>,
+    /// The domain key (e.g. `order-4711`), if it was enqueued with one.
+    pub key: Option<String>,
+    /// Where it is in its life.
+    pub status: Status,
+    /// Runs that ended without an ack.
+    pub attempts: u32,
+    /// Attempts allowed before it is dead-lettered.
+    pub max_attempts: u32,
+    /// When it was enqueued.
+    pub enqueued_at: Option<SystemTime>,
+    /// Not to be run before this time.
+    pub run_at: Option<SystemTime>,
+    /// When the current lease began (RUNNING only).
+    pub taken_at: Option<SystemTime>,
+    /// When the current lease ends unless extended (RUNNING only).
+    pub lease_expires_at: Option<SystemTime>,
+    /// When it became DONE or FAILED.
+    pub finished_at: Option<SystemTime>,
+    /// The worker holding it (RUNNING only).
+    pub worker_id: Option<String>,
+    /// Why the last attempt ended badly (`cancelled: <reason>` after a
+    /// cancel).
+    pub last_error: Option<String>,
+    /// One entry per attempt, oldest first.
+    pub history: Vec<Attempt>,
+    /// What the producer attached at enqueue (trace context, request ids).
+    pub metadata: HashMap<String, String>,
+}
+
+impl Job {
+    /// The payload decoded from JSON.
+    ///
+    /// # Errors
+    /// When the payload is not a `T`.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
+        serde_json::from_slice(&self.payload)
+    }
+
+    /// The wire form. Fields this client does not model (from a newer
+    /// proto) are not kept: use the `pb` methods of [`Client`](crate::Client)
+    /// when you need them.
+    // All fields are set today; the update keeps this compiling when the
+    // proto grows one.
+    #[allow(clippy::needless_update)]
+    pub fn into_proto(self) -> pb::Job {
+        pb::Job {
+            id: self.id.0,
+            queue: self.queue,
+            kind: self.kind,
+            payload: self.payload,
+            key: self.key.unwrap_or_default(),
+            status: self.status.to_proto(),
+            attempts: self.attempts,
+            max_attempts: self.max_attempts,
+            enqueued_at: self.enqueued_at.map(Into::into),
+            run_at: self.run_at.map(Into::into),
+            taken_at: self.taken_at.map(Into::into),
+            lease_expires_at: self.lease_expires_at.map(Into::into),
+            finished_at: self.finished_at.map(Into::into),
+            worker_id: self.worker_id.unwrap_or_default(),
+            last_error: self.last_error.unwrap_or_default(),
+            history: self.history.into_iter().map(Attempt::into_proto).collect(),
+            metadata: self.metadata,
+            ..Default::default()
+        }
+    }
+}
+
+impl From<pb::Job> for Job {
+    fn from(j: pb::Job) -> Self {
+        Self {
+            id: JobId(j.id),
+            queue: j.queue,
+            kind: j.kind,
+            payload: j.payload,
+            key: non_empty(j.key),
+            status: Status::from(j.status),
+            attempts: j.attempts,
+            max_attempts: j.max_attempts,
+            enqueued_at: time(j.enqueued_at),
+            run_at: time(j.run_at),
+            taken_at: time(j.taken_at),
+            lease_expires_at: time(j.lease_expires_at),
+            finished_at: time(j.finished_at),
+            worker_id: non_empty(j.worker_id),
+            last_error: non_empty(j.last_error),
+            history: j.history.into_iter().map(Attempt::from).collect(),
+            metadata: j.metadata,
+        }
+    }
+}
+
+impl From<Job> for pb::Job {
+    fn from(j: Job) -> Self {
+        j.into_proto()
+    }
+}
+
+/// What one enqueue did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job: the new one, or the retained one with the same key.
+    pub job: Job,
+    /// `false` when the key matched a retained job and nothing was added.
+    pub created: bool,
+}
+
+/// Why the server refused one entry of a batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rejected ({code:?}): {message}")]
+pub struct Rejected {
+    /// The gRPC code (e.g. `InvalidArgument`).
+    pub code: tonic::Code,
+    /// Why.
+    pub message: String,
+}
+
+impl Enqueued {
+    /// One entry of an `EnqueueBatch` reply.
+    pub(crate) fn from_result(r: pb::EnqueueResult) -> Result<Self, Rejected> {
+        match r.job {
+            Some(job) if r.error_code == 0 => Ok(Enqueued {
+                job: job.into(),
+                created: r.created,
+            }),
+            _ => Err(Rejected {
+                code: tonic::Code::from(r.error_code),
+                message: r.error_message,
+            }),
+        }
+    }
+}
+
+/// Counts for one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// The queue's name.
+    pub queue: String,
+    /// Jobs PENDING (due or not yet due).
+    pub pending: u64,
+    /// Jobs RUNNING.
+    pub running: u64,
+    /// Jobs DONE and still retained.
+    pub done: u64,
+    /// Jobs FAILED (dead letters).
+    pub failed: u64,
+    /// How long the oldest due PENDING job has waited; `None` when none is
+    /// due.
+    pub oldest_pending_age: Option<Duration>,
+    /// Whether the queue is paused.
+    pub paused: bool,
+}
+
+impl From<pb::QueueStats> for QueueStats {
+    fn from(s: pb::QueueStats) -> Self {
+        Self {
+            queue: s.queue,
+            pending: s.pending,
+            running: s.running,
+            done: s.done,
+            failed: s.failed,
+            oldest_pending_age: s
+                .oldest_pending_age
+                .and_then(|d| Duration::try_from(d).ok()),
+            paused: s.paused,
+        }
+    }
+}
+
+fn time(ts: Option<prost_types::Timestamp>) -> Option<SystemTime> {
+    ts.and_then(|ts| SystemTime::try_from(ts).ok())
+}
+
+fn non_empty(s: String) -> Option<String> {
+    Some(s).filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(seconds: i64, nanos: i32) -> Option<prost_types::Timestamp> {
+        Some(prost_types::Timestamp { seconds, nanos })
+    }
+
+    #[test]
+    #[allow(clippy::needless_update)] // robust to new proto fields
+    fn a_job_converts_both_ways_without_loss() {
+        let raw = pb::Job {
+            id: "00000007".into(),
+            queue: "emails".into(),
+            kind: "send-email".into(),
+            payload: b"{}".to_vec(),
+            key: "order-4711".into(),
+            status: pb::JobStatus::Running as i32,
+            attempts: 1,
+            max_attempts: 5,
+            enqueued_at: ts(1_700_000_000, 5),
+            run_at: ts(1_700_000_001, 0),
+            taken_at: ts(1_700_000_002, 0),
+            lease_expires_at: ts(1_700_000_032, 0),
+            finished_at: None,
+            worker_id: "w1".into(),
+            last_error: "smtp 421".into(),
+            history: vec![
+                pb::Attempt {
+                    worker_id: "w0".into(),
+                    started_at: ts(1_700_000_001, 0),
+                    ended_at: ts(1_700_000_001, 500_000_000),
+                    outcome: pb::AttemptOutcome::Failed as i32,
+                    error: "smtp 421".into(),
+                },
+                pb::Attempt {
+                    worker_id: "w1".into(),
+                    started_at: ts(1_700_000_002, 0),
+                    ..Default::default()
+                },
+            ],
+            metadata: [("tenant".to_owned(), "acme".to_owned())].into(),
+            ..Default::default()
+        };
+        let job = Job::from(raw.clone());
+        assert_eq!(job.id.as_str(), "00000007");
+        assert_eq!(job.status, Status::Running);
+        assert_eq!(job.key.as_deref(), Some("order-4711"));
+        assert_eq!(
+            job.enqueued_at,
+            Some(SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 5))
+        );
+        assert_eq!(job.finished_at, None);
+        assert_eq!(job.history[0].outcome, Outcome::Failed);
+        assert_eq!(job.history[0].duration(), Some(Duration::from_millis(500)));
+        assert_eq!(job.history[1].outcome, Outcome::Running);
+        assert_eq!(job.history[1].ended_at, None);
+        assert_eq!(job.history[1].error, None);
+        assert_eq!(job.into_proto(), raw);
+    }
+
+    #[test]
+    fn empty_strings_are_none_and_unknown_values_survive() {
+        let job = Job::from(pb::Job {
+            status: 42,
+            ..Default::default()
+        });
+        assert_eq!(
+            (
+                job.key.clone(),
+                job.worker_id.clone(),
+                job.last_error.clone()
+            ),
+            (None, None, None)
+        );
+        assert_eq!(job.status, Status::Unknown(42));
+        assert_eq!(job.into_proto().status, 42);
+        assert_eq!(Status::from(pb::JobStatus::Done).to_string(), "done");
+        assert!(Status::Failed.is_final() && !Status::Pending.is_final());
+    }
+
+    #[test]
+    fn batch_results_split_into_ok_and_rejected() {
+        let ok = Enqueued::from_result(pb::EnqueueResult {
+            job: Some(pb::Job {
+                id: "1".into(),
+                ..Default::default()
+            }),
+            created: true,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(ok.created);
+        assert_eq!(ok.job.id, JobId::from("1"));
+        let bad = Enqueued::from_result(pb::EnqueueResult {
+            error_code: 3,
+            error_message: "bad queue".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(bad.code, tonic::Code::InvalidArgument);
+        assert_eq!(bad.to_string(), "rejected (InvalidArgument): bad queue");
+    }
+
+    #[test]
+    fn stats_carry_a_typed_age() {
+        let s = QueueStats::from(pb::QueueStats {
+            queue: "q".into(),
+            pending: 3,
+            oldest_pending_age: Some(prost_types::Duration {
+                seconds: 2,
+                nanos: 0,
+            }),
+            paused: true,
+            ..Default::default()
+        });
+        assert_eq!(s.oldest_pending_age, Some(Duration::from_secs(2)));
+        assert!(s.paused);
+    }
+}
