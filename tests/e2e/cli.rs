@@ -713,6 +713,230 @@ async fn a_sigkilled_work_takes_its_command_with_it() {
     .await;
 }
 
+// ---- Issue 13: completions, --fatal-exit-code, list says there is more ----
+
+#[tokio::test]
+async fn completions_for_each_shell_name_the_subcommands() {
+    // No server is needed; the URL is never dialled.
+    let url = "http://127.0.0.1:1";
+    for shell in ["bash", "zsh", "fish"] {
+        let run = jobq(url, &["completions", shell]).await.ok();
+        assert!(!run.stdout.is_empty(), "{shell}");
+        for sub in ["enqueue", "list", "cancel", "purge", "work", "completions"] {
+            assert!(run.stdout.contains(sub), "{shell} completion lacks {sub}");
+        }
+    }
+    // bash parses the bash script.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("jobq.bash");
+    std::fs::write(
+        &script,
+        jobq(url, &["completions", "bash"]).await.ok().stdout,
+    )
+    .unwrap();
+    let parsed = tokio::process::Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .await
+        .expect("run bash -n");
+    assert!(
+        parsed.status.success(),
+        "bash -n: {}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    assert_eq!(jobq(url, &["completions", "tcsh"]).await.code, 2);
+}
+
+#[tokio::test]
+async fn work_dead_letters_a_job_whose_command_exits_with_a_fatal_code() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    let fatal = client
+        .submit(
+            "fq",
+            "shell",
+            "fatal",
+            EnqueueOptions::new().max_attempts(5),
+        )
+        .await
+        .unwrap();
+    let retried = client
+        .submit(
+            "fq",
+            "shell",
+            "other",
+            EnqueueOptions::new().max_attempts(2),
+        )
+        .await
+        .unwrap();
+    // Exit 7 for "fatal", 3 otherwise; only 7 is declared fatal.
+    let script = r#"p=$(cat); [ "$p" = fatal ] && { echo "cannot parse" >&2; exit 7; }; exit 3"#;
+    let mut worker = command(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "fq",
+            "--fatal-exit-code",
+            "7",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let finished = |id: jobq_client::JobId| {
+        let client = client.clone();
+        async move { Some(client.job(id).await.unwrap()).filter(|j| j.status.is_final()) }
+    };
+    let dead = until(LIMIT, "the fatal job to be dead-lettered", || {
+        finished(fatal.job.id.clone())
+    })
+    .await;
+    assert_eq!(dead.status, jobq_client::Status::Failed, "{dead:?}");
+    assert_eq!(dead.history.len(), 1, "no retry: {dead:?}");
+    assert_eq!(
+        dead.last_error.as_deref(),
+        Some("exit status 7: cannot parse")
+    );
+    // Another non-zero exit is still retried until attempts run out. Its
+    // retries wait out the server's backoff, so this only checks that it
+    // was not dead-lettered at its first failure.
+    let other = until(LIMIT, "the other job to fail once", || {
+        let client = client.clone();
+        let id = retried.job.id.clone();
+        async move {
+            Some(client.job(id).await.unwrap())
+                .filter(|j| !j.history.is_empty() && j.status != jobq_client::Status::Running)
+        }
+    })
+    .await;
+    assert!(
+        other.status == jobq_client::Status::Pending || other.history.len() == 2,
+        "a plain failure is retried: {other:?}"
+    );
+    signal(&worker, libc::SIGTERM);
+    let status = tokio::time::timeout(LIMIT, worker.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let bad = jobq(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "q",
+            "--fatal-exit-code",
+            "0",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(bad.code, 2, "exit 0 cannot be fatal: {}", bad.stderr);
+}
+
+#[tokio::test]
+async fn list_says_when_more_jobs_match_and_how_to_see_them() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    for i in 0..5 {
+        client
+            .submit("more", "k", format!("{i}"), EnqueueOptions::new())
+            .await
+            .unwrap();
+    }
+    let ids = |run: &Run| -> Vec<String> {
+        run.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let token_in = |stderr: &str| -> String {
+        let at = stderr
+            .find("--page-token ")
+            .unwrap_or_else(|| panic!("no token in {stderr:?}"));
+        stderr[at + "--page-token ".len()..]
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+
+    let first = jobq(&url, &["list", "--queue", "more", "--limit", "2", "--json"])
+        .await
+        .ok();
+    assert_eq!(ids(&first).len(), 2);
+    assert!(first.stderr.contains("more jobs match"), "{}", first.stderr);
+    let token = token_in(&first.stderr);
+    let second = jobq(
+        &url,
+        &[
+            "list",
+            "--queue",
+            "more",
+            "--limit",
+            "2",
+            "--json",
+            "--page-token",
+            &token,
+        ],
+    )
+    .await
+    .ok();
+    let token = token_in(&second.stderr);
+    let third = jobq(
+        &url,
+        &[
+            "list",
+            "--queue",
+            "more",
+            "--limit",
+            "2",
+            "--json",
+            "--page-token",
+            &token,
+        ],
+    )
+    .await
+    .ok();
+    assert!(third.stderr.is_empty(), "the rest fits: {}", third.stderr);
+    let mut seen = ids(&first);
+    seen.extend(ids(&second));
+    seen.extend(ids(&third));
+    let all = ids(
+        &jobq(&url, &["list", "--queue", "more", "--limit", "0", "--json"])
+            .await
+            .ok(),
+    );
+    assert_eq!(seen, all, "the pages together are the whole listing, once");
+    assert_eq!(all.len(), 5);
+
+    // Exactly the limit: nothing more to say. The table says it too.
+    let exact = jobq(&url, &["list", "--queue", "more", "--limit", "5"])
+        .await
+        .ok();
+    assert!(exact.stderr.is_empty(), "{}", exact.stderr);
+    let table = jobq(&url, &["list", "--queue", "more", "--limit", "4"])
+        .await
+        .ok();
+    assert_eq!(table.stdout.lines().count(), 5, "{}", table.stdout);
+    assert!(
+        table.stderr.contains("more jobs match than the 4 shown"),
+        "{}",
+        table.stderr
+    );
+}
+
 #[tokio::test]
 async fn a_connection_error_names_the_url_and_why() {
     let down = jobq("http://127.0.0.1:1", &["stats"]).await;

@@ -7,7 +7,8 @@ use crate::conn::Conn;
 use crate::logging::LogFormat;
 use crate::output::Out;
 use crate::{
-    cancel, delete, enqueue, get, list, migrate, pause, purge, retry, serve, stats, token, work,
+    cancel, completions, delete, enqueue, get, list, migrate, pause, purge, retry, serve, stats,
+    token, work,
 };
 
 /// jobq: a durable job queue with a gRPC API.
@@ -86,6 +87,9 @@ pub enum Command {
     Token(token::Args),
     /// Measure throughput and latency (durable replies) on this machine.
     Bench(jobq_bench::BenchArgs),
+    /// Prints a shell completion script (bash, zsh or fish) to stdout:
+    /// `source <(jobq completions bash)`.
+    Completions(completions::Args),
     /// Internal: kills `jobq work`'s commands when it dies (see watchdog.rs).
     #[command(name = crate::watchdog::SUBCOMMAND, hide = true)]
     Watchdog,
@@ -130,6 +134,7 @@ impl Cli {
             Command::Stats(args) => stats::run(&self.conn.client().await?, out, args).await,
             Command::Token(args) => token::run(out, args),
             Command::Bench(args) => jobq_bench::run(args).await,
+            Command::Completions(args) => completions::run(args),
             Command::Watchdog => match crate::watchdog::run() {
                 code if code == std::process::ExitCode::SUCCESS => Ok(()),
                 _ => anyhow::bail!("watchdog failed"),

@@ -1,4 +1,6 @@
-//! `jobq list`: jobs by queue, status and key, paged through to `--limit`.
+//! `jobq list`: jobs by queue, status and key, paged through to `--limit`;
+//! when more match, stderr says so and names the `--page-token` for the
+//! rest.
 
 use jobq_client::{pb, Client};
 
@@ -51,6 +53,11 @@ pub struct Args {
     /// Most jobs to show; 0 shows all.
     #[arg(long, default_value_t = 100)]
     limit: usize,
+
+    /// Start after the jobs already shown: the token a listing cut short by
+    /// --limit printed on stderr.
+    #[arg(long, value_name = "TOKEN")]
+    page_token: Option<String>,
 }
 
 /// The filters of a listing, as the server takes them.
@@ -67,12 +74,29 @@ pub struct Filter {
     pub omit_payload: bool,
 }
 
-/// Fetches up to `limit` jobs (0: all) matching `filter`, following
-/// `next_page_token` from page to page.
-pub async fn fetch(client: &Client, filter: &Filter, limit: usize) -> anyhow::Result<Vec<pb::Job>> {
+/// Up to `limit` jobs of a listing, and where to continue when more match.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    /// The jobs, in id order.
+    pub jobs: Vec<pb::Job>,
+    /// Set when `limit` cut the listing short: the page token that lists
+    /// the rest.
+    pub more: Option<String>,
+}
+
+/// Fetches up to `limit` jobs (0: all) matching `filter`, starting at
+/// `page_token` (empty: the first job), following `next_page_token` from
+/// page to page.
+pub async fn fetch(
+    client: &Client,
+    filter: &Filter,
+    limit: usize,
+    mut page_token: String,
+) -> anyhow::Result<Fetched> {
     let mut jobs = Vec::new();
-    let mut page_token = String::new();
     loop {
+        // Never ask for more than is still wanted: then a page never has to
+        // be cut, and its next_page_token is exactly where the rest starts.
         let wanted = if limit == 0 {
             MAX_PAGE
         } else {
@@ -80,25 +104,43 @@ pub async fn fetch(client: &Client, filter: &Filter, limit: usize) -> anyhow::Re
         };
         let page = client
             .list_jobs(pb::ListJobsRequest {
-                queue: filter.queue.clone(),
-                status: filter.status.map_or(0, |s| s as i32),
-                key: filter.key.clone(),
                 page_size: wanted,
                 page_token,
-                omit_payload: filter.omit_payload,
+                ..request(filter)
             })
             .await?;
         jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            return Ok(Fetched { jobs, more: None });
+        }
         if limit != 0 && jobs.len() >= limit {
             jobs.truncate(limit);
-            break;
-        }
-        if page.next_page_token.is_empty() {
-            break;
+            // A full page has a token even when nothing more matches (the
+            // server stops at the count); one job of the rest settles it.
+            let rest = client
+                .list_jobs(pb::ListJobsRequest {
+                    page_size: 1,
+                    page_token: page.next_page_token.clone(),
+                    omit_payload: true,
+                    ..request(filter)
+                })
+                .await?;
+            let more = (!rest.jobs.is_empty()).then_some(page.next_page_token);
+            return Ok(Fetched { jobs, more });
         }
         page_token = page.next_page_token;
     }
-    Ok(jobs)
+}
+
+/// The request for `filter`'s first page.
+fn request(filter: &Filter) -> pb::ListJobsRequest {
+    pb::ListJobsRequest {
+        queue: filter.queue.clone(),
+        status: filter.status.map_or(0, |s| s as i32),
+        key: filter.key.clone(),
+        omit_payload: filter.omit_payload,
+        ..Default::default()
+    }
 }
 
 /// Runs `jobq list`.
@@ -110,7 +152,20 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
         // JSON shows payloads; the table does not, so it never fetches them.
         omit_payload: !out.json,
     };
-    let jobs = fetch(client, &filter, args.limit).await?;
+    let Fetched { jobs, more } = fetch(
+        client,
+        &filter,
+        args.limit,
+        args.page_token.unwrap_or_default(),
+    )
+    .await?;
+    if let Some(token) = &more {
+        // On stderr, so stdout stays a table or one JSON array.
+        eprintln!(
+            "more jobs match than the {} shown; continue with --page-token {token}, or show all with --limit 0",
+            jobs.len()
+        );
+    }
     if out.json {
         let all: Vec<_> = jobs.iter().map(job_json).collect();
         out.json(&serde_json::Value::Array(all))?;

@@ -17,6 +17,7 @@
 
 mod cancel;
 mod cli;
+mod completions;
 mod conn;
 mod delete;
 mod enqueue;

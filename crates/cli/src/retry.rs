@@ -39,8 +39,9 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
             };
             // Collect first, then retry: the listing is in id order and a
             // retried job could fail again while we page.
-            fetch(client, &filter, 0)
+            fetch(client, &filter, 0, String::new())
                 .await?
+                .jobs
                 .into_iter()
                 .map(|job| job.id)
                 .collect()

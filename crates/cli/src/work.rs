@@ -7,7 +7,9 @@
 //! - the payload goes to the child's stdin; the job's id, kind, key,
 //!   attempt and queue go into `JOBQ_JOB_*` environment variables;
 //! - exit 0 acks; anything else fails the job (retryably) with the exit
-//!   status and the last [`STDERR_TAIL`] bytes of stderr as its error;
+//!   status and the last [`STDERR_TAIL`] bytes of stderr as its error,
+//!   except a `--fatal-exit-code`, which fails it fatally (dead letter at
+//!   once);
 //! - the child runs in its own process group, so a Ctrl-C at the terminal
 //!   reaches only `jobq work` (which drains) and not the running jobs; when
 //!   a job's lease is lost, or the drain deadline passes, the Worker drops
@@ -61,6 +63,13 @@ pub struct Args {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
 
+    /// An exit code that means "never retry": the job is dead-lettered
+    /// (FAILED) at once whatever its attempts, e.g. for a payload the
+    /// command cannot parse. Repeat for several. Other non-zero exits are
+    /// retried while attempts are left.
+    #[arg(long = "fatal-exit-code", value_name = "N", value_parser = clap::value_parser!(i32).range(1..=255))]
+    fatal_exit_codes: Vec<i32>,
+
     /// The command to run for each job, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -77,6 +86,7 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
     };
     let command = Job {
         command: args.command.into(),
+        fatal_exit_codes: args.fatal_exit_codes.into(),
         watchdog,
     };
     let command = Arc::new(command);
@@ -140,6 +150,8 @@ fn die_with_worker(cmd: &mut tokio::process::Command) {
 /// `jobq work` dies.
 struct Job {
     command: Box<[String]>,
+    /// Exit codes that dead-letter the job at once.
+    fatal_exit_codes: Box<[i32]>,
     watchdog: Option<Arc<Watchdog>>,
 }
 
@@ -207,11 +219,19 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
     }
     let tail = tail_text(&tail);
     let reason = describe(status);
-    Err(HandlerError::retry(if tail.is_empty() {
+    let message = if tail.is_empty() {
         reason
     } else {
         format!("{reason}: {tail}")
-    }))
+    };
+    let fatal = status
+        .code()
+        .is_some_and(|code| job.fatal_exit_codes.contains(&code));
+    Err(if fatal {
+        HandlerError::fatal(message)
+    } else {
+        HandlerError::retry(message)
+    })
 }
 
 /// Copies the child's stderr to ours as it comes and returns its last
