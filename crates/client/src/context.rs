@@ -102,7 +102,26 @@ impl JobContext {
         })
     }
 
-    /// The whole job as the server leased it.
+    /// What the producer attached at enqueue (trace context, request ids).
+    pub fn metadata(&self) -> &std::collections::HashMap<String, String> {
+        &self.inner.job.metadata
+    }
+
+    /// When the job was enqueued.
+    pub fn enqueued_at(&self) -> Option<SystemTime> {
+        self.inner
+            .job
+            .enqueued_at
+            .and_then(|ts| SystemTime::try_from(ts).ok())
+    }
+
+    /// The job as the client's [`Job`](crate::Job) (a copy, payload
+    /// included).
+    pub fn to_job(&self) -> crate::Job {
+        self.inner.job.clone().into()
+    }
+
+    /// The whole job as the server leased it, in its wire form.
     pub fn job(&self) -> &pb::Job {
         &self.inner.job
     }
@@ -180,6 +199,10 @@ mod tests {
         let v: serde_json::Value = c.json().unwrap();
         assert_eq!(v["to"], "ada@example.com");
         assert_eq!((c.lease_id(), c.worker_id()), ("l1", "w1"));
+        assert_eq!(c.enqueued_at(), None);
+        let typed = c.to_job();
+        assert_eq!(typed.key.as_deref(), Some("order-4711"));
+        assert_eq!(typed.attempts, 2);
     }
 
     #[test]
