@@ -90,9 +90,8 @@ pub enum Command {
     /// Prints a shell completion script (bash, zsh or fish) to stdout:
     /// `source <(jobq completions bash)`.
     Completions(completions::Args),
-    /// Internal: kills `jobq work`'s commands when it dies (see watchdog.rs).
-    #[command(name = crate::watchdog::SUBCOMMAND, hide = true)]
-    Watchdog,
+    // `jobq __watchdog` (watchdog.rs) is dispatched in main.rs before the
+    // parse: as a hidden subcommand, the completion scripts offered it.
 }
 
 impl Cli {
@@ -135,10 +134,6 @@ impl Cli {
             Command::Token(args) => token::run(out, args),
             Command::Bench(args) => jobq_bench::run(args).await,
             Command::Completions(args) => completions::run(args),
-            Command::Watchdog => match crate::watchdog::run() {
-                code if code == std::process::ExitCode::SUCCESS => Ok(()),
-                _ => anyhow::bail!("watchdog failed"),
-            },
         }
     }
 }

@@ -58,6 +58,10 @@ mod tests {
             for sub in ["enqueue", "list", "cancel", "work", "completions"] {
                 assert!(text.contains(sub), "{shell:?} script lacks {sub}");
             }
+            assert!(
+                !text.contains(crate::watchdog::SUBCOMMAND),
+                "{shell:?} script offers the internal watchdog"
+            );
         }
     }
 }

@@ -13,7 +13,10 @@
 //!   `cancel`, `pause` (and resume), `delete`, `purge`.
 //! - `shutdown`: the SIGINT/SIGTERM cancellation token.
 //! - `watchdog`: `jobq __watchdog`, which kills `jobq work`'s commands
-//!   when `jobq work` dies without cleaning up.
+//!   when `jobq work` dies without cleaning up. It is not a clap
+//!   subcommand (completion scripts would offer it): `main` runs it before
+//!   parsing.
+//! - `completions`: `jobq completions bash|zsh|fish`.
 
 mod cancel;
 mod cli;
@@ -57,6 +60,12 @@ pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:100,muzz
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    if let (Some(first), None) = (args.next(), args.next()) {
+        if first == watchdog::SUBCOMMAND {
+            return watchdog::run();
+        }
+    }
     let cli = Cli::parse();
     let telemetry = match logging::init(
         cli.log_format,
