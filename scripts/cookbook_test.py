@@ -284,6 +284,19 @@ def check_purge(cb, block, r):
     expect(q.get("pending") == "1" and "done" not in q and "failed" not in q, q)
 
 
+def check_priority(cb, block, r):
+    results = r.ok().json()["results"]
+    expect([x["job"]["key"] for x in results] == ["report-2026-11", "reset-77"], results)
+    expect("priority" not in results[0]["job"], results)
+    expect(results[1]["job"].get("priority") == 10, results)
+    # The README says a Dequeue of `accounts` hands out the reset first.
+    dq = cb.run("grpcurl -plaintext -d '{\"queues\": [\"accounts\"], \"worker_id\": "
+                "\"cli-worker\"}' 127.0.0.1:50051 jobq.v1.JobQueue/Dequeue").ok().json()
+    job = dq["leased"]["job"]
+    expect(job["key"] == "reset-77" and job.get("priority") == 10, dq)
+    return ["Dequeue -> the priority 10 job first"]
+
+
 STEPS = [
     ("list", check_list),
     ("describe jobq.v1.JobQueue", check_describe_service),
@@ -308,6 +321,7 @@ STEPS = [
     ("jobq.v1.JobQueue/ResumeQueue", check_resume),
     ("jobq.v1.JobQueue/DeleteJob", check_delete),
     ("jobq.v1.JobQueue/PurgeJobs", check_purge),
+    ("jobq.v1.JobQueue/EnqueueBatch", check_priority),
 ]
 
 

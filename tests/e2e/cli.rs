@@ -187,6 +187,46 @@ async fn enqueue_takes_the_payload_from_flag_file_or_stdin() {
 }
 
 #[tokio::test]
+async fn enqueue_priority_orders_delivery_and_is_range_checked() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let client = server.client().await;
+    let bulk = jobq(&url, &["enqueue", "q", "k", "--payload", "bulk"])
+        .await
+        .ok()
+        .stdout;
+    let low = jobq(&url, &["enqueue", "q", "k", "--priority", "-5"])
+        .await
+        .ok()
+        .stdout;
+    let urgent = jobq(&url, &["enqueue", "q", "k", "--priority", "100", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(urgent["job"]["priority"], 100);
+    let got = jobq(&url, &["get", low.trim(), "--json"]).await.ok().json();
+    assert_eq!(got["priority"], -5);
+    let mut order = Vec::new();
+    while let Some(leased) = client.dequeue(["q"], "w", None, None).await.unwrap() {
+        order.push(leased.job.unwrap().id);
+    }
+    let want = [
+        urgent["job"]["id"].as_str().unwrap(),
+        bulk.trim(),
+        low.trim(),
+    ];
+    assert_eq!(order, want);
+
+    let bad = jobq(&url, &["enqueue", "q", "k", "--priority", "101"]).await;
+    assert_eq!(bad.code, 1, "{}", bad.stderr);
+    assert!(
+        bad.stderr.starts_with("error: INVALID_ARGUMENT: ") && bad.stderr.contains("priority"),
+        "{}",
+        bad.stderr
+    );
+}
+
+#[tokio::test]
 async fn enqueue_with_a_known_key_says_so() {
     let server = TestServer::start().await;
     let url = server.url();

@@ -51,6 +51,16 @@ pub struct Args {
     #[arg(long, value_parser = humantime::parse_duration)]
     delay: Option<Duration>,
 
+    /// Delivery priority, -100..=100: among the due jobs of the queue,
+    /// higher goes first (default 0).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    priority: i32,
+
     /// Attach metadata (repeatable): a request id, a tenant tag. Stored with
     /// the job and shown by `jobq get`.
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = key_value)]
@@ -58,12 +68,12 @@ pub struct Args {
 
     /// Enqueue every line of FILE ("-" for stdin), JSON objects with
     /// "queue", "kind" and optional "payload" (a string), "key",
-    /// "max_attempts", "delay" ("30s"). Sent with EnqueueBatch, 1000 per
+    /// "max_attempts", "delay" ("30s"), "priority". Sent with EnqueueBatch, 1000 per
     /// call; prints one result per line.
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "delay", "meta"]
+        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "delay", "meta", "priority"]
     )]
     batch_file: Option<PathBuf>,
 }
@@ -94,6 +104,7 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     if let Some(delay) = args.delay {
         opts = opts.delay(delay);
     }
+    opts = opts.priority(args.priority);
     for (key, value) in args.meta {
         opts = opts.metadata(key, value);
     }
@@ -153,11 +164,13 @@ struct BatchLine {
     max_attempts: Option<u32>,
     #[serde(default)]
     delay: Option<String>,
+    #[serde(default)]
+    priority: i32,
 }
 
 impl BatchLine {
     fn into_request(self) -> anyhow::Result<pb::EnqueueRequest> {
-        let mut opts = EnqueueOptions::new();
+        let mut opts = EnqueueOptions::new().priority(self.priority);
         if let Some(key) = self.key.filter(|k| !k.is_empty()) {
             opts = opts.key(key);
         }

@@ -220,6 +220,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "status": status_name(job.status),
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
+        "priority": job.priority,
         "enqueued_at": timestamp_json(job.enqueued_at.as_ref()),
         "run_at": timestamp_json(job.run_at.as_ref()),
         "taken_at": timestamp_json(job.taken_at.as_ref()),

@@ -24,6 +24,7 @@ pub struct EnqueueOptions {
     key: Option<String>,
     max_attempts: Option<u32>,
     delay: Option<Duration>,
+    priority: i32,
     metadata: BTreeMap<String, String>,
 }
 
@@ -51,6 +52,13 @@ impl EnqueueOptions {
     /// Makes the job due no earlier than `delay` from now.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
+        self
+    }
+
+    /// Sets the delivery priority, -100..=100 (default 0): among the due
+    /// jobs of a queue, higher goes first.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
         self
     }
 
@@ -102,6 +110,7 @@ impl EnqueueOptions {
             max_attempts: self.max_attempts.unwrap_or(0),
             delay: self.delay.map(pb_duration),
             metadata,
+            priority: self.priority,
         }
     }
 }

@@ -83,6 +83,7 @@ impl From<Job> for pb::Job {
             status: pb::JobStatus::from(job.status) as i32,
             attempts: job.attempts,
             max_attempts: job.max_attempts,
+            priority: job.priority,
             enqueued_at: Some(timestamp(job.enqueued_at)),
             run_at: Some(timestamp(job.run_at)),
             taken_at,
@@ -157,6 +158,7 @@ mod tests {
             status: Status::Running,
             attempts: 1,
             max_attempts: 3,
+            priority: 7,
             enqueued_at: now,
             run_at: now,
             lease: Some(Lease {
@@ -183,6 +185,7 @@ mod tests {
         assert_eq!(job.key, "order-4711");
         assert_eq!(job.status, pb::JobStatus::Running as i32);
         assert_eq!(job.worker_id, "w1");
+        assert_eq!(job.priority, 7);
         assert_eq!(job.lease_expires_at.map(|t| t.seconds), Some(1_700_000_030));
         assert_eq!(job.metadata.len(), 1, "metadata goes out as it came in");
     }

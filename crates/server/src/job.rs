@@ -181,9 +181,13 @@ pub struct Job {
     pub attempts: u32,
     /// Attempts allowed before FAILED.
     pub max_attempts: u32,
+    /// Delivery priority, [`PRIORITY_MIN`]..=[`PRIORITY_MAX`]: among due
+    /// jobs of a queue, higher first (DESIGN.md §1 rule 5).
+    pub priority: i32,
     /// When it was enqueued.
     pub enqueued_at: SystemTime,
-    /// Not to be run before this time; with `id`, the delivery order.
+    /// Not to be run before this time; after `priority` and before `id`,
+    /// the delivery order.
     pub run_at: SystemTime,
     /// Set exactly while RUNNING.
     pub lease: Option<Lease>,
@@ -196,6 +200,12 @@ pub struct Job {
     /// What the producer attached: trace context, request ids, tags.
     pub metadata: Metadata,
 }
+
+/// The lowest priority a job may have.
+pub const PRIORITY_MIN: i32 = -100;
+
+/// The highest priority a job may have.
+pub const PRIORITY_MAX: i32 = 100;
 
 /// A job's metadata: string keys to string values, in key order.
 pub type Metadata = std::collections::BTreeMap<String, String>;
@@ -227,6 +237,8 @@ pub struct NewJob {
     pub max_attempts: u32,
     /// How long to wait before the first run.
     pub delay: Duration,
+    /// Delivery priority (already range-checked).
+    pub priority: i32,
     /// What the producer attached (already size-checked).
     pub metadata: Metadata,
 }

@@ -200,6 +200,7 @@ pub fn create(id: JobId, new: NewJob, now: SystemTime) -> Job {
         status: Status::Pending,
         attempts: 0,
         max_attempts: new.max_attempts.max(1),
+        priority: new.priority,
         enqueued_at: now,
         run_at: now + new.delay,
         lease: None,

@@ -11,7 +11,7 @@ use jobq::pb;
 use crate::{
     config::Config,
     error::{Error, Result},
-    job::{JobId, LeaseId, NewJob, Status},
+    job::{JobId, LeaseId, NewJob, Status, PRIORITY_MAX, PRIORITY_MIN},
     leases::StreamSpec,
     store::{FailReport, ListFilter},
 };
@@ -156,6 +156,12 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
         }
         n => n,
     };
+    if !(PRIORITY_MIN..=PRIORITY_MAX).contains(&req.priority) {
+        return Err(invalid(format!(
+            "priority {} is out of range: {PRIORITY_MIN}..={PRIORITY_MAX}",
+            req.priority
+        )));
+    }
     let delay = delay("delay", req.delay, config)?.unwrap_or_default();
     let metadata = metadata(req.metadata, config)?;
     Ok(NewJob {
@@ -165,6 +171,7 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
         key,
         max_attempts,
         delay,
+        priority: req.priority,
         metadata,
     })
 }
@@ -523,9 +530,32 @@ mod tests {
                 seconds: i64::MAX,
                 nanos: 0,
             }),
-            ..ok
+            ..ok.clone()
         };
         assert!(new_job(forever, &c).is_err());
+        for (priority, valid) in [
+            (-101, false),
+            (-100, true),
+            (0, true),
+            (100, true),
+            (101, false),
+        ] {
+            let req = pb::EnqueueRequest {
+                priority,
+                ..ok.clone()
+            };
+            match new_job(req, &c) {
+                Ok(job) => {
+                    assert!(valid, "priority {priority} must be refused");
+                    assert_eq!(job.priority, priority);
+                }
+                Err(e) => {
+                    assert!(!valid, "priority {priority} must be accepted: {e}");
+                    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+                    assert!(e.to_string().contains("priority"), "{e}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn new_job() -> NewJob {
         key: None,
         max_attempts: 3,
         delay: Duration::ZERO,
+        priority: 0,
         metadata: Default::default(),
     }
 }
@@ -131,8 +132,12 @@ async fn pg_dequeue_plan_uses_the_partial_index_after_analyze_with_100k_done_row
     let plan = plan.join("\n");
     println!("dequeue plan with {DONE_ROWS} DONE rows after ANALYZE:\n{plan}");
     assert!(
-        plan.contains("jobq_jobs_due"),
+        plan.contains("jobq_jobs_due_by_priority"),
         "the dequeue must use the partial index of PENDING jobs:\n{plan}"
+    );
+    assert!(
+        !plan.contains("Sort"),
+        "the index gives the dequeue's order (priority, run_at, id): no sort:\n{plan}"
     );
     assert!(
         !plan.contains("jobq_jobs_pkey"),

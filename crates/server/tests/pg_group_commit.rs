@@ -42,6 +42,7 @@ fn job(key: Option<&str>) -> NewJob {
         key: key.map(Into::into),
         max_attempts: 3,
         delay: Duration::ZERO,
+        priority: 0,
         metadata: Default::default(),
     }
 }

@@ -455,6 +455,7 @@ struct EnqGen {
     max_attempts: u32,
     delay: Option<prost_types::Duration>,
     metadata: std::collections::HashMap<String, String>,
+    priority: i32,
 }
 
 impl EnqGen {
@@ -466,6 +467,7 @@ impl EnqGen {
             bad_if(self.payload.len() > LIMITS.max_payload),
             bad_if(self.max_attempts > LIMITS.max_attempts_limit),
             dur_v(&self.delay, DurKind::Delay),
+            bad_if(!(-100..=100).contains(&self.priority)),
             all(self.metadata.keys().map(|k| name_v(k))),
             bad_if(
                 self.metadata
@@ -483,6 +485,7 @@ impl EnqGen {
             max_attempts: self.max_attempts,
             delay: self.delay,
             metadata: self.metadata.clone(),
+            priority: self.priority,
         };
         (req, v)
     }
@@ -497,9 +500,10 @@ fn enq() -> BoxedStrategy<EnqGen> {
         max_attempts(),
         duration(),
         metadata(),
+        priority(),
     )
         .prop_map(
-            |(queue, kind, payload, key, max_attempts, delay, metadata)| EnqGen {
+            |(queue, kind, payload, key, max_attempts, delay, metadata, priority)| EnqGen {
                 queue,
                 kind,
                 payload,
@@ -507,6 +511,7 @@ fn enq() -> BoxedStrategy<EnqGen> {
                 max_attempts,
                 delay,
                 metadata,
+                priority,
             },
         )
         .boxed()
@@ -527,8 +532,19 @@ fn good_enq() -> BoxedStrategy<EnqGen> {
             max_attempts,
             delay: None,
             metadata: Default::default(),
+            priority: 0,
         })
         .boxed()
+}
+
+/// Enqueue priority: mostly 0, often in range, sometimes out of it.
+fn priority() -> BoxedStrategy<i32> {
+    prop_oneof![
+        3 => Just(0),
+        2 => -100..=100i32,
+        1 => prop_oneof![Just(-101), Just(101), Just(i32::MIN), Just(i32::MAX)],
+    ]
+    .boxed()
 }
 
 /// Enqueue metadata: mostly none or small, sometimes bad keys, sometimes

@@ -32,6 +32,7 @@ fn new_job(key: Option<&str>) -> NewJob {
         key: key.map(Into::into),
         max_attempts: 3,
         delay: Duration::ZERO,
+        priority: 0,
         metadata: Default::default(),
     }
 }

@@ -24,6 +24,7 @@ fn new_job(max_attempts: u32) -> Job {
         key: Some("order-4711".into()),
         max_attempts,
         delay: Duration::ZERO,
+        priority: 0,
         metadata: Default::default(),
     };
     create(JobId(1), new, t(0))
@@ -714,4 +715,28 @@ fn only_a_running_job_cannot_be_deleted() {
             assert_eq!(got, Ok(()), "{status}");
         }
     }
+}
+
+#[test]
+fn a_job_keeps_its_priority_through_every_transition() {
+    // Rule 5 orders due jobs by priority first: a retry, a reclaim or a
+    // backoff changes when a job is due, never its priority.
+    let mut job = new_job(2);
+    job.priority = -42;
+    let taken = take(job, 7, t(1)).expect("take");
+    let failed = apply(taken, fail(7), t(2)).expect("fail");
+    assert_eq!(failed.priority, -42);
+    let taken = take(failed, 8, t(100)).expect("take again");
+    let reclaimed = apply(
+        taken,
+        Event::Reclaim {
+            lease_id: LeaseId(8),
+            outcome: Outcome::LeaseExpired,
+        },
+        t(200),
+    )
+    .expect("reclaim");
+    assert_eq!(reclaimed.status, Status::Failed);
+    let retried = apply(reclaimed, Event::Retry, t(300)).expect("retry");
+    assert_eq!((retried.status, retried.priority), (Status::Pending, -42));
 }

@@ -137,6 +137,7 @@ mod tests {
             key: key.map(Into::into),
             max_attempts: 3,
             delay: Duration::ZERO,
+            priority: 0,
             metadata: Default::default(),
         }
     }

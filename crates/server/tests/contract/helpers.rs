@@ -19,6 +19,7 @@ fn new_job(queue: &str, key: Option<&str>, delay_ms: u64) -> NewJob {
         key: key.map(Into::into),
         max_attempts: 3,
         delay: Duration::from_millis(delay_ms),
+        priority: 0,
         metadata: Default::default(),
     }
 }

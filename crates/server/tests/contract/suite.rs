@@ -396,6 +396,63 @@ async fn fresh_jobs_are_fifo_and_due_jobs_go_by_run_at_then_id() {
 }
 
 #[tokio::test]
+async fn due_jobs_go_by_priority_then_run_at_then_id() {
+    let (_dir, store) = fresh().await;
+    let with = |priority: i32, delay_ms: u64| NewJob {
+        priority,
+        ..new_job("q", None, delay_ms)
+    };
+    let mut put = Vec::new();
+    // (priority, delay, enqueued at)
+    for (priority, delay_ms, now) in [
+        (0, 0, 0),
+        (0, 0, 1),
+        (10, 0, 2),
+        (-5, 0, 3),
+        (10, 0, 4),
+        (100, 500, 5), // the highest priority, but not due before 505
+        (-100, 0, 6),
+        (10, 0, 7),
+    ] {
+        let job = store
+            .enqueue(with(priority, delay_ms), at(now))
+            .await
+            .expect("enqueue")
+            .job;
+        assert_eq!(job.priority, priority);
+        put.push(job.id);
+    }
+    let mut order = Vec::new();
+    while let Some(l) = take(&store, "q", at(100)).await {
+        order.push(l.job.id);
+    }
+    // Priority 10 in enqueue order, then 0 (FIFO), then -5, then -100;
+    // the priority-100 job is not due yet.
+    let want: Vec<JobId> = [2, 4, 7, 0, 1, 3, 6].iter().map(|&i| put[i]).collect();
+    assert_eq!(order, want);
+    let high = take(&store, "q", at(505)).await.expect("due at 505");
+    assert_eq!((high.job.id, high.job.priority), (put[5], 100));
+    // A batch carries priorities too, and a failed job keeps its own.
+    let batch = store
+        .enqueue_batch(vec![with(-1, 0), with(1, 0)], at(600))
+        .await
+        .expect("batch");
+    let first = take(&store, "q", at(600)).await.expect("a job");
+    assert_eq!(first.job.id, batch[1].job.id);
+    store
+        .fail(first.job.id, report(first.lease_id, Some(Duration::ZERO)), at(601))
+        .await
+        .expect("fail");
+    let again = take(&store, "q", at(602)).await.expect("a job");
+    assert_eq!(
+        (again.job.id, again.job.priority),
+        (first.job.id, 1),
+        "back due at once, it still goes before the lower priority"
+    );
+    assert_eq!(store.get(batch[0].job.id).await.unwrap().priority, -1);
+}
+
+#[tokio::test]
 async fn queues_are_tried_in_the_given_order() {
     let (_dir, store) = fresh().await;
     let low = enqueue(&store, "low", None, 0, at(0)).await;
@@ -869,6 +926,7 @@ enum Op {
         key: Option<u8>,
         delay_ms: u64,
         max_attempts: u32,
+        priority: i32,
     },
     Batch {
         jobs: Vec<(u8, Option<u8>)>,
@@ -924,8 +982,8 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Outcome::Revoked)
     ];
     prop_oneof![
-        4 => (queue.clone(), key.clone(), prop_oneof![Just(0u64), 1..200u64], 1..4u32)
-            .prop_map(|(queue, key, delay_ms, max_attempts)| Op::Enqueue { queue, key, delay_ms, max_attempts }),
+        4 => (queue.clone(), key.clone(), prop_oneof![Just(0u64), 1..200u64], 1..4u32, prop_oneof![2 => Just(0), 1 => -2..=2i32, 1 => Just(-100), 1 => Just(100)])
+            .prop_map(|(queue, key, delay_ms, max_attempts, priority)| Op::Enqueue { queue, key, delay_ms, max_attempts, priority }),
         1 => proptest::collection::vec((queue.clone(), key), 0..4).prop_map(|jobs| Op::Batch { jobs }),
         4 => (proptest::collection::vec(queue, 1..3), 1..200u64).prop_map(|(queues, lease_ms)| Op::Take { queues, lease_ms }),
         2 => (any::<usize>(), any::<bool>()).prop_map(|(pick, right)| Op::Ack { pick, right }),
@@ -991,7 +1049,7 @@ impl Model {
             self.jobs
                 .values()
                 .filter(|j| j.queue == *q && j.status == Status::Pending && j.run_at <= now)
-                .min_by_key(|j| (j.run_at, j.id))
+                .min_by_key(|j| (std::cmp::Reverse(j.priority), j.run_at, j.id))
                 .map(|j| j.id)
         })
     }
@@ -1057,11 +1115,13 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
             key,
             delay_ms,
             max_attempts,
+            priority,
         } => {
             let queue = QUEUES[queue as usize];
             let key = key.map(|k| format!("key-{k}"));
             let new = NewJob {
                 max_attempts,
+                priority,
                 delay: Duration::from_millis(delay_ms),
                 ..new_job(queue, key.as_deref(), 0)
             };

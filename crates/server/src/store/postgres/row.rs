@@ -12,17 +12,17 @@ use tokio_postgres::{types::ToSql, Row};
 use super::error::PgError;
 use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Outcome, Status};
 
-/// The columns of a job, in the order of [`JobRow::params`] (`$1`…`$18`).
+/// The columns of a job, in the order of [`JobRow::params`] (`$1`…`$19`).
 pub const COLUMNS: &str = "id, queue, kind, payload, key, status, attempts, max_attempts, \
      enqueued_at, run_at, lease_id, lease_worker, lease_taken_at, lease_expires_at, \
-     lease_duration_ns, finished_at, last_error, extra";
+     lease_duration_ns, finished_at, last_error, extra, priority";
 
 /// `SET col = $n, …` for every column but the id, for an UPDATE whose `$1`
 /// is the id.
 pub const SET_COLUMNS: &str = "queue = $2, kind = $3, payload = $4, key = $5, status = $6, \
      attempts = $7, max_attempts = $8, enqueued_at = $9, run_at = $10, lease_id = $11, \
      lease_worker = $12, lease_taken_at = $13, lease_expires_at = $14, \
-     lease_duration_ns = $15, finished_at = $16, last_error = $17, extra = $18";
+     lease_duration_ns = $15, finished_at = $16, last_error = $17, extra = $18, priority = $19";
 
 /// The columns of an attempt, in the order of [`AttemptRow::params`].
 pub const ATTEMPT_COLUMNS: &str =
@@ -141,6 +141,7 @@ pub struct JobRow {
     finished_at: Option<SystemTime>,
     last_error: Option<String>,
     extra: serde_json::Value,
+    priority: i32,
 }
 
 impl JobRow {
@@ -170,10 +171,11 @@ impl JobRow {
                 lease_owner: job.lease.as_ref().and_then(|l| l.owner.clone()),
             })
             .unwrap_or(serde_json::Value::Null),
+            priority: job.priority,
         }
     }
 
-    /// The values for `$1`…`$18` in [`COLUMNS`] order.
+    /// The values for `$1`…`$19` in [`COLUMNS`] order.
     pub fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
         vec![
             &self.id,
@@ -194,6 +196,7 @@ impl JobRow {
             &self.finished_at,
             &self.last_error,
             &self.extra,
+            &self.priority,
         ]
     }
 }
@@ -277,6 +280,7 @@ pub fn job_of(row: &Row) -> Result<Job, PgError> {
         status: status_of(row.try_get(5)?)?,
         attempts: get_u32(6)?,
         max_attempts: get_u32(7)?,
+        priority: row.try_get(18)?,
         enqueued_at: row.try_get(8)?,
         run_at: row.try_get(9)?,
         lease,

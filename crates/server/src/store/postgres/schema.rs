@@ -16,8 +16,11 @@ use super::error::PgError;
 const MIGRATION_LOCK: i64 = 0x6a6f_6271;
 
 /// (version, name, SQL), in order.
-pub const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "jobs, attempts, servers", V1), (2, "paused queues", V2)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "jobs, attempts, servers", V1),
+    (2, "paused queues", V2),
+    (3, "job priorities", V3),
+];
 
 /// Version 1.
 ///
@@ -92,6 +95,18 @@ CREATE TABLE jobq_paused (
     queue     text PRIMARY KEY,
     paused_at timestamptz NOT NULL DEFAULT now()
 );
+"#;
+
+/// Version 3: `jobq_jobs.priority` (existing jobs get 0), and the dequeue's
+/// index replaced by `jobq_jobs_due_by_priority`, ordered like the new
+/// dequeue's `ORDER BY priority DESC, run_at, id` (DESIGN.md §1 rule 5).
+/// Still partial: the size of the backlog, whatever piles up in DONE.
+const V3: &str = r#"
+ALTER TABLE jobq_jobs ADD COLUMN priority integer NOT NULL DEFAULT 0
+    CHECK (priority BETWEEN -100 AND 100);
+DROP INDEX jobq_jobs_due;
+CREATE INDEX jobq_jobs_due_by_priority ON jobq_jobs (queue, priority DESC, run_at, id)
+    WHERE status = 'pending';
 "#;
 
 /// Applies every migration the database lacks, under the advisory lock.

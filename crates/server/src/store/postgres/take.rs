@@ -3,9 +3,13 @@
 //! server) each get a different job without waiting on each other.
 //!
 //! The query filters on exactly the predicate of the partial index
-//! `jobq_jobs_due (queue, run_at, id) WHERE status = 'pending'` and orders
-//! by its columns, so the index hands rows out in order and the first
-//! unlocked one ends the scan. The primary key offers no such order: a
+//! `jobq_jobs_due_by_priority (queue, priority DESC, run_at, id) WHERE
+//! status = 'pending'` and orders by its columns (DESIGN.md §1 rule 5), so
+//! the index hands rows out in order and the first due, unlocked one ends
+//! the scan. Within a priority the due jobs come first (they have the
+//! earliest `run_at`), so the only entries a take steps over are jobs of a
+//! higher priority that are not due yet; `run_at` is in the index, so it
+//! steps over them without reading their rows. The primary key offers no such order: a
 //! plan over it would have to visit every row, DONE ones included, so the
 //! planner does not pick it however the statistics of DONE rows grow (the
 //! bench test `pg_dequeue_plan` checks this with EXPLAIN after ANALYZE).
@@ -19,7 +23,7 @@ use crate::{machine::Event, store::Change};
 /// `now()`).
 pub const DEQUEUE: &str = "FROM jobq_jobs WHERE status = 'pending' AND queue = $1 \
      AND run_at <= coalesce($2::timestamptz, now()) \
-     ORDER BY run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED";
+     ORDER BY priority DESC, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED";
 
 /// Takes the first due job, as [`crate::store::Backend::take`].
 pub async fn take(

@@ -49,7 +49,7 @@ pub async fn with_history(
     for row in &rows {
         loaded.push(Loaded {
             job: row::job_of(row)?,
-            server: row.try_get(18)?,
+            server: row.try_get(19)?,
         });
     }
     if loaded.is_empty() {
@@ -163,8 +163,8 @@ pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(
     }
     let update = tx
         .prepare_cached(&format!(
-            "UPDATE jobq_jobs SET {SET_COLUMNS}, lease_server = $19 \
-             WHERE id = $1 AND lease_id IS NOT DISTINCT FROM $20"
+            "UPDATE jobq_jobs SET {SET_COLUMNS}, lease_server = $20 \
+             WHERE id = $1 AND lease_id IS NOT DISTINCT FROM $21"
         ))
         .await?;
     let upsert = tx

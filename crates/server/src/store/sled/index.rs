@@ -5,10 +5,19 @@
 //! They are derived from the records alone, rebuilt at startup by scanning
 //! them, and changed only together with a record under the store's mutex.
 //! Per job they keep ids and times, never payloads: a PENDING job costs one
-//! `(run_at, id)` set entry (plus its key, if it has one).
+//! `(run_at, id)` set entry in its priority's set (plus its key, if it has
+//! one).
+//!
+//! Delivery order (DESIGN.md §1 rule 5) is priority, then `run_at`, then
+//! id, among *due* jobs. A queue keeps one `(run_at, id)` set per priority
+//! in use, highest first: the first due job is the first entry of the
+//! first set whose first entry is due. That is one O(log n) look per
+//! priority in use (at most 201, in practice a handful), and the earliest
+//! `run_at` of the queue is the least of the sets' first entries.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    cmp::Reverse,
+    collections::{BTreeMap, BTreeSet, HashMap},
     time::{Duration, SystemTime},
 };
 
@@ -21,12 +30,23 @@ use crate::{
 #[derive(Debug, Default)]
 struct QueueIndex {
     name: Box<str>,
-    /// PENDING jobs in delivery order (DESIGN.md §1 rule 5).
-    pending: BTreeSet<(SystemTime, JobId)>,
+    /// PENDING jobs by priority (highest first), each priority's in the
+    /// order its jobs became due. No empty sets.
+    pending: BTreeMap<Reverse<i32>, BTreeSet<(SystemTime, JobId)>>,
     /// Retained jobs by key: at most one per (queue, key).
     keys: HashMap<Box<str>, JobId>,
     /// Jobs per status, indexed like [`Status::ALL`].
     counts: [u64; 4],
+}
+
+impl QueueIndex {
+    /// The earliest `run_at` of the queue's PENDING jobs, any priority.
+    fn earliest(&self) -> Option<SystemTime> {
+        self.pending
+            .values()
+            .filter_map(|set| set.first().map(|&(run_at, _)| run_at))
+            .min()
+    }
 }
 
 /// Indexes over all records.
@@ -110,7 +130,11 @@ impl Index {
         let queue = self.queue_mut(&job.queue);
         queue.counts[slot(job.status)] += 1;
         if job.status == Status::Pending {
-            queue.pending.insert((job.run_at, job.id));
+            queue
+                .pending
+                .entry(Reverse(job.priority))
+                .or_default()
+                .insert((job.run_at, job.id));
         }
     }
 
@@ -125,7 +149,12 @@ impl Index {
         let count = &mut queue.counts[slot(job.status)];
         *count = count.saturating_sub(1);
         if job.status == Status::Pending {
-            queue.pending.remove(&(job.run_at, job.id));
+            if let Some(set) = queue.pending.get_mut(&Reverse(job.priority)) {
+                set.remove(&(job.run_at, job.id));
+                if set.is_empty() {
+                    queue.pending.remove(&Reverse(job.priority));
+                }
+            }
         }
     }
 
@@ -134,13 +163,17 @@ impl Index {
         self.queue(queue)?.keys.get(key).copied()
     }
 
-    /// The first job of `queue` in delivery order, if it is due at `now`.
+    /// The first job of `queue` in delivery order among those due at
+    /// `now`: the highest priority that has a due job, its earliest.
     pub(crate) fn first_due(&self, queue: &str, now: SystemTime) -> Option<JobId> {
-        let &(run_at, id) = self.queue(queue)?.pending.first()?;
-        (run_at <= now).then_some(id)
+        self.queue(queue)?
+            .pending
+            .values()
+            .filter_map(BTreeSet::first)
+            .find(|&&(run_at, _)| run_at <= now)
+            .map(|&(_, id)| id)
     }
 
-    /// The earliest `run_at` of the PENDING jobs of these queues.
     /// Marks a queue paused or not.
     pub(crate) fn set_paused(&mut self, queue: &str, paused: bool) {
         if paused {
@@ -166,7 +199,7 @@ impl Index {
         queues
             .iter()
             .filter(|q| !self.is_paused(q))
-            .filter_map(|q| self.queue(q)?.pending.first().map(|&(run_at, _)| run_at))
+            .filter_map(|q| self.queue(q)?.earliest())
             .min()
     }
 
@@ -188,10 +221,9 @@ impl Index {
     pub(crate) fn stats(&self, queue: Option<&str>, now: SystemTime) -> Vec<QueueStats> {
         let one = |q: &QueueIndex| {
             let oldest_pending_age = q
-                .pending
-                .first()
-                .filter(|&&(run_at, _)| run_at <= now)
-                .map(|&(run_at, _)| now.duration_since(run_at).unwrap_or(Duration::ZERO));
+                .earliest()
+                .filter(|&run_at| run_at <= now)
+                .map(|run_at| now.duration_since(run_at).unwrap_or(Duration::ZERO));
             QueueStats {
                 queue: q.name.to_string(),
                 pending: q.counts[0],
@@ -229,6 +261,10 @@ mod tests {
     use crate::{job::NewJob, machine};
 
     fn job(id: u64, queue: &str, key: Option<&str>, at: u64) -> Job {
+        prioritized(id, queue, key, at, 0)
+    }
+
+    fn prioritized(id: u64, queue: &str, key: Option<&str>, at: u64, priority: i32) -> Job {
         let new = NewJob {
             queue: queue.into(),
             kind: "k".into(),
@@ -236,6 +272,7 @@ mod tests {
             key: key.map(Into::into),
             max_attempts: 3,
             delay: Duration::ZERO,
+            priority,
             metadata: Default::default(),
         };
         machine::create(
@@ -269,5 +306,38 @@ mod tests {
         index.remove(&job(2, "a", Some("x"), 10));
         assert_eq!(index.key("a", "x"), None);
         assert_eq!(index.first_due("a", now), Some(JobId(1)));
+    }
+
+    #[test]
+    fn due_jobs_go_by_priority_then_run_at_then_id() {
+        let mut index = Index::default();
+        let s = |secs| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        // (id, due at, priority)
+        let jobs = [
+            prioritized(1, "a", None, 10, 0),
+            prioritized(2, "a", None, 50, 5), // high, but due late
+            prioritized(3, "a", None, 20, -3),
+            prioritized(4, "a", None, 10, 0),
+            prioritized(5, "a", None, 30, 5),
+            prioritized(6, "a", None, 5, -3),
+        ];
+        for j in &jobs {
+            index.insert(j);
+        }
+        let mut order = Vec::new();
+        while let Some(id) = index.first_due("a", s(40)) {
+            order.push(id.0);
+            index.remove(&jobs[id.0 as usize - 1]);
+        }
+        assert_eq!(order, vec![5, 1, 4, 6, 3], "job 2 is not due at 40");
+        assert_eq!(index.next_run_at(&["a".into()]), Some(s(50)));
+        assert_eq!(index.first_due("a", s(50)), Some(JobId(2)));
+        let stats = index.stats(Some("a"), s(60));
+        assert_eq!(stats[0].oldest_pending_age, Some(Duration::from_secs(10)));
+        index.remove(&jobs[1]);
+        assert!(
+            index.queue("a").unwrap().pending.is_empty(),
+            "no empty sets"
+        );
     }
 }

@@ -1,33 +1,117 @@
-//! A job's record on disk: the `Job` in postcard, and the one older layout
-//! still read.
+//! A job's record on disk: a two-byte header (a 0 marker, then the layout
+//! version), then the `Job` in postcard; and the older layouts still read.
 //!
-//! postcard is positional, so adding a field changes the layout. Records
-//! written before jobs had `metadata` and leases an `owner` (the first
-//! releases) are still read: decoding tries the current layout, which must
-//! consume the whole record, then the old one. Either way the record is
-//! written back in the current layout on its next change.
+//! postcard is positional, so adding a field to `Job` changes the layout.
+//! Layouts:
+//! - 1 (unversioned): before jobs had `metadata` and leases an `owner`;
+//! - 2 (unversioned): before jobs had a `priority`;
+//! - 3 (versioned, [`VERSION`]): the current `Job`.
+//!
+//! An unversioned record begins with the job's id as a postcard varint, and
+//! ids are never 0, so its first byte is never 0: a leading 0 marks a
+//! versioned record. An unversioned record is decoded as layout 2, which
+//! must consume the whole record, then as layout 1. Whatever it was read
+//! as, a record is written back in the current layout on its next change.
+//!
+//! Changing `Job` (or `Lease`, or `Attempt`, which the old layouts share
+//! with the current one where they did not change) again: keep its current
+//! shape here as `JobV3` (decoded by version 3), bump [`VERSION`], and add
+//! a unit test like the ones below.
 
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Status};
+use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Metadata, Status};
+
+/// The first byte of a versioned record.
+const MARKER: u8 = 0;
+
+/// The layout [`encode`] writes.
+pub const VERSION: u8 = 3;
 
 /// Encodes a job in the current layout.
 pub fn encode(job: &Job) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_allocvec(job)
+    postcard::to_extend(job, vec![MARKER, VERSION])
 }
 
-/// Decodes a record of either layout.
+/// Decodes a record of any layout.
 pub fn decode(value: &[u8]) -> Result<Job, postcard::Error> {
-    match postcard::take_from_bytes::<Job>(value) {
-        Ok((job, [])) => Ok(job),
-        Ok(_) | Err(_) => {
-            let (old, rest) = postcard::take_from_bytes::<JobV1>(value)?;
-            if !rest.is_empty() {
-                return Err(postcard::Error::DeserializeBadEncoding);
-            }
-            Ok(old.into())
+    match value {
+        [MARKER, VERSION, body @ ..] => whole::<Job>(body),
+        [MARKER, ..] => Err(postcard::Error::DeserializeBadEncoding),
+        _ => whole::<JobV2>(value)
+            .map(Job::from)
+            .or_else(|_| whole::<JobV1>(value).map(Job::from)),
+    }
+}
+
+/// Decodes `T` from all of `bytes` (trailing bytes are an error: they mean
+/// the record is of another layout).
+fn whole<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, postcard::Error> {
+    match postcard::take_from_bytes::<T>(bytes)? {
+        (value, []) => Ok(value),
+        _ => Err(postcard::Error::DeserializeBadEncoding),
+    }
+}
+
+/// The job before `priority` (layout 2).
+#[derive(Deserialize)]
+struct JobV2 {
+    id: JobId,
+    queue: String,
+    kind: String,
+    payload: Vec<u8>,
+    key: Option<String>,
+    status: Status,
+    attempts: u32,
+    max_attempts: u32,
+    enqueued_at: SystemTime,
+    run_at: SystemTime,
+    lease: Option<LeaseV2>,
+    finished_at: Option<SystemTime>,
+    last_error: Option<String>,
+    history: Vec<Attempt>,
+    metadata: Metadata,
+}
+
+/// The lease of layout 2 (as `Lease` is now).
+#[derive(Deserialize)]
+struct LeaseV2 {
+    id: LeaseId,
+    worker_id: String,
+    taken_at: SystemTime,
+    expires_at: SystemTime,
+    duration: Duration,
+    owner: Option<String>,
+}
+
+impl From<JobV2> for Job {
+    fn from(j: JobV2) -> Job {
+        Job {
+            id: j.id,
+            queue: j.queue,
+            kind: j.kind,
+            payload: j.payload,
+            key: j.key,
+            status: j.status,
+            attempts: j.attempts,
+            max_attempts: j.max_attempts,
+            priority: 0,
+            enqueued_at: j.enqueued_at,
+            run_at: j.run_at,
+            lease: j.lease.map(|l| Lease {
+                id: l.id,
+                worker_id: l.worker_id,
+                taken_at: l.taken_at,
+                expires_at: l.expires_at,
+                duration: l.duration,
+                owner: l.owner,
+            }),
+            finished_at: j.finished_at,
+            last_error: j.last_error,
+            history: j.history,
+            metadata: j.metadata,
         }
     }
 }
@@ -42,7 +126,7 @@ struct LeaseV1 {
     duration: Duration,
 }
 
-/// The job before `metadata`.
+/// The job before `metadata` (layout 1).
 #[derive(Deserialize)]
 struct JobV1 {
     id: JobId,
@@ -72,6 +156,7 @@ impl From<JobV1> for Job {
             status: j.status,
             attempts: j.attempts,
             max_attempts: j.max_attempts,
+            priority: 0,
             enqueued_at: j.enqueued_at,
             run_at: j.run_at,
             lease: j.lease.map(|l| Lease {
@@ -178,5 +263,90 @@ mod tests {
             // Written back in the current layout, it reads the same.
             assert_eq!(decode(&encode(&job).expect("encode")).expect("new"), job);
         }
+    }
+
+    /// Layout 2: the current fields but `priority`, unversioned.
+    #[derive(Serialize)]
+    struct JobV2Out<'a> {
+        id: JobId,
+        queue: &'a str,
+        kind: &'a str,
+        payload: &'a [u8],
+        key: Option<&'a str>,
+        status: Status,
+        attempts: u32,
+        max_attempts: u32,
+        enqueued_at: SystemTime,
+        run_at: SystemTime,
+        lease: Option<&'a Lease>,
+        finished_at: Option<SystemTime>,
+        last_error: Option<&'a str>,
+        history: &'a [Attempt],
+        metadata: &'a Metadata,
+    }
+
+    fn current(running: bool, id: u64) -> Job {
+        let mut job = decode(&old_record(running)).expect("an old record");
+        job.id = JobId(id);
+        job.metadata
+            .insert("traceparent".into(), "00-abc-def-01".into());
+        if let Some(lease) = job.lease.as_mut() {
+            lease.owner = Some("ops".into());
+        }
+        job
+    }
+
+    fn v2_record(job: &Job) -> Vec<u8> {
+        postcard::to_allocvec(&JobV2Out {
+            id: job.id,
+            queue: &job.queue,
+            kind: &job.kind,
+            payload: &job.payload,
+            key: job.key.as_deref(),
+            status: job.status,
+            attempts: job.attempts,
+            max_attempts: job.max_attempts,
+            enqueued_at: job.enqueued_at,
+            run_at: job.run_at,
+            lease: job.lease.as_ref(),
+            finished_at: job.finished_at,
+            last_error: job.last_error.as_deref(),
+            history: &job.history,
+            metadata: &job.metadata,
+        })
+        .expect("encode")
+    }
+
+    #[test]
+    fn records_from_before_priorities_read_as_priority_zero() {
+        // Ids whose varint first byte is large, or spans several bytes.
+        for (running, id) in [(false, 1), (true, 0x7f), (true, 0x80), (false, u64::MAX)] {
+            let job = current(running, id);
+            let old = v2_record(&job);
+            assert_ne!(old[0], MARKER, "an unversioned record never starts with 0");
+            let read = decode(&old).expect("a layout 2 record");
+            assert_eq!(read, Job { priority: 0, ..job });
+            assert_eq!(
+                read.lease.as_ref().and_then(|l| l.owner.as_deref()),
+                running.then_some("ops")
+            );
+        }
+    }
+
+    #[test]
+    fn records_are_versioned_and_round_trip() {
+        let mut job = current(true, 42);
+        job.priority = -100;
+        let bytes = encode(&job).expect("encode");
+        assert_eq!(&bytes[..2], &[MARKER, VERSION]);
+        assert_eq!(decode(&bytes).expect("decode"), job);
+        // A version this build does not know is an error, not a guess.
+        let mut future = bytes.clone();
+        future[1] = VERSION + 1;
+        assert!(decode(&future).is_err());
+        // Trailing bytes mean another layout: refused.
+        let mut longer = bytes;
+        longer.push(0);
+        assert!(decode(&longer).is_err());
     }
 }
