@@ -695,6 +695,7 @@ async fn typed_jobs_carry_every_field_through_the_server() {
                 .key("order-4711")
                 .max_attempts(4)
                 .delay(Duration::from_secs(3600))
+                .priority(42)
                 .metadata("tenant", "acme"),
         )
         .await
@@ -708,7 +709,7 @@ async fn typed_jobs_carry_every_field_through_the_server() {
     );
     assert_eq!(job.key.as_deref(), Some("order-4711"));
     assert_eq!(job.status, Status::Pending);
-    assert_eq!((job.attempts, job.max_attempts), (0, 4));
+    assert_eq!((job.attempts, job.max_attempts, job.priority), (0, 4, 42));
     assert_eq!(
         job.json::<serde_json::Value>().unwrap()["order"],
         "order-4711"

@@ -249,6 +249,9 @@ pub struct Job {
     pub attempts: u32,
     /// Attempts allowed before it is dead-lettered.
     pub max_attempts: u32,
+    /// Delivery priority, -100..=100: among a queue's due jobs, higher
+    /// goes first.
+    pub priority: i32,
     /// When it was enqueued.
     pub enqueued_at: Option<SystemTime>,
     /// Not to be run before this time.
@@ -295,6 +298,7 @@ impl Job {
             status: self.status.to_proto(),
             attempts: self.attempts,
             max_attempts: self.max_attempts,
+            priority: self.priority,
             enqueued_at: self.enqueued_at.map(Into::into),
             run_at: self.run_at.map(Into::into),
             taken_at: self.taken_at.map(Into::into),
@@ -320,6 +324,7 @@ impl From<pb::Job> for Job {
             status: Status::from(j.status),
             attempts: j.attempts,
             max_attempts: j.max_attempts,
+            priority: j.priority,
             enqueued_at: time(j.enqueued_at),
             run_at: time(j.run_at),
             taken_at: time(j.taken_at),
@@ -439,6 +444,7 @@ mod tests {
             status: pb::JobStatus::Running as i32,
             attempts: 1,
             max_attempts: 5,
+            priority: -7,
             enqueued_at: ts(1_700_000_000, 5),
             run_at: ts(1_700_000_001, 0),
             taken_at: ts(1_700_000_002, 0),
@@ -466,6 +472,7 @@ mod tests {
         let job = Job::from(raw.clone());
         assert_eq!(job.id.as_str(), "00000007");
         assert_eq!(job.status, Status::Running);
+        assert_eq!(job.priority, -7);
         assert_eq!(job.key.as_deref(), Some("order-4711"));
         assert_eq!(
             job.enqueued_at,
