@@ -178,13 +178,21 @@ class Backoff:
 
 def enqueue_request(
     queue: str, kind: str, payload: bytes, key: str, max_attempts: int,
-    delay: Optional[Seconds], metadata: Optional[Mapping[str, str]],
+    delay: Optional[Seconds], metadata: Optional[Mapping[str, str]], priority: int = 0,
 ) -> pb.EnqueueRequest:
-    return pb.EnqueueRequest(
+    req = pb.EnqueueRequest(
         queue=queue, kind=kind, payload=payload, key=key,
         max_attempts=max_attempts, delay=duration(delay),
         metadata=_trace.with_trace_context(metadata),
     )
+    if priority:
+        # EnqueueRequest.priority (-100..=100, higher first) exists once the
+        # proto this package was built from has it.
+        if "priority" not in pb.EnqueueRequest.DESCRIPTOR.fields_by_name:
+            raise ValueError("priority: this jobq-client was built from a proto without "
+                             "EnqueueRequest.priority; reinstall it from a newer checkout")
+        setattr(req, "priority", priority)
+    return req
 
 
 def fail_request(

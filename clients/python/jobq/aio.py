@@ -85,9 +85,11 @@ class AsyncClient:
         self, queue: str, kind: str, payload: bytes = b"", *, key: str = "",
         max_attempts: int = 0, delay: Optional[Seconds] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        priority: int = 0,
     ) -> Tuple[pb.Job, bool]:
         """As Client.enqueue: (job, created)."""
-        req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata)
+        req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
+                                priority)
         resp = await self.stub.Enqueue(req, timeout=self.timeout, metadata=self._md)
         return resp.job, resp.created
 

@@ -84,14 +84,18 @@ class Client:
         max_attempts: int = 0,
         delay: Optional[Seconds] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        priority: int = 0,
     ) -> Tuple[pb.Job, bool]:
         """Adds a job; returns (job, created). With a known key, returns the
         existing job and created=False, so retrying an enqueue is safe.
 
         ``metadata`` is stored with the job (request ids, tenant tags). With
         opentelemetry-api installed, the current span's W3C ``traceparent``
-        and ``tracestate`` are added, so the worker continues the trace."""
-        req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata)
+        and ``tracestate`` are added, so the worker continues the trace.
+        ``priority`` (-100..=100, higher first) needs a proto with
+        EnqueueRequest.priority: built from an older one, it is a ValueError."""
+        req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
+                                priority)
         resp = self.stub.Enqueue(req, timeout=self.timeout, metadata=self._md)
         return resp.job, resp.created
 

@@ -153,6 +153,12 @@ def wrong_arguments_are_refused(tmp, client, addr):
         raise AssertionError("an ftp:// server was taken")
     except ValueError as e:
         assert "http://" in str(e), e
+    if "priority" not in pb.EnqueueRequest.DESCRIPTOR.fields_by_name:
+        try:
+            client.enqueue("prio", "k", b"", priority=5)
+            raise AssertionError("a priority was dropped silently")
+        except ValueError as e:
+            assert "priority" in str(e), e
     assert client.stats() == before, "something was sent"
 
 
@@ -274,7 +280,8 @@ def lease_deadline_stops_the_handler(tmp, client, addr):
             wait_for(lambda: "at" in seen, 15, "the handler to be told to stop")
             took = float(seen["at"]) - killed  # type: ignore[arg-type]
             assert "deadline" in str(seen["reason"]), seen
-            assert took <= 2 + 1.5, f"told to stop {took:.1f}s after the server went away"
+            # Lease 2 s from the last heartbeat that got through; slack for a loaded box.
+            assert took <= 2 + 3, f"told to stop {took:.1f}s after the server went away"
         settled = [m for m in log.messages if m.startswith("job ")
                    and (m.endswith(": acked") or ": failed (" in m)]
         assert not settled, settled
