@@ -89,10 +89,11 @@ class Server:
 
 
 def start_worker(tmp: str, addr: str, name: str, *extra: str,
-                 env: Optional[dict] = None) -> Tuple[subprocess.Popen, str]:
+                 env: Optional[dict] = None,
+                 script: str = "worker.py") -> Tuple[subprocess.Popen, str]:
     log = os.path.join(tmp, f"{name}.jobs")
     out = open(os.path.join(tmp, f"{name}.out"), "w")
-    args = [sys.executable, os.path.join(EXAMPLES, "worker.py"), "--worker-id", name,
+    args = [sys.executable, os.path.join(EXAMPLES, script), "--worker-id", name,
             "--log", log, *extra]
     if addr:
         args[2:2] = ["--server", addr]

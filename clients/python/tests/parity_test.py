@@ -13,8 +13,8 @@ each case against a real `jobq serve`:
   lands: the job runs once;
 - a handler whose lease deadline passed while heartbeats could not get
   through is told to stop, and its job is not acked;
-- SIGINT (Ctrl-C) and SIGTERM drain a worker process: exit 0, no traceback,
-  no job reclaimed;
+- SIGINT (Ctrl-C) and SIGTERM drain a worker process (sync and asyncio):
+  exit 0, no traceback, no job reclaimed;
 - the asyncio client and worker, on grpc.aio: the same, and a revoked job's
   handler task is cancelled within 1 s.
 
@@ -292,12 +292,12 @@ def lease_deadline_stops_the_handler(tmp, client, addr):
         server.stop()
 
 
-def _drain_on(sig: signal.Signals, tmp, client, addr):
-    queue = f"drain-{sig.name.lower()}"
+def _drain_on(sig: signal.Signals, tmp, client, addr, script: str = "worker.py"):
+    queue = f"drain-{sig.name.lower()}-{script.split('.')[0].replace('_', '-')}"
     for i in range(60):
         client.enqueue(queue, "send-email", f'{{"order": {i}}}'.encode())
     proc, log = start_worker(tmp, addr, f"py-{queue}", "--queue", queue, "--capacity", "5",
-                             "--work", "0.05", "--lease", "30")
+                             "--work", "0.05", "--lease", "30", script=script)
     try:
         wait_for(lambda: len(lines(log)) >= 10, 30, "10 jobs handled")
         proc.send_signal(sig)
@@ -314,7 +314,7 @@ def _drain_on(sig: signal.Signals, tmp, client, addr):
         assert outcomes(j) in ([], ["ATTEMPT_OUTCOME_ACKED"]), (j.id, outcomes(j))
         assert j.status in (pb.JOB_STATUS_PENDING, pb.JOB_STATUS_DONE), j
     assert len(done) == len(lines(log)), (len(done), len(lines(log)))
-    print(f"  {sig.name}: {len(done)} done, {len(jobs) - len(done)} untouched, none reclaimed")
+    print(f"  {script} {sig.name}: {len(done)} done, {len(jobs) - len(done)} untouched, none reclaimed")
 
 
 def sigint_drains(tmp, client, addr):
@@ -323,6 +323,14 @@ def sigint_drains(tmp, client, addr):
 
 def sigterm_drains(tmp, client, addr):
     _drain_on(signal.SIGTERM, tmp, client, addr)
+
+
+def asyncio_sigint_drains(tmp, client, addr):
+    _drain_on(signal.SIGINT, tmp, client, addr, script="async_worker.py")
+
+
+def asyncio_sigterm_drains(tmp, client, addr):
+    _drain_on(signal.SIGTERM, tmp, client, addr, script="async_worker.py")
 
 
 def asyncio_client_and_worker(tmp, client, addr):
@@ -435,7 +443,8 @@ async def _status(aio: AsyncClient, job_id: str) -> int:
 TESTS = [attempt_is_one_based, unknown_kind_is_retryable, wrong_arguments_are_refused,
          jobq_server_env, cancel_revokes_the_running_handler, ack_survives_a_server_restart,
          lease_deadline_stops_the_handler, sigint_drains, sigterm_drains,
-         asyncio_client_and_worker, asyncio_ack_survives_a_server_restart]
+         asyncio_client_and_worker, asyncio_ack_survives_a_server_restart,
+         asyncio_sigint_drains, asyncio_sigterm_drains]
 
 if __name__ == "__main__":
     sys.exit(run_tests("python-parity", TESTS))
