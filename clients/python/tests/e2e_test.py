@@ -1,7 +1,7 @@
 """End-to-end test of the Python client against a real `jobq serve`.
 
-Run from the repo root with the venv's Python (after clients/python/generate.sh
-and `cargo build -p jobq-cli`):
+Run from the repo root with a Python that has the package installed
+(`pip install ./clients/python`) and after `cargo build -p jobq-cli`:
 
     .venv/bin/python clients/python/tests/e2e_test.py
 
@@ -11,90 +11,14 @@ failure. JOBQ_BIN overrides the server binary (default target/debug/jobq).
 """
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYCLIENT = os.path.dirname(HERE)
-ROOT = os.path.dirname(os.path.dirname(PYCLIENT))
-sys.path.insert(0, PYCLIENT)
-
-from jobq import Client, pb  # noqa: E402
-
-JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "jobq"))
-EXAMPLES = os.path.join(PYCLIENT, "examples")
-
-
-class Server:
-    """A `jobq serve` on a free port with its own data folder."""
-
-    def __init__(self, tmp, *extra, name="server"):
-        self.log_path = os.path.join(tmp, f"{name}.log")
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [JOBQ_BIN, "serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-             "--data", os.path.join(tmp, f"{name}-data"), *extra],
-            stdout=self.log, stderr=self.log,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            m = re.search(r"jobq serving addr=(\S+)", open(self.log_path).read())
-            if m:
-                self.addr = m.group(1)
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("jobq serve did not start:\n" + open(self.log_path).read())
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-def start_worker(tmp, addr, name, *extra):
-    log = os.path.join(tmp, f"{name}.jobs")
-    out = open(os.path.join(tmp, f"{name}.out"), "w")
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(EXAMPLES, "worker.py"), "--target", addr,
-         "--worker-id", name, "--log", log, *extra],
-        stdout=out, stderr=subprocess.STDOUT,
-    )
-    return proc, log
-
-
-def lines(path):
-    try:
-        with open(path) as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        return []
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def outcomes(job):
-    return [pb.AttemptOutcome.Name(a.outcome) for a in job.history]
+from harness import EXAMPLES, JOBQ_BIN, Server, lines, outcomes, run_tests, start_worker, wait_for
+from jobq import Client, JobContext, pb
 
 
 def kill_one_worker(tmp, client, addr):
@@ -102,7 +26,7 @@ def kill_one_worker(tmp, client, addr):
     SIGKILLed mid-way. All 100 end DONE well before any lease could expire,
     so the killed worker's jobs came back because its stream dropped."""
     subprocess.run(
-        [sys.executable, os.path.join(EXAMPLES, "producer.py"), "--target", addr,
+        [sys.executable, os.path.join(EXAMPLES, "producer.py"), "--server", addr,
          "--count", "100"],
         check=True, timeout=60,
     )
@@ -232,8 +156,8 @@ def trace_follows_the_job(tmp, client, addr):
 
     runs = []
 
-    def handler(j):
-        runs.append(j.attempts)
+    def handler(ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
         if len(runs) == 1:
             raise RuntimeError("smtp timeout")  # redelivered after the backoff
 
@@ -252,6 +176,7 @@ def trace_follows_the_job(tmp, client, addr):
         assert s.context.trace_id == ctx.trace_id, s
         assert s.parent is not None and s.parent.span_id == ctx.span_id, s
     assert sorted(s.attributes["job.attempt"] for s in spans) == [1, 2]
+    assert runs == [1, 2], runs
 
 
 def tokens(tmp, client, addr):
@@ -354,6 +279,15 @@ def tls_and_token(tmp, client, addr):
                 raise AssertionError("a call without the server's CA went through")
             except grpc.RpcError as e:
                 assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+
+        async def over_aio():
+            from jobq.aio import AsyncClient
+            async with AsyncClient(f"https://localhost:{port}", token=token["secret"],
+                                   root_certificates=open(ca, "rb").read()) as aio:
+                j, _ = await aio.enqueue("tls", "k", b"over aio tls")
+                assert (await aio.get_job(j.id)).payload == b"over aio tls"
+        import asyncio
+        asyncio.run(over_aio())
     finally:
         for c in (good, untrusted, plain):
             c.close()
@@ -395,35 +329,5 @@ TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_t
          tls_and_token, operator_calls]
 
 
-def main():
-    passed = failed = 0
-    with tempfile.TemporaryDirectory(prefix="jobq-py-e2e-") as tmp:
-        server = Server(tmp)
-        client = Client(server.addr)
-        try:
-            client.wait_ready()
-            for test in TESTS:
-                t0 = time.monotonic()
-                try:
-                    test(tmp, client, server.addr)
-                except Exception:  # noqa: BLE001
-                    failed += 1
-                    print(f"FAIL {test.__name__} ({time.monotonic() - t0:.1f}s)")
-                    traceback.print_exc()
-                    for name in sorted(os.listdir(tmp)):
-                        if name.endswith(".out"):
-                            print(f"--- {name}:\n" + open(os.path.join(tmp, name)).read()[-3000:])
-                else:
-                    passed += 1
-                    print(f"ok   {test.__name__} ({time.monotonic() - t0:.1f}s)")
-        finally:
-            client.close()
-            server.stop()
-            if failed:
-                print("--- server log (tail):\n" + open(server.log_path).read()[-3000:])
-    print(f"python-e2e: {passed} passed, {failed} failed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tests("python-e2e", TESTS))

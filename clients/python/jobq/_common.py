@@ -1,0 +1,242 @@
+"""What the sync and asyncio clients share: the server URL, credentials,
+channel options, request builders, errors and the retry backoff."""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import timedelta
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import grpc
+from google.protobuf import duration_pb2
+
+from jobq import _trace
+from jobq.v1 import jobq_pb2 as pb
+
+Seconds = Union[int, float, timedelta]
+#: A JobStatus number or name ("DONE" or "JOB_STATUS_DONE").
+StatusLike = Union[int, str]
+#: Call metadata as gRPC takes it.
+Metadata = Tuple[Tuple[str, str], ...]
+
+#: The server the CLI talks to by default; also $JOBQ_SERVER.
+DEFAULT_SERVER = "http://127.0.0.1:50051"
+
+#: Most leases in one Heartbeat call: the server refuses more (the Rust
+#: client's jobq::MAX_HEARTBEAT_LEASES); heartbeat() splits.
+MAX_HEARTBEAT_LEASES = 1000
+
+#: The largest reply decoded (64 MiB, above the server's default
+#: --max-message-bytes of 16 MiB): a page of big jobs, or one job with a long
+#: history, is over gRPC's 4 MiB default.
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+#: Codes that mean "the server did not get to decide" (down, restarting, the
+#: connection dropped), as opposed to a decision such as ABORTED.
+TRANSIENT_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+})
+
+#: JobStatus number -> short name ("PENDING", "RUNNING", "DONE", "FAILED").
+STATUS_NAMES: Dict[int, str] = {
+    v.number: v.name.replace("JOB_STATUS_", "")
+    for v in pb.JobStatus.DESCRIPTOR.values
+}
+
+
+class Fatal(Exception):
+    """Raise from a handler to fail the job without retrying it (it becomes FAILED)."""
+
+
+class JobLost(Exception):
+    """Ack or Fail was refused because this worker no longer holds the lease."""
+
+
+def duration(value: Optional[Seconds]) -> Optional[duration_pb2.Duration]:
+    if value is None:
+        return None
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(round(seconds(value) * 1e9)))
+    return d
+
+
+def seconds(value: Seconds) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def status_value(status: StatusLike) -> "pb.JobStatus.ValueType":
+    if isinstance(status, str):
+        name = status if status.startswith("JOB_STATUS_") else "JOB_STATUS_" + status.upper()
+        return pb.JobStatus.Value(name)
+    return pb.JobStatus.ValueType(status)
+
+
+def check_queues(queues: object) -> List[str]:
+    """A list of queue names; a bare string is refused (it would otherwise
+    be read as one queue per character)."""
+    if isinstance(queues, (str, bytes)):
+        raise TypeError(
+            f"queues must be a list or tuple of queue names, not a bare string: "
+            f"write [{queues!r}]"
+        )
+    if not isinstance(queues, (list, tuple)) or not all(isinstance(q, str) for q in queues):
+        raise TypeError(f"queues must be a list or tuple of str, got {queues!r}")
+    if not queues:
+        raise ValueError("queues must name at least one queue")
+    return list(queues)
+
+
+def parse_server(server: Optional[str]) -> Tuple[str, bool]:
+    """(host:port, tls) from a URL as the CLI takes it: `http://host:port`,
+    `https://host:port`, or a bare `host:port` (plaintext). None reads
+    $JOBQ_SERVER, then the default http://127.0.0.1:50051."""
+    url = server if server is not None else os.environ.get("JOBQ_SERVER") or DEFAULT_SERVER
+    url = url.strip()
+    tls = False
+    if url.startswith("https://"):
+        rest, tls = url[len("https://"):], True
+    elif url.startswith("http://"):
+        rest = url[len("http://"):]
+    elif "://" in url:
+        raise ValueError(f"jobq server {url!r}: the scheme must be http:// or https://")
+    else:
+        rest = url
+    rest = rest.rstrip("/")
+    if not rest or "/" in rest:
+        raise ValueError(f"jobq server {url!r}: expected http://host:port or https://host:port")
+    return rest, tls
+
+
+def auth_metadata(token: Optional[str]) -> Metadata:
+    """`authorization: Bearer <token>`; None reads $JOBQ_TOKEN (as the CLI does)."""
+    if token is None:
+        token = os.environ.get("JOBQ_TOKEN")
+    if not token or not token.strip():
+        return ()
+    return (("authorization", f"Bearer {token.strip()}"),)
+
+
+def channel_options() -> List[Tuple[str, int]]:
+    return [
+        # Keepalive pings let both sides find a silent peer (the server
+        # reclaims a dead worker's jobs when its stream drops).
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+        # Reconnect as the Rust client does (100 ms doubling to 5 s), so a
+        # restarted server is found again within seconds, not minutes.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 5_000),
+    ]
+
+
+def credentials(
+    tls: bool,
+    root_certificates: Optional[bytes],
+    certificate_chain: Optional[bytes],
+    private_key: Optional[bytes],
+) -> Optional[grpc.ChannelCredentials]:
+    """TLS credentials, or None for plaintext. Any certificate turns TLS on;
+    without root_certificates, $JOBQ_CA_CERT (a PEM path) or the system's
+    roots are trusted."""
+    if root_certificates is None and (tls or certificate_chain or private_key):
+        ca = os.environ.get("JOBQ_CA_CERT")
+        if ca:
+            with open(ca, "rb") as f:
+                root_certificates = f.read()
+    if not (tls or root_certificates or certificate_chain or private_key):
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=root_certificates,
+        private_key=private_key,
+        certificate_chain=certificate_chain,
+    )
+
+
+class Backoff:
+    """Jittered exponential backoff, 100 ms doubling to 5 s (the Rust client's)."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self._first, self._cap, self._next = first, cap, first
+
+    def next_delay(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self._cap)
+        return delay * (0.5 + random.random() / 2)
+
+    def reset(self) -> None:
+        self._next = self._first
+
+
+# -- request builders (one place for both clients) -------------------------
+
+def enqueue_request(
+    queue: str, kind: str, payload: bytes, key: str, max_attempts: int,
+    delay: Optional[Seconds], metadata: Optional[Mapping[str, str]], priority: int = 0,
+) -> pb.EnqueueRequest:
+    req = pb.EnqueueRequest(
+        queue=queue, kind=kind, payload=payload, key=key,
+        max_attempts=max_attempts, delay=duration(delay),
+        metadata=_trace.with_trace_context(metadata),
+    )
+    if priority:
+        # EnqueueRequest.priority (-100..=100, higher first) exists once the
+        # proto this package was built from has it.
+        if "priority" not in pb.EnqueueRequest.DESCRIPTOR.fields_by_name:
+            raise ValueError("priority: this jobq-client was built from a proto without "
+                             "EnqueueRequest.priority; reinstall it from a newer checkout")
+        setattr(req, "priority", priority)
+    return req
+
+
+def fail_request(
+    job_id: str, lease_id: str, error: str, retry_delay: Optional[Seconds], fatal: bool,
+) -> pb.FailRequest:
+    return pb.FailRequest(
+        job_id=job_id, lease_id=lease_id, error=error,
+        retry_delay=duration(retry_delay), fatal=fatal,
+    )
+
+
+def heartbeat_requests(
+    worker_id: str, leases: Sequence[Tuple[str, str]], extend_by: Optional[Seconds],
+    draining: bool, stream_token: str,
+) -> List[pb.HeartbeatRequest]:
+    """One request per MAX_HEARTBEAT_LEASES leases (at least one)."""
+    leases = list(leases)
+    chunks = [leases[i:i + MAX_HEARTBEAT_LEASES]
+              for i in range(0, len(leases), MAX_HEARTBEAT_LEASES)] or [[]]
+    return [
+        pb.HeartbeatRequest(
+            worker_id=worker_id,
+            leases=[pb.LeaseRef(job_id=j, lease_id=lid) for j, lid in chunk],
+            extend_by=duration(extend_by), draining=draining, stream_token=stream_token,
+        )
+        for chunk in chunks
+    ]
+
+
+def purge_request(queue: str, status: StatusLike,
+                  finished_before: Optional[float]) -> pb.PurgeJobsRequest:
+    req = pb.PurgeJobsRequest(queue=queue, status=status_value(status))
+    if finished_before is not None:
+        req.finished_before.FromNanoseconds(int(finished_before * 1e9))
+    return req
+
+
+def stats_dict(resp: pb.StatsResponse) -> Dict[str, Dict[str, int]]:
+    return {
+        q.queue: {"pending": q.pending, "running": q.running,
+                  "done": q.done, "failed": q.failed}
+        for q in resp.queues
+    }
+
+
+def error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

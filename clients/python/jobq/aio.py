@@ -1,0 +1,455 @@
+"""asyncio: AsyncClient (every RPC over a grpc.aio channel) and AsyncWorker
+(async handlers, each its own task), with the sync Worker's behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional,
+                    Sequence, Set, Tuple, Union)
+
+import grpc
+import grpc.aio
+
+from jobq import _common as c
+from jobq._book import Book
+from jobq._common import Fatal, JobLost, Seconds, StatusLike
+from jobq._trace import job_span
+from jobq.context import JobContext
+from jobq.v1 import jobq_pb2 as pb
+from jobq.v1 import jobq_pb2_grpc as pb_grpc
+from jobq.worker import ABORT_GRACE, DRAIN_SETTLE, Queues, default_worker_id, handler_for
+
+log = logging.getLogger("jobq")
+
+#: An async handler: returns to ack, raises to fail (Fatal: for good).
+AsyncHandler = Callable[[JobContext], Awaitable[None]]
+
+__all__ = ["AsyncClient", "AsyncWorker", "AsyncHandler"]
+
+
+class AsyncClient:
+    """Client's twin on ``grpc.aio``: the same arguments (``server`` URL,
+    ``$JOBQ_SERVER``, ``token``, TLS), every method a coroutine (list_jobs an
+    async iterator). Create it inside the event loop that uses it."""
+
+    def __init__(
+        self,
+        server: Optional[str] = None,
+        channel: Optional[grpc.aio.Channel] = None,
+        timeout: float = 30.0,
+        *,
+        token: Optional[str] = None,
+        tls: bool = False,
+        root_certificates: Optional[bytes] = None,
+        certificate_chain: Optional[bytes] = None,
+        private_key: Optional[bytes] = None,
+    ) -> None:
+        if channel is not None and not isinstance(channel, grpc.aio.Channel):
+            raise TypeError("AsyncClient needs a grpc.aio.Channel; for a blocking channel "
+                            "use jobq.Client")
+        self.timeout = timeout
+        self._md = c.auth_metadata(token)
+        if channel is None:
+            target, url_tls = c.parse_server(server)
+            self.target = target
+            creds = c.credentials(tls or url_tls, root_certificates, certificate_chain,
+                                  private_key)
+            options = c.channel_options()
+            channel = (grpc.aio.secure_channel(target, creds, options=options) if creds
+                       else grpc.aio.insecure_channel(target, options=options))
+        else:
+            self.target = server or ""
+        self.channel: grpc.aio.Channel = channel
+        # JobQueueAsyncStub exists in the typed stubs only: at run time
+        # JobQueueStub over an aio channel is the async stub.
+        self.stub: pb_grpc.JobQueueAsyncStub = pb_grpc.JobQueueStub(channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        """Waits until the channel is connected (asyncio.TimeoutError)."""
+        await asyncio.wait_for(self.channel.channel_ready(), timeout)
+
+    async def enqueue(
+        self, queue: str, kind: str, payload: bytes = b"", *, key: str = "",
+        max_attempts: int = 0, delay: Optional[Seconds] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        priority: int = 0,
+    ) -> Tuple[pb.Job, bool]:
+        """As Client.enqueue: (job, created)."""
+        req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
+                                priority)
+        resp = await self.stub.Enqueue(req, timeout=self.timeout, metadata=self._md)
+        return resp.job, resp.created
+
+    async def enqueue_batch(
+        self, requests: Sequence[pb.EnqueueRequest],
+    ) -> List[pb.EnqueueResult]:
+        resp = await self.stub.EnqueueBatch(pb.EnqueueBatchRequest(jobs=list(requests)),
+                                            timeout=self.timeout, metadata=self._md)
+        return list(resp.results)
+
+    async def dequeue(
+        self, queues: Sequence[str], worker_id: str, *, lease: Optional[Seconds] = None,
+        wait: Optional[Seconds] = None,
+    ) -> Optional[pb.LeasedJob]:
+        req = pb.DequeueRequest(queues=c.check_queues(queues), worker_id=worker_id,
+                                lease_duration=c.duration(lease), wait=c.duration(wait))
+        timeout = self.timeout + (c.seconds(wait) if wait is not None else 0)
+        resp = await self.stub.Dequeue(req, timeout=timeout, metadata=self._md)
+        return resp.leased if resp.HasField("leased") else None
+
+    async def ack(self, job_id: str, lease_id: str, *,
+                  timeout: Optional[float] = None) -> pb.Job:
+        try:
+            resp = await self.stub.Ack(pb.AckRequest(job_id=job_id, lease_id=lease_id),
+                                       timeout=timeout or self.timeout, metadata=self._md)
+        except grpc.aio.AioRpcError as e:
+            _raise_if_lost(e)
+            raise
+        return resp.job
+
+    async def fail(
+        self, job_id: str, lease_id: str, error: str, *,
+        retry_delay: Optional[Seconds] = None, fatal: bool = False,
+        timeout: Optional[float] = None,
+    ) -> pb.Job:
+        req = c.fail_request(job_id, lease_id, error, retry_delay, fatal)
+        try:
+            resp = await self.stub.Fail(req, timeout=timeout or self.timeout,
+                                        metadata=self._md)
+        except grpc.aio.AioRpcError as e:
+            _raise_if_lost(e)
+            raise
+        return resp.job
+
+    async def heartbeat(
+        self, worker_id: str, leases: Sequence[Tuple[str, str]], *,
+        extend_by: Optional[Seconds] = None, draining: bool = False,
+        stream_token: str = "", timeout: Optional[float] = None,
+    ) -> List[Tuple[str, str]]:
+        lost: List[Tuple[str, str]] = []
+        for req in c.heartbeat_requests(worker_id, leases, extend_by, draining, stream_token):
+            resp = await self.stub.Heartbeat(req, timeout=timeout or self.timeout,
+                                             metadata=self._md)
+            lost.extend((r.job_id, r.lease_id) for r in resp.lost)
+        return lost
+
+    def lease(self, request: pb.LeaseRequest) -> Any:
+        """Opens a Lease stream (a grpc.aio UnaryStreamCall; no timeout)."""
+        return self.stub.Lease(request, metadata=self._md)
+
+    async def retry(self, job_id: str) -> pb.Job:
+        resp = await self.stub.Retry(pb.RetryRequest(job_id=job_id), timeout=self.timeout,
+                                     metadata=self._md)
+        return resp.job
+
+    async def cancel_job(self, job_id: str, reason: str = "") -> pb.Job:
+        resp = await self.stub.CancelJob(pb.CancelJobRequest(id=job_id, reason=reason),
+                                         timeout=self.timeout, metadata=self._md)
+        return resp.job
+
+    async def pause_queue(self, queue: str) -> None:
+        await self.stub.PauseQueue(pb.PauseQueueRequest(queue=queue), timeout=self.timeout,
+                                   metadata=self._md)
+
+    async def resume_queue(self, queue: str) -> None:
+        await self.stub.ResumeQueue(pb.ResumeQueueRequest(queue=queue),
+                                    timeout=self.timeout, metadata=self._md)
+
+    async def paused(self, queue: str) -> bool:
+        resp = await self.stub.Stats(pb.StatsRequest(queue=queue), timeout=self.timeout,
+                                     metadata=self._md)
+        return any(q.paused for q in resp.queues if q.queue == queue)
+
+    async def delete_job(self, job_id: str) -> None:
+        await self.stub.DeleteJob(pb.DeleteJobRequest(id=job_id), timeout=self.timeout,
+                                  metadata=self._md)
+
+    async def purge_jobs(self, queue: str, status: StatusLike = 0,
+                         finished_before: Optional[float] = None) -> int:
+        resp = await self.stub.PurgeJobs(c.purge_request(queue, status, finished_before),
+                                         timeout=self.timeout, metadata=self._md)
+        return resp.deleted
+
+    async def get_job(self, job_id: str) -> pb.Job:
+        return await self.stub.GetJob(pb.GetJobRequest(id=job_id), timeout=self.timeout,
+                                      metadata=self._md)
+
+    async def list_jobs(
+        self, queue: str = "", status: StatusLike = 0, key: str = "",
+        page_size: int = 0, omit_payload: bool = False,
+    ) -> AsyncIterator[pb.Job]:
+        token = ""
+        while True:
+            req = pb.ListJobsRequest(queue=queue, status=c.status_value(status), key=key,
+                                     page_size=page_size, page_token=token,
+                                     omit_payload=omit_payload)
+            resp = await self.stub.ListJobs(req, timeout=self.timeout, metadata=self._md)
+            for job in resp.jobs:
+                yield job
+            token = resp.next_page_token
+            if not token:
+                return
+
+    async def stats(self, queue: str = "") -> Dict[str, Dict[str, int]]:
+        resp = await self.stub.Stats(pb.StatsRequest(queue=queue), timeout=self.timeout,
+                                     metadata=self._md)
+        return c.stats_dict(resp)
+
+
+def _raise_if_lost(e: grpc.aio.AioRpcError) -> None:
+    if e.code() == grpc.StatusCode.ABORTED:
+        raise JobLost(e.details() or "lease no longer held") from e
+
+
+class AsyncWorker:
+    """The Worker on asyncio: each job's handler runs as its own task,
+    ``capacity`` at a time. Everything the sync Worker does, and a lost or
+    revoked lease (or a passed deadline) also cancels the handler's task
+    (it sees ``asyncio.CancelledError``; ``ctx.cancelled`` is set first).
+    ``await run()`` drains on SIGTERM and SIGINT; ``stop()`` does the same."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        queues: Queues,
+        handlers: Union[AsyncHandler, Mapping[str, AsyncHandler]],
+        *,
+        worker_id: Optional[str] = None,
+        capacity: int = 1,
+        lease: Seconds = 30.0,
+        heartbeat_every: Optional[Seconds] = None,
+        drain_timeout: Seconds = 30.0,
+    ) -> None:
+        if not isinstance(client, AsyncClient):
+            raise TypeError("AsyncWorker needs a jobq.aio.AsyncClient")
+        self.client = client
+        self.queues = c.check_queues(queues)
+        if not callable(handlers) and not isinstance(handlers, Mapping):
+            raise TypeError("handlers must be a callable or a {kind: callable} mapping")
+        self.handlers = handlers
+        self.worker_id = worker_id or default_worker_id()
+        self.capacity = max(1, capacity)
+        self.lease = c.seconds(lease)
+        self.heartbeat_every = (c.seconds(heartbeat_every) if heartbeat_every is not None
+                                else self.lease / 3)
+        self.drain_timeout = c.seconds(drain_timeout)
+        self._book = Book()
+        self._tasks: Set["asyncio.Task[None]"] = set()
+        self._stopping: Optional[asyncio.Event] = None
+        self._hard_stop = False
+        self._draining = False
+        self._call: Any = None
+        self._stream_open = False
+        self._stream_token = ""
+        self._last_event = 0.0
+
+    def stop(self) -> None:
+        """Asks run() to drain and return (call from the loop's thread). A
+        second call stops hard."""
+        if self._stopping is None:
+            raise RuntimeError("stop() before run()")
+        if self._stopping.is_set():
+            self._hard_stop = True
+        self._stopping.set()
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.capacity)
+        signals: List[int] = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (int(signal.SIGTERM), int(signal.SIGINT)):
+                loop.add_signal_handler(sig, self.stop)
+                signals.append(sig)
+        beats = asyncio.ensure_future(self._heartbeat_loop())
+        stream = asyncio.ensure_future(self._stream_loop())
+        try:
+            await self._stopping.wait()
+            await self._drain()
+        finally:
+            self._stopping.set()
+            if self._call is not None:
+                self._call.cancel()
+            for t in (stream, beats):
+                t.cancel()
+            await asyncio.gather(stream, beats, return_exceptions=True)
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            log.info("worker %s stopped", self.worker_id)
+
+    async def _stream_loop(self) -> None:
+        assert self._stopping is not None
+        backoff = c.Backoff()
+        while not self._stopping.is_set():
+            try:
+                await self._stream_once(backoff)
+                why = "lease stream ended by the server"
+            except grpc.aio.AioRpcError as e:
+                why = f"lease stream failed: {e.code()}: {e.details()}"
+            finally:
+                self._stream_open = False
+            if self._stopping.is_set():
+                return
+            delay = backoff.next_delay()
+            log.warning("%s; reconnecting in %.1fs (%d in flight)", why, delay, len(self._book))
+            try:
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _stream_once(self, backoff: c.Backoff) -> None:
+        held = [pb.LeaseRef(job_id=j, lease_id=lid) for j, lid in self._book.snapshot()]
+        req = pb.LeaseRequest(queues=self.queues, worker_id=self.worker_id,
+                              capacity=self.capacity, lease_duration=c.duration(self.lease),
+                              held=held)
+        call = self._call = self.client.lease(req)
+        headers = await call.initial_metadata()
+        self._stream_token = str(dict(headers or ()).get("jobq-stream-token", ""))
+        self._stream_open = True
+        if self._stream_token:  # no headers: the call failed, as iterating says
+            log.info("lease stream open (%d in flight)", len(self._book))
+        async for event in call:
+            backoff.reset()
+            self._last_event = time.monotonic()
+            which = event.WhichOneof("event")
+            if which == "leased":
+                self._start(event.leased)
+            elif which == "revoked":
+                r = event.revoked
+                ctx = self._book.revoke(r.job_id, r.lease_id)
+                if ctx is not None:
+                    log.warning("job %s: lease revoked (%s); cancelling its handler",
+                                r.job_id, r.reason)
+                    ctx._cancel(f"revoked: {r.reason}")
+
+    def _start(self, leased: pb.LeasedJob) -> None:
+        deadline = (leased.lease_expires_at.ToNanoseconds() / 1e9
+                    if leased.HasField("lease_expires_at") else time.time() + self.lease)
+        ctx = JobContext(leased.job, leased.lease_id, self.worker_id, deadline)
+        stale = self._book.insert(ctx)
+        if stale is not None:
+            stale._cancel("leased again under a new lease")
+        task = asyncio.ensure_future(self._run_one(ctx))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_one(self, ctx: JobContext) -> None:
+        handler = handler_for(self.handlers, ctx.kind)
+        error: Optional[BaseException] = None
+        if handler is None:
+            error = RuntimeError(f"no handler for kind {ctx.kind!r}")
+        else:
+            async with self._slots:
+                run = asyncio.ensure_future(self._execute(handler, ctx))
+                ctx._add_cancel_callback(run.cancel)
+                try:
+                    error = await run
+                except asyncio.CancelledError:
+                    if not ctx.is_cancelled():
+                        raise
+        if not self._book.holds(ctx) or (ctx.is_cancelled() and self._hard_stop):
+            log.warning("job %s: %s; not acking", ctx.id, ctx.cancel_reason or "lease lost")
+            self._book.remove(ctx)
+            return
+        await self._settle(ctx, error)
+
+    async def _execute(self, handler: AsyncHandler, ctx: JobContext) -> Optional[BaseException]:
+        try:
+            with job_span(ctx.job):
+                await handler(ctx)
+        except Exception as e:  # noqa: BLE001 - every handler error fails the job
+            return e
+        return None
+
+    async def _settle(self, ctx: JobContext, error: Optional[BaseException]) -> None:
+        backoff = c.Backoff()
+        first = True
+        while True:
+            if not first and (ctx.is_cancelled() or self._hard_stop):
+                self._book.remove(ctx)
+                return
+            first = False
+            self._book.settling(ctx)
+            timeout = max(1.0, min(self.client.timeout, ctx.lease_deadline() - time.time()))
+            try:
+                if error is None:
+                    await self.client.ack(ctx.id, ctx.lease_id, timeout=timeout)
+                else:
+                    await self.client.fail(ctx.id, ctx.lease_id, c.error_text(error),
+                                           fatal=isinstance(error, Fatal), timeout=timeout)
+                self._book.remove(ctx)
+                return
+            except JobLost as e:
+                log.warning("job %s: lease no longer held; ack/fail refused: %s", ctx.id, e)
+                self._book.remove(ctx)
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() in c.TRANSIENT_CODES and time.time() < ctx.lease_deadline():
+                    delay = backoff.next_delay()
+                    log.warning("job %s: ack/fail did not reach the server (%s); retrying",
+                                ctx.id, e.code())
+                    await asyncio.sleep(delay)
+                    continue
+                log.error("job %s: could not ack/fail (%s)", ctx.id, e.code())
+                self._book.remove(ctx)
+                return
+
+    async def _heartbeat_loop(self) -> None:
+        next_beat = time.monotonic() + self.heartbeat_every
+        while True:
+            await asyncio.sleep(0.05)
+            for ctx in self._book.expired(time.time()):
+                log.warning("job %s: lease deadline passed without a successful heartbeat; "
+                            "cancelling its handler", ctx.id)
+                ctx._cancel("lease deadline passed without a successful heartbeat")
+            if time.monotonic() >= next_beat:
+                await self._beat()
+                next_beat = time.monotonic() + self.heartbeat_every
+
+    async def _beat(self) -> None:
+        sent = self._book.snapshot()
+        if not sent and not self._draining and not self._stream_token:
+            return
+        sent_at = time.time()
+        try:
+            lost = await self.client.heartbeat(
+                self.worker_id, sent, extend_by=self.lease, draining=self._draining,
+                stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every))
+        except grpc.aio.AioRpcError as e:
+            log.warning("heartbeat failed (%s); %d leases", e.code(), len(sent))
+            return
+        for ctx in self._book.apply_heartbeat(sent, lost, sent_at + self.lease):
+            log.warning("job %s: lease lost; cancelling its handler", ctx.id)
+            ctx._cancel("lease lost (heartbeat)")
+
+    async def _drain(self) -> None:
+        self._draining = True
+        log.info("shutting down; draining %d in flight", len(self._book))
+        await self._beat()
+        self._last_event = max(self._last_event, time.monotonic())
+        deadline = time.monotonic() + self.drain_timeout
+        while True:
+            if not len(self._book):
+                if time.monotonic() - self._last_event >= DRAIN_SETTLE or not self._stream_open:
+                    return
+            if self._hard_stop or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.02)
+        self._hard_stop = True
+        for ctx in self._book.contexts():
+            ctx._cancel("worker stopping: drain deadline passed")
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=ABORT_GRACE)
