@@ -33,9 +33,11 @@ enum Rpc {
     ResumeQueue,
     DeleteJob,
     PurgeJobs,
+    CreateSchedule,
+    DeleteSchedule,
 }
 
-const RPCS: [Rpc; 16] = [
+const RPCS: [Rpc; 18] = [
     Rpc::Enqueue,
     Rpc::EnqueueBatch,
     Rpc::Dequeue,
@@ -52,6 +54,8 @@ const RPCS: [Rpc; 16] = [
     Rpc::ResumeQueue,
     Rpc::DeleteJob,
     Rpc::PurgeJobs,
+    Rpc::CreateSchedule,
+    Rpc::DeleteSchedule,
 ];
 
 /// The role an RPC needs (admin may do everything).
@@ -65,7 +69,9 @@ fn needs(rpc: Rpc) -> &'static str {
         | Rpc::PauseQueue
         | Rpc::ResumeQueue
         | Rpc::DeleteJob
-        | Rpc::PurgeJobs => "admin",
+        | Rpc::PurgeJobs
+        | Rpc::CreateSchedule
+        | Rpc::DeleteSchedule => "admin",
     }
 }
 
@@ -75,6 +81,17 @@ fn enqueue_req(queue: &str, max_attempts: u32) -> pb::EnqueueRequest {
         kind: "k".into(),
         payload: b"p".to_vec(),
         max_attempts,
+        ..Default::default()
+    }
+}
+
+/// A schedule on `queue` that does not tick during a test.
+fn yearly(queue: &str) -> pb::CreateScheduleRequest {
+    pb::CreateScheduleRequest {
+        name: format!("s-{queue}"),
+        queue: queue.into(),
+        kind: "k".into(),
+        cron: "0 0 1 1 *".into(),
         ..Default::default()
     }
 }
@@ -236,6 +253,16 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
                 ..Default::default()
             };
             code(c.purge_jobs(req(purge, token)).await)
+        }
+        Rpc::CreateSchedule => code(c.create_schedule(req(yearly(queue), token)).await),
+        Rpc::DeleteSchedule => {
+            c.create_schedule(req(yearly(queue), Some("root")))
+                .await
+                .unwrap();
+            let delete = pb::DeleteScheduleRequest {
+                name: format!("s-{queue}"),
+            };
+            code(c.delete_schedule(req(delete, token)).await)
         }
         Rpc::GetJob => {
             let id = enqueue(c, queue, "root").await;
