@@ -6,7 +6,8 @@
 //! - no token and unknown tokens are UNAUTHENTICATED on every RPC; health
 //!   and reflection stay open.
 //! - a lease belongs to the token that took it.
-//! - ListJobs and Stats without a queue show only the token's queues.
+//! - ListJobs, Stats without a queue and ListSchedules show only the
+//!   token's queues.
 
 use jobq::pb;
 use tonic::{transport::Channel, Code, Request};
@@ -483,6 +484,26 @@ async fn listing_without_a_queue_shows_only_the_tokens_queues() {
         .into_inner();
     let queues: Vec<_> = stats.queues.iter().map(|q| q.queue.as_str()).collect();
     assert_eq!(queues, ["in.mine"]);
+    for queue in ["in.mine", "out.theirs"] {
+        c.create_schedule(req(yearly(queue), Some("root")))
+            .await
+            .unwrap();
+    }
+    let schedules = c
+        .list_schedules(req(pb::ListSchedulesRequest {}, Some("reader")))
+        .await
+        .unwrap()
+        .into_inner()
+        .schedules;
+    let queues: Vec<_> = schedules.iter().map(|s| s.queue.as_str()).collect();
+    assert_eq!(queues, ["in.mine"]);
+    assert_eq!(
+        code(
+            c.list_schedules(req(pb::ListSchedulesRequest {}, Some("producer")))
+                .await
+        ),
+        Code::PermissionDenied
+    );
     // A token without the read role on any queue is refused, not shown
     // an empty list.
     assert_eq!(
