@@ -107,12 +107,13 @@ async fn every_second_across_a_sigkill_without_duplicates_and_delete_stops_it() 
         "a tick was enqueued twice: {after:?}"
     );
     assert!(after.windows(2).all(|w| w[0].0 < w[1].0), "{after:?}");
-    // About one a second: outside the restart, the ticks are (nearly all)
-    // consecutive seconds.
+    // About one a second: the ticks are consecutive seconds but for the
+    // restart (whose missed ticks are skipped but the latest) and, on a
+    // loaded machine, a late wake-up or two (which skips the same way).
     let gaps: Vec<i64> = after.windows(2).map(|w| w[1].0 - w[0].0).collect();
     let ones = gaps.iter().filter(|&&g| g == 1).count();
     assert!(
-        ones + 2 >= gaps.len(),
+        ones + 3 >= gaps.len(),
         "ticks should be consecutive seconds but for the restart: gaps {gaps:?}"
     );
     let span = after.last().unwrap().0 - after[0].0 + 1;
