@@ -29,7 +29,8 @@ JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "job
 DEFAULT_ADDR = "127.0.0.1:50051"
 RPCS = ["Enqueue", "EnqueueBatch", "Dequeue", "Ack", "Fail", "Retry", "Lease",
         "Heartbeat", "GetJob", "ListJobs", "Stats", "CancelJob", "PauseQueue",
-        "ResumeQueue", "DeleteJob", "PurgeJobs"]
+        "ResumeQueue", "DeleteJob", "PurgeJobs", "CreateSchedule", "ListSchedules",
+        "DeleteSchedule"]
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits 64 + the gRPC status code
 
 
@@ -297,6 +298,31 @@ def check_priority(cb, block, r):
     return ["Dequeue -> the priority 10 job first"]
 
 
+def check_create_schedule(cb, block, r):
+    s = r.ok().json()["schedule"]
+    expect(s["name"] == "nightly-report" and s["timezone"] == "Europe/Berlin", s)
+    expect(s["cron"] == "0 3 * * *" and s.get("nextRunAt"), s)
+    # The next 03:00 in Berlin is 01:00 or 02:00 UTC.
+    expect(re.search(r"T0[12]:00:00Z$", s["nextRunAt"]), s)
+    expect("lastRunAt" not in s, s)
+
+
+def check_list_schedules(cb, block, r):
+    schedules = r.ok().json()["schedules"]
+    expect([s["name"] for s in schedules] == ["nightly-report"], schedules)
+    expect(schedules[0].get("nextRunAt"), schedules)
+
+
+def check_delete_schedule(cb, block, r):
+    expect(r.ok().json() == {}, r.out)
+    listed = cb.run("grpcurl -plaintext -d '{}' 127.0.0.1:50051 "
+                    "jobq.v1.JobQueue/ListSchedules").ok().json()
+    expect(listed == {}, f"still listed after delete: {listed}")
+    again = cb.run(block)
+    expect(again.rc != 0 and "NotFound" in again.err, f"second delete: {again.rc} {again.err}")
+    return ["ListSchedules after delete -> {}", "DeleteSchedule again -> NotFound"]
+
+
 STEPS = [
     ("list", check_list),
     ("describe jobq.v1.JobQueue", check_describe_service),
@@ -322,6 +348,9 @@ STEPS = [
     ("jobq.v1.JobQueue/DeleteJob", check_delete),
     ("jobq.v1.JobQueue/PurgeJobs", check_purge),
     ("jobq.v1.JobQueue/EnqueueBatch", check_priority),
+    ("jobq.v1.JobQueue/CreateSchedule", check_create_schedule),
+    ("jobq.v1.JobQueue/ListSchedules", check_list_schedules),
+    ("jobq.v1.JobQueue/DeleteSchedule", check_delete_schedule),
 ]
 
 

@@ -227,6 +227,56 @@ async fn enqueue_priority_orders_delivery_and_is_range_checked() {
 }
 
 #[tokio::test]
+async fn schedule_add_list_rm() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let add = [
+        "schedule",
+        "add",
+        "nightly",
+        "reports",
+        "build-report",
+        "--cron",
+        "0 3 * * *",
+        "--timezone",
+        "Europe/Berlin",
+        "--payload",
+        "{}",
+        "--json",
+    ];
+    let added = jobq(&url, &add).await.ok().json();
+    assert_eq!(added["name"], "nightly");
+    assert_eq!(added["timezone"], "Europe/Berlin");
+    assert!(added["next_run_at"].is_string(), "{added}");
+    let table = jobq(&url, &["schedule", "list"]).await.ok().stdout;
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(
+        table.contains("nightly") && table.contains("0 3 * * *"),
+        "{table}"
+    );
+    let bad = jobq(&url, &["schedule", "add", "x", "q", "k", "--cron", "nope"]).await;
+    assert_eq!(bad.code, 1);
+    assert!(
+        bad.stderr.starts_with("error: INVALID_ARGUMENT: "),
+        "{}",
+        bad.stderr
+    );
+    jobq(&url, &["schedule", "rm", "nightly"]).await.ok();
+    let listed = jobq(&url, &["schedule", "list", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(listed, serde_json::json!([]));
+    let gone = jobq(&url, &["schedule", "rm", "nightly"]).await;
+    assert_eq!(gone.code, 1);
+    assert!(
+        gone.stderr.starts_with("error: NOT_FOUND: "),
+        "{}",
+        gone.stderr
+    );
+}
+
+#[tokio::test]
 async fn enqueue_with_a_known_key_says_so() {
     let server = TestServer::start().await;
     let url = server.url();

@@ -1,6 +1,7 @@
 //! Three real `jobq serve` processes on one real PostgreSQL (issue 9):
 //! lease-ended events cross servers, a dead worker's and a dead server's
-//! jobs come back, keys hold across servers, and order 4711 gets one email.
+//! jobs come back, keys hold across servers, order 4711 gets one email, and
+//! a schedule ticks once per tick however many servers run it.
 //! The cluster comes from `JOBQ_TEST_PG` (see `scripts/pg-test.sh`); each
 //! test gets a database of its own.
 
@@ -306,4 +307,53 @@ async fn a_lease_adopted_by_another_server_outlives_its_dead_server() {
         .await
         .expect("the worker's ack through server 2");
     assert_eq!(acked.status, pb::JobStatus::Done as i32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_enqueue_each_tick_of_a_schedule_once() {
+    let cluster = Cluster::start().await;
+    let c = cluster.client(0).await;
+    c.inner()
+        .create_schedule(pb::CreateScheduleRequest {
+            name: "every-second".into(),
+            queue: "ticks".into(),
+            kind: "tick".into(),
+            cron: "* * * * * *".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    // Every server runs a scheduler over the shared table; each tick's
+    // key makes it one job. Wait for a few ticks.
+    let jobs = until(Duration::from_secs(30), "4 ticks", || async {
+        let page = c
+            .list_jobs(pb::ListJobsRequest {
+                queue: "ticks".into(),
+                page_size: 1000,
+                omit_payload: true,
+                ..Default::default()
+            })
+            .await
+            .expect("list");
+        (page.jobs.len() >= 4).then_some(page.jobs)
+    })
+    .await;
+    let mut keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+    keys.sort_unstable();
+    let n = keys.len();
+    keys.dedup();
+    assert_eq!(keys.len(), n, "a tick was enqueued twice: {keys:?}");
+    assert!(keys.iter().all(|k| k.starts_with("schedule:every-second:")));
+    // The other servers see the schedule too (and its last run).
+    let listed = cluster
+        .client(2)
+        .await
+        .inner()
+        .list_schedules(pb::ListSchedulesRequest {})
+        .await
+        .expect("list schedules")
+        .into_inner()
+        .schedules;
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].last_run_at.is_some());
 }

@@ -14,6 +14,7 @@ mod limits;
 mod observability;
 mod operator;
 mod pki;
+mod schedules;
 mod security;
 mod server;
 mod traces;

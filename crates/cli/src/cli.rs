@@ -7,8 +7,8 @@ use crate::conn::Conn;
 use crate::logging::LogFormat;
 use crate::output::Out;
 use crate::{
-    cancel, completions, delete, enqueue, get, list, migrate, pause, purge, retry, serve, stats,
-    token, work,
+    cancel, completions, delete, enqueue, get, list, migrate, pause, purge, retry, schedule, serve,
+    stats, token, work,
 };
 
 /// jobq: a durable job queue with a gRPC API.
@@ -79,6 +79,8 @@ pub enum Command {
     Delete(delete::Args),
     /// Delete a queue's finished jobs (DONE and/or FAILED), by age.
     Purge(purge::Args),
+    /// Jobs enqueued on a cron schedule: add, list, rm.
+    Schedule(schedule::Args),
     /// Per-queue counts and the age of the oldest due job.
     Stats(stats::Args),
     /// Run a command for each job of a queue: a worker in any language.
@@ -128,6 +130,7 @@ impl Cli {
             Command::Cancel(args) => cancel::run(&self.conn.client().await?, out, args).await,
             Command::Delete(args) => delete::run(&self.conn.client().await?, out, args).await,
             Command::Purge(args) => purge::run(&self.conn.client().await?, out, args).await,
+            Command::Schedule(args) => schedule::run(&self.conn.client().await?, out, args).await,
             Command::Pause(args) => pause::run(&self.conn.client().await?, out, args, true).await,
             Command::Resume(args) => pause::run(&self.conn.client().await?, out, args, false).await,
             Command::Stats(args) => stats::run(&self.conn.client().await?, out, args).await,

@@ -33,6 +33,7 @@ mod output;
 mod pause;
 mod purge;
 mod retry;
+mod schedule;
 mod serve;
 mod shutdown;
 mod stats;

@@ -43,7 +43,8 @@ pub enum Role {
     /// GetJob, ListJobs, Stats.
     Read,
     /// All of the above, plus Retry and every operator call (CancelJob,
-    /// PauseQueue, ResumeQueue, DeleteJob, PurgeJobs).
+    /// PauseQueue, ResumeQueue, DeleteJob, PurgeJobs, CreateSchedule,
+    /// DeleteSchedule).
     Admin,
 }
 
@@ -472,8 +473,11 @@ pub enum Access<'a> {
     ReadQueue(Option<&'a str>),
     /// Change one job as an operator (Retry, CancelJob, DeleteJob).
     Administer(JobId),
-    /// Change one queue as an operator (PauseQueue, ResumeQueue, PurgeJobs).
+    /// Change one queue as an operator (PauseQueue, ResumeQueue, PurgeJobs,
+    /// CreateSchedule on its queue).
     AdministerQueue(&'a str),
+    /// Change one schedule (DeleteSchedule): the admin role on its queue.
+    AdministerSchedule(&'a str),
 }
 
 /// The one check per RPC: the caller's role on the queues involved, and
@@ -523,6 +527,18 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             Err(e) => Err(e),
         },
         Access::AdministerQueue(queue) => who.require(Role::Admin, queue),
+        Access::AdministerSchedule(name) => {
+            match store.schedules().await?.iter().find(|s| s.name == name) {
+                Some(schedule) => who.require(Role::Admin, &schedule.queue),
+                // Unknown: NOT_FOUND from the store, but only for a token
+                // that administers something.
+                None if caller.has_role(Role::Admin) => Ok(()),
+                None => Err(Error::PermissionDenied(format!(
+                    "token {:?} has no admin role on any queue",
+                    caller.name()
+                ))),
+            }
+        }
     }
 }
 

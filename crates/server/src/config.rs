@@ -102,6 +102,10 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_BATCH", default_value_t = 1000)]
     pub max_batch: usize,
 
+    /// Most schedules (CreateSchedule beyond it is RESOURCE_EXHAUSTED).
+    #[arg(long, env = "JOBQ_MAX_SCHEDULES", default_value_t = 1000)]
+    pub max_schedules: usize,
+
     /// Longest long-poll `wait` a Dequeue may ask for.
     #[arg(long, env = "JOBQ_MAX_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub max_wait: Duration,

@@ -9,6 +9,7 @@ use jobq::pb;
 
 use crate::{
     job::{Attempt, Job, Leased, Outcome, Status},
+    schedule::{Schedule, Timetable},
     store::QueueStats,
 };
 
@@ -115,6 +116,23 @@ pub fn enqueue_receipt(mut job: Job) -> pb::Job {
     job.payload = Vec::new();
     job.history = Vec::new();
     job.into()
+}
+
+/// A schedule on the wire, with its next tick after `now`.
+pub fn schedule(s: Schedule, now: SystemTime) -> pb::Schedule {
+    let next = Timetable::of(&s).ok().and_then(|t| t.next_after(now));
+    pb::Schedule {
+        name: s.name,
+        queue: s.queue,
+        kind: s.kind,
+        payload: s.payload,
+        cron: s.cron,
+        timezone: s.timezone,
+        max_attempts: s.max_attempts,
+        next_run_at: next.map(timestamp),
+        last_run_at: s.last_tick.map(timestamp),
+        created_at: Some(timestamp(s.created_at)),
+    }
 }
 
 impl From<Leased> for pb::LeasedJob {

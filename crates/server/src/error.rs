@@ -16,6 +16,9 @@ pub enum Error {
     /// No job with this id.
     #[error("job {0} not found")]
     NotFound(JobId),
+    /// No schedule with this name.
+    #[error("schedule {0:?} not found")]
+    ScheduleNotFound(String),
     /// The state machine refused the event.
     #[error(transparent)]
     Transition(#[from] TransitionError),
@@ -72,7 +75,7 @@ impl Error {
     pub fn code(&self) -> Code {
         match self {
             Error::InvalidArgument(_) => Code::InvalidArgument,
-            Error::NotFound(_) => Code::NotFound,
+            Error::NotFound(_) | Error::ScheduleNotFound(_) => Code::NotFound,
             Error::Transition(t) => match t {
                 TransitionError::StaleLease { .. } | TransitionError::Expired { .. } => {
                     Code::Aborted

@@ -12,6 +12,8 @@
 //! - [`config`]: every flag of `jobq serve`, with defaults and limits.
 //! - [`validate`]: turns wire requests into validated domain commands.
 //! - [`convert`]: domain types to and from `jobq::pb`.
+//! - [`schedule`]: schedules (cron in a time zone) and the pure rules of
+//!   which tick to enqueue; [`scheduler`]: the task that enqueues them.
 //! - [`reaper`]: reclaims expired leases, woken by the nearest deadline;
 //!   purges old DONE/FAILED jobs.
 //! - [`waiter`]: long-poll waiting for a due job, without polling.
@@ -43,6 +45,8 @@ pub mod machine;
 pub mod metrics;
 pub mod reaper;
 pub mod rpc_timing;
+pub mod schedule;
+pub mod scheduler;
 pub mod server;
 pub mod service;
 pub mod store;

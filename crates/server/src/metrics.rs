@@ -84,6 +84,9 @@ const METHODS: &[&str] = &[
     "ResumeQueue",
     "DeleteJob",
     "PurgeJobs",
+    "CreateSchedule",
+    "DeleteSchedule",
+    "ListSchedules",
 ];
 
 /// Every metric of the server.

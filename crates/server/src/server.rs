@@ -22,6 +22,7 @@ use crate::{
     metrics::{Metrics, Rates},
     reaper,
     rpc_timing::RpcTiming,
+    scheduler,
     service::JobQueueService,
     store::{
         postgres::{self, PgOptions, PgStore},
@@ -187,6 +188,7 @@ async fn serve_store<S: Store + CommitHook>(
         Arc::clone(&config),
         shutdown.clone(),
     ));
+    let scheduler = tokio::spawn(scheduler::run(Arc::clone(&store), shutdown.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -283,6 +285,7 @@ async fn serve_store<S: Store + CommitHook>(
     // The transport may stop on its own (an error): stop the rest too.
     shutdown.cancel();
     let _ = reaper.await;
+    let _ = scheduler.await;
     let _ = reload.await;
     if let Some(engine) = engine {
         let _ = engine.await;

@@ -279,6 +279,58 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         Ok(Response::new(pb::PurgeJobsResponse { deleted }))
     }
 
+    #[instrument(skip_all, fields(schedule = %req.get_ref().name, queue = %req.get_ref().queue), err(level = "debug"))]
+    async fn create_schedule(
+        &self,
+        req: Request<pb::CreateScheduleRequest>,
+    ) -> Result<Response<pb::CreateScheduleResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let now = now();
+        let (schedule, _) = validate::create_schedule(req.into_inner(), &self.config, now)?;
+        auth::authorize(&*self.store, &who, Access::AdministerQueue(&schedule.queue)).await?;
+        let existing = self.store.schedules().await?;
+        validate::schedule_room(&existing, &schedule.name, &self.config)?;
+        self.store.put_schedule(schedule.clone()).await?;
+        Ok(Response::new(pb::CreateScheduleResponse {
+            schedule: Some(convert::schedule(schedule, now)),
+        }))
+    }
+
+    #[instrument(skip_all, fields(schedule = %req.get_ref().name), err(level = "debug"))]
+    async fn delete_schedule(
+        &self,
+        req: Request<pb::DeleteScheduleRequest>,
+    ) -> Result<Response<pb::DeleteScheduleResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let name = req.into_inner().name;
+        validate::schedule_name(&name)?;
+        auth::authorize(&*self.store, &who, Access::AdministerSchedule(&name)).await?;
+        match self.store.delete_schedule(&name).await? {
+            Some(_) => Ok(Response::new(pb::DeleteScheduleResponse {})),
+            None => Err(Error::ScheduleNotFound(name).into()),
+        }
+    }
+
+    #[instrument(skip_all, err(level = "debug"))]
+    async fn list_schedules(
+        &self,
+        req: Request<pb::ListSchedulesRequest>,
+    ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
+        let who = self.auth.who(&req)?;
+        auth::authorize(&*self.store, &who, Access::ReadQueue(None)).await?;
+        let now = now();
+        let schedules = self.store.schedules().await?;
+        Ok(Response::new(pb::ListSchedulesResponse {
+            schedules: schedules
+                .into_iter()
+                .filter(|s| who.sees(&s.queue))
+                .map(|s| convert::schedule(s, now))
+                .collect(),
+        }))
+    }
+
     type LeaseStream = LeaseEvents;
 
     #[instrument(skip_all, fields(worker.id = %req.get_ref().worker_id), err(level = "debug"))]

@@ -26,8 +26,10 @@ pub const DEFAULT_PAGE_SIZE: usize = 100;
 pub const MAX_PAGE_SIZE: usize = 1000;
 
 mod operator;
+mod schedule;
 
 pub use operator::*;
+pub use schedule::*;
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())

@@ -6,7 +6,8 @@
 //! - no token and unknown tokens are UNAUTHENTICATED on every RPC; health
 //!   and reflection stay open.
 //! - a lease belongs to the token that took it.
-//! - ListJobs and Stats without a queue show only the token's queues.
+//! - ListJobs, Stats without a queue and ListSchedules show only the
+//!   token's queues.
 
 use jobq::pb;
 use tonic::{transport::Channel, Code, Request};
@@ -33,9 +34,11 @@ enum Rpc {
     ResumeQueue,
     DeleteJob,
     PurgeJobs,
+    CreateSchedule,
+    DeleteSchedule,
 }
 
-const RPCS: [Rpc; 16] = [
+const RPCS: [Rpc; 18] = [
     Rpc::Enqueue,
     Rpc::EnqueueBatch,
     Rpc::Dequeue,
@@ -52,6 +55,8 @@ const RPCS: [Rpc; 16] = [
     Rpc::ResumeQueue,
     Rpc::DeleteJob,
     Rpc::PurgeJobs,
+    Rpc::CreateSchedule,
+    Rpc::DeleteSchedule,
 ];
 
 /// The role an RPC needs (admin may do everything).
@@ -65,7 +70,9 @@ fn needs(rpc: Rpc) -> &'static str {
         | Rpc::PauseQueue
         | Rpc::ResumeQueue
         | Rpc::DeleteJob
-        | Rpc::PurgeJobs => "admin",
+        | Rpc::PurgeJobs
+        | Rpc::CreateSchedule
+        | Rpc::DeleteSchedule => "admin",
     }
 }
 
@@ -75,6 +82,17 @@ fn enqueue_req(queue: &str, max_attempts: u32) -> pb::EnqueueRequest {
         kind: "k".into(),
         payload: b"p".to_vec(),
         max_attempts,
+        ..Default::default()
+    }
+}
+
+/// A schedule on `queue` that does not tick during a test.
+fn yearly(queue: &str) -> pb::CreateScheduleRequest {
+    pb::CreateScheduleRequest {
+        name: format!("s-{queue}"),
+        queue: queue.into(),
+        kind: "k".into(),
+        cron: "0 0 1 1 *".into(),
         ..Default::default()
     }
 }
@@ -236,6 +254,16 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
                 ..Default::default()
             };
             code(c.purge_jobs(req(purge, token)).await)
+        }
+        Rpc::CreateSchedule => code(c.create_schedule(req(yearly(queue), token)).await),
+        Rpc::DeleteSchedule => {
+            c.create_schedule(req(yearly(queue), Some("root")))
+                .await
+                .unwrap();
+            let delete = pb::DeleteScheduleRequest {
+                name: format!("s-{queue}"),
+            };
+            code(c.delete_schedule(req(delete, token)).await)
         }
         Rpc::GetJob => {
             let id = enqueue(c, queue, "root").await;
@@ -456,6 +484,26 @@ async fn listing_without_a_queue_shows_only_the_tokens_queues() {
         .into_inner();
     let queues: Vec<_> = stats.queues.iter().map(|q| q.queue.as_str()).collect();
     assert_eq!(queues, ["in.mine"]);
+    for queue in ["in.mine", "out.theirs"] {
+        c.create_schedule(req(yearly(queue), Some("root")))
+            .await
+            .unwrap();
+    }
+    let schedules = c
+        .list_schedules(req(pb::ListSchedulesRequest {}, Some("reader")))
+        .await
+        .unwrap()
+        .into_inner()
+        .schedules;
+    let queues: Vec<_> = schedules.iter().map(|s| s.queue.as_str()).collect();
+    assert_eq!(queues, ["in.mine"]);
+    assert_eq!(
+        code(
+            c.list_schedules(req(pb::ListSchedulesRequest {}, Some("producer")))
+                .await
+        ),
+        Code::PermissionDenied
+    );
     // A token without the read role on any queue is refused, not shown
     // an empty list.
     assert_eq!(

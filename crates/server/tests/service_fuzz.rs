@@ -611,6 +611,83 @@ enum Op {
         /// While the stream is open: a waiting Dequeue, over --max-waiters.
         crowd: bool,
     },
+    Cancel {
+        id: IdGen,
+        reason: String,
+    },
+    Pause(String),
+    Resume(String),
+    Delete(IdGen),
+    Purge {
+        queue: String,
+        status: i32,
+        finished_before: Option<prost_types::Timestamp>,
+    },
+    CreateSchedule(SchedGen),
+    DeleteSchedule(String),
+    ListSchedules,
+}
+
+#[derive(Debug, Clone)]
+struct SchedGen {
+    name: String,
+    queue: String,
+    kind: String,
+    /// (expression, valid)
+    cron: (&'static str, bool),
+    /// (IANA name, valid)
+    timezone: (&'static str, bool),
+    max_attempts: u32,
+}
+
+const CRONS: &[(&str, bool)] = &[
+    ("0 3 * * *", true),
+    ("*/10 * * * * *", true),
+    ("0 0 1 1 *", true),
+    ("", false),
+    ("* * *", false),
+    ("0 25 * * *", false),
+    ("every night", false),
+];
+
+const TIMEZONES: &[(&str, bool)] = &[
+    ("", true),
+    ("UTC", true),
+    ("Europe/Berlin", true),
+    ("America/New_York", true),
+    ("Mars/Olympus", false),
+    ("utc+1", false),
+];
+
+fn sched() -> BoxedStrategy<SchedGen> {
+    (
+        prop_oneof![3 => select(vec!["nightly", "hourly", "s.1"]).prop_map(String::from), 1 => name()],
+        prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => name()],
+        name(),
+        select(CRONS),
+        select(TIMEZONES),
+        max_attempts(),
+    )
+        .prop_map(|(name, queue, kind, cron, timezone, max_attempts)| SchedGen {
+            name,
+            queue,
+            kind,
+            cron,
+            timezone,
+            max_attempts,
+        })
+        .boxed()
+}
+
+fn finished_before() -> BoxedStrategy<Option<prost_types::Timestamp>> {
+    prop_oneof![
+        2 => Just(None),
+        2 => Just(Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: 0 })),
+        1 => Just(Some(prost_types::Timestamp { seconds: 4_000_000_000, nanos: 5 })),
+        1 => Just(Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: -1 })),
+        1 => Just(Some(prost_types::Timestamp { seconds: 0, nanos: 1_000_000_000 })),
+    ]
+    .boxed()
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -646,6 +723,15 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(qs, capacity, lease, reads, ack_first)| Op::Lease {
                 queues: QueuesGen::List(qs), worker: "worker-2".into(), capacity, lease, reads, ack_first, crowd: false,
             }),
+        2 => (id(), error_text()).prop_map(|(id, reason)| Op::Cancel { id, reason }),
+        1 => prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()].prop_map(Op::Pause),
+        2 => prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()].prop_map(Op::Resume),
+        1 => id().prop_map(Op::Delete),
+        1 => (prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()], status(), finished_before())
+            .prop_map(|(queue, status, finished_before)| Op::Purge { queue, status, finished_before }),
+        2 => sched().prop_map(Op::CreateSchedule),
+        1 => prop_oneof![3 => select(vec!["nightly", "hourly", "s.1"]).prop_map(String::from), 1 => opt_name()].prop_map(Op::DeleteSchedule),
+        1 => Just(Op::ListSchedules),
     ]
 }
 
@@ -669,6 +755,13 @@ const RETRY: &[Code] = &[
 ];
 const HEARTBEAT: &[Code] = &[Code::Ok, Code::InvalidArgument, Code::ResourceExhausted];
 const GET: &[Code] = &[Code::Ok, Code::InvalidArgument, Code::NotFound];
+const OPERATE: &[Code] = &[
+    Code::Ok,
+    Code::InvalidArgument,
+    Code::NotFound,
+    Code::FailedPrecondition,
+];
+const SCHEDULE: &[Code] = &[Code::Ok, Code::InvalidArgument, Code::ResourceExhausted];
 const READ: &[Code] = &[Code::Ok, Code::InvalidArgument];
 
 /// Everything a client can see of the store.
@@ -676,6 +769,7 @@ const READ: &[Code] = &[Code::Ok, Code::InvalidArgument];
 struct Snapshot {
     jobs: Vec<pb::Job>,
     stats: Vec<pb::QueueStats>,
+    schedules: Vec<pb::Schedule>,
 }
 
 struct Harness {
@@ -756,7 +850,22 @@ impl Harness {
             // Grows with the clock, not with the store.
             q.oldest_pending_age = None;
         }
-        let snap = Snapshot { jobs, stats };
+        let mut schedules = self
+            .svc
+            .list_schedules(self.as_root(pb::ListSchedulesRequest {}))
+            .await
+            .map_err(|s| TestCaseError::fail(format!("snapshot ListSchedules: {s:?}")))?
+            .into_inner()
+            .schedules;
+        for s in &mut schedules {
+            // Moves with the clock.
+            s.next_run_at = None;
+        }
+        let snap = Snapshot {
+            jobs,
+            stats,
+            schedules,
+        };
         snap.check()?;
         Ok(snap)
     }
@@ -1254,6 +1363,114 @@ impl Harness {
                     self.quiesce().await?;
                 }
                 ("Lease", TAKE, v, code)
+            }
+            Op::Cancel { id, reason } => {
+                let id = self.id(id);
+                let v = all([id_v(&id), bad_if(reason.len() > LIMITS.max_error_bytes)]);
+                let req = pb::CancelJobRequest {
+                    id,
+                    reason: reason.clone(),
+                };
+                let r = self.svc.cancel_job(Request::new(req)).await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let job = r.into_inner().job.expect("cancel returns the job");
+                    prop_assert_eq!(job.status, pb::JobStatus::Failed as i32);
+                }
+                ("CancelJob", OPERATE, v, code)
+            }
+            Op::Pause(queue) | Op::Resume(queue) => {
+                let v = name_v(queue);
+                let pause = matches!(op, Op::Pause(_));
+                let code = if pause {
+                    let req = pb::PauseQueueRequest {
+                        queue: queue.clone(),
+                    };
+                    code_of(&self.svc.pause_queue(Request::new(req)).await)
+                } else {
+                    let req = pb::ResumeQueueRequest {
+                        queue: queue.clone(),
+                    };
+                    code_of(&self.svc.resume_queue(Request::new(req)).await)
+                };
+                (
+                    if pause { "PauseQueue" } else { "ResumeQueue" },
+                    READ,
+                    v,
+                    code,
+                )
+            }
+            Op::Delete(id) => {
+                let id = self.id(id);
+                let v = id_v(&id);
+                let r = self
+                    .svc
+                    .delete_job(Request::new(pb::DeleteJobRequest { id }))
+                    .await;
+                ("DeleteJob", OPERATE, v, code_of(&r))
+            }
+            Op::Purge {
+                queue,
+                status,
+                finished_before,
+            } => {
+                let nanos_ok = finished_before.is_none_or(|t| (0..=999_999_999).contains(&t.nanos));
+                let v = all([
+                    name_v(queue),
+                    bad_if(![0, 3, 4].contains(status)),
+                    bad_if(!nanos_ok),
+                ]);
+                let req = pb::PurgeJobsRequest {
+                    queue: queue.clone(),
+                    status: *status,
+                    finished_before: *finished_before,
+                };
+                let r = self.svc.purge_jobs(Request::new(req)).await;
+                ("PurgeJobs", READ, v, code_of(&r))
+            }
+            Op::CreateSchedule(g) => {
+                let v = all([
+                    name_v(&g.name),
+                    bad_if(g.name.len() > 64),
+                    name_v(&g.queue),
+                    name_v(&g.kind),
+                    bad_if(!g.cron.1),
+                    bad_if(!g.timezone.1),
+                    bad_if(g.max_attempts > LIMITS.max_attempts_limit),
+                ]);
+                let req = pb::CreateScheduleRequest {
+                    name: g.name.clone(),
+                    queue: g.queue.clone(),
+                    kind: g.kind.clone(),
+                    payload: Vec::new(),
+                    cron: g.cron.0.into(),
+                    timezone: g.timezone.0.into(),
+                    max_attempts: g.max_attempts,
+                };
+                let r = self.svc.create_schedule(Request::new(req)).await;
+                let code = code_of(&r);
+                if let Ok(r) = r {
+                    let s = r
+                        .into_inner()
+                        .schedule
+                        .expect("create returns the schedule");
+                    prop_assert_eq!(&s.name, &g.name);
+                    prop_assert!(s.next_run_at.is_some(), "every generated cron ticks again");
+                }
+                ("CreateSchedule", SCHEDULE, v, code)
+            }
+            Op::DeleteSchedule(name) => {
+                let v = all([name_v(name), bad_if(name.len() > 64)]);
+                let req = pb::DeleteScheduleRequest { name: name.clone() };
+                let r = self.svc.delete_schedule(Request::new(req)).await;
+                ("DeleteSchedule", GET, v, code_of(&r))
+            }
+            Op::ListSchedules => {
+                let r = self
+                    .svc
+                    .list_schedules(Request::new(pb::ListSchedulesRequest {}))
+                    .await;
+                ("ListSchedules", READ, V::Valid, code_of(&r))
             }
         })
     }

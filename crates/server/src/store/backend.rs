@@ -10,6 +10,7 @@ use crate::{
     error::Result,
     job::{Job, JobId, LeaseId, NewJob},
     machine::Event,
+    schedule::Schedule,
 };
 
 /// One applied change: the job before and after.
@@ -90,6 +91,24 @@ pub trait Backend: Send + Sync + 'static {
     /// under the engine's own lock or transaction (so a take cannot slip
     /// in between), with its history and its key.
     fn delete(&self, id: JobId) -> impl Future<Output = Result<()>> + Send;
+
+    /// Stores a schedule, replacing one of the same name.
+    fn put_schedule(&self, schedule: &Schedule) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes a schedule; returns it, or `None` if there was none.
+    fn delete_schedule(&self, name: &str) -> impl Future<Output = Result<Option<Schedule>>> + Send;
+
+    /// Every schedule, sorted by name.
+    fn schedules(&self) -> impl Future<Output = Result<Vec<Schedule>>> + Send;
+
+    /// Records that a schedule's `tick` was enqueued: its `last_tick`
+    /// becomes `tick` unless it is already as late (or the schedule is
+    /// gone).
+    fn schedule_ticked(
+        &self,
+        name: &str,
+        tick: SystemTime,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// One job.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;

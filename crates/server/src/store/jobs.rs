@@ -20,6 +20,7 @@ use crate::{
     error::{Error, Result},
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
     machine::{Backoff, Event},
+    schedule::Schedule,
 };
 
 /// Fail-stop state, shared with the tasks that finish a commit.
@@ -545,6 +546,30 @@ impl<B: Backend> Store for Jobs<B> {
         self.written(self.backend.delete(id).await)?;
         // A deleted job makes nothing due and its freed key needs no
         // wake-up: the reply only waits until the delete is durable.
+        self.commit(&[], false).await
+    }
+
+    async fn put_schedule(&self, schedule: Schedule) -> Result<()> {
+        self.check()?;
+        self.written(self.backend.put_schedule(&schedule).await)?;
+        self.commit(&[], false).await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<Option<Schedule>> {
+        self.check()?;
+        let gone = self.written(self.backend.delete_schedule(name).await)?;
+        self.commit(&[], false).await?;
+        Ok(gone)
+    }
+
+    async fn schedules(&self) -> Result<Vec<Schedule>> {
+        self.check()?;
+        self.backend.schedules().await
+    }
+
+    async fn schedule_ticked(&self, name: &str, tick: SystemTime) -> Result<()> {
+        self.check()?;
+        self.written(self.backend.schedule_ticked(name, tick).await)?;
         self.commit(&[], false).await
     }
 

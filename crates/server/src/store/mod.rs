@@ -31,6 +31,7 @@ pub use jobs::Jobs;
 use crate::{
     error::Result,
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
+    schedule::Schedule,
 };
 
 /// The result of an enqueue.
@@ -284,6 +285,25 @@ pub trait Store: Send + Sync + 'static {
     /// FAILED_PRECONDITION for a RUNNING job ([`crate::machine::deletable`]),
     /// NOT_FOUND for an unknown one.
     fn delete(&self, id: JobId) -> impl Future<Output = Result<()>> + Send;
+
+    /// Stores a schedule, replacing one of the same name. Durable on
+    /// return.
+    fn put_schedule(&self, schedule: Schedule) -> impl Future<Output = Result<()>> + Send;
+
+    /// Deletes a schedule; returns it, or `None` if there was none.
+    /// Durable on return.
+    fn delete_schedule(&self, name: &str) -> impl Future<Output = Result<Option<Schedule>>> + Send;
+
+    /// Every schedule, sorted by name.
+    fn schedules(&self) -> impl Future<Output = Result<Vec<Schedule>>> + Send;
+
+    /// Records that a schedule's `tick` was enqueued (`last_tick` only
+    /// moves forward). Durable on return.
+    fn schedule_ticked(
+        &self,
+        name: &str,
+        tick: SystemTime,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Keeps this server registered as alive, for a store shared by
     /// several servers; nothing otherwise.

@@ -15,6 +15,7 @@ use std::{
 use jobq_server::{
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
     machine::{self, Backoff, Event},
+    schedule::Schedule,
     store::{Enqueued, FailReport, ListFilter, QueueStats, Store},
 };
 use proptest::prelude::*;
@@ -1445,3 +1446,4 @@ proptest! {
 }
 
 include!("operator.rs");
+include!("schedules.rs");

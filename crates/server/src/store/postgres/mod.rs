@@ -29,6 +29,7 @@ mod operator;
 mod purge;
 mod queries;
 mod row;
+mod schedules;
 pub mod schema;
 mod take;
 pub mod testing;
@@ -367,6 +368,22 @@ impl Backend for Pg {
 
     async fn delete(&self, id: JobId) -> Result<()> {
         operator::delete(self, id).await
+    }
+
+    async fn put_schedule(&self, schedule: &crate::schedule::Schedule) -> Result<()> {
+        Ok(schedules::put(self, schedule).await?)
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {
+        Ok(schedules::delete(self, name).await?)
+    }
+
+    async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>> {
+        Ok(schedules::all(self).await?)
+    }
+
+    async fn schedule_ticked(&self, name: &str, tick: SystemTime) -> Result<()> {
+        Ok(schedules::ticked(self, name, tick).await?)
     }
 
     async fn get(&self, id: JobId) -> Result<crate::job::Job> {

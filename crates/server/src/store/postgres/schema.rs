@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "jobs, attempts, servers", V1),
     (2, "paused queues", V2),
     (3, "job priorities", V3),
+    (4, "schedules", V4),
 ];
 
 /// Version 1.
@@ -107,6 +108,23 @@ ALTER TABLE jobq_jobs ADD COLUMN priority integer NOT NULL DEFAULT 0
 DROP INDEX jobq_jobs_due;
 CREATE INDEX jobq_jobs_due_by_priority ON jobq_jobs (queue, priority DESC, run_at, id)
     WHERE status = 'pending';
+"#;
+
+/// Version 4: `jobq_schedules`, one row per schedule (CreateSchedule
+/// upserts, DeleteSchedule deletes); `last_tick` is the latest tick any
+/// server enqueued.
+const V4: &str = r#"
+CREATE TABLE jobq_schedules (
+    name         text PRIMARY KEY,
+    queue        text NOT NULL,
+    kind         text NOT NULL,
+    payload      bytea NOT NULL,
+    cron         text NOT NULL,
+    timezone     text NOT NULL,
+    max_attempts integer NOT NULL,
+    created_at   timestamptz NOT NULL,
+    last_tick    timestamptz
+);
 "#;
 
 /// Applies every migration the database lacks, under the advisory lock.

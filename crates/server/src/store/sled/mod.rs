@@ -22,6 +22,7 @@ mod error;
 pub mod flusher;
 mod index;
 mod record;
+mod schedules;
 
 use std::{
     collections::HashMap,
@@ -42,6 +43,7 @@ use crate::{
     error::{Error, Result},
     job::{Job, JobId, LeaseId, NewJob},
     machine::{self, Event},
+    schedule::Schedule,
 };
 
 /// Records scanned per purge step, between which the mutex is free.
@@ -59,6 +61,8 @@ pub struct Sled {
     jobs: sled::Tree,
     /// Paused queues: the queue name as key, an empty value.
     paused_tree: sled::Tree,
+    /// Schedules by name ([`schedules`]).
+    schedules_tree: sled::Tree,
     /// The indexes, and the paused queues (under the same lock, so a take
     /// never races a pause).
     state: Mutex<Index>,
@@ -137,12 +141,14 @@ impl Sled {
                 .map_err(|_| Error::Corrupt(format!("undecodable paused queue {key:?}")))?;
             index.set_paused(&queue, true);
         }
+        let schedules_tree = db.open_tree("schedules").map_err(SledError::from)?;
         let flusher = Flusher::start(db.clone(), &config.data, config.fault_sync())?;
         Ok(Sled {
             flusher,
             db,
             jobs,
             paused_tree,
+            schedules_tree,
             state: Mutex::new(index),
         })
     }
@@ -472,6 +478,25 @@ impl Backend for Sled {
         self.jobs.remove(record_key(id)).map_err(SledError::from)?;
         index.remove(&job);
         Ok(())
+    }
+
+    async fn put_schedule(&self, schedule: &Schedule) -> Result<()> {
+        let _state = self.lock();
+        schedules::put(&self.schedules_tree, schedule)
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<Option<Schedule>> {
+        let _state = self.lock();
+        schedules::delete(&self.schedules_tree, name)
+    }
+
+    async fn schedules(&self) -> Result<Vec<Schedule>> {
+        schedules::all(&self.schedules_tree)
+    }
+
+    async fn schedule_ticked(&self, name: &str, tick: SystemTime) -> Result<()> {
+        let _state = self.lock();
+        schedules::ticked(&self.schedules_tree, name, tick)
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
