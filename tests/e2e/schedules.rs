@@ -68,24 +68,26 @@ async fn every_second_across_a_sigkill_without_duplicates_and_delete_stops_it() 
     let data = tempfile::tempdir().expect("tempdir");
     let mut server = ServerProcess::start(data.path(), &[]);
     let c = server.client().await;
+    // The typed client's calls (jobq_client::Schedule back).
     let created = c
-        .inner()
-        .create_schedule(pb::CreateScheduleRequest {
-            name: "every-second".into(),
-            queue: QUEUE.into(),
-            kind: "tick".into(),
-            payload: b"{}".to_vec(),
-            cron: "*/1 * * * * *".into(),
-            timezone: String::new(),
-            max_attempts: 2,
-        })
+        .create_schedule(
+            "every-second",
+            QUEUE,
+            "tick",
+            b"{}".to_vec(),
+            "*/1 * * * * *",
+            None,
+            2,
+        )
         .await
-        .expect("create")
-        .into_inner()
-        .schedule
-        .expect("schedule");
+        .expect("create");
     assert_eq!(created.timezone, "UTC");
-    let next = created.next_run_at.expect("next run").seconds;
+    let next = created
+        .next_run_at
+        .expect("next run")
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -123,22 +125,15 @@ async fn every_second_across_a_sigkill_without_duplicates_and_delete_stops_it() 
         after.len()
     );
     // The jobs carry the schedule's kind, payload and attempts.
-    let listed = c
-        .inner()
-        .list_schedules(pb::ListSchedulesRequest {})
-        .await
-        .expect("list schedules")
-        .into_inner()
-        .schedules;
+    let listed = c.list_schedules().await.expect("list schedules");
     assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].kind.as_str(), listed[0].max_attempts),
+        ("tick", 2)
+    );
     assert!(listed[0].last_run_at.is_some() && listed[0].next_run_at.is_some());
 
-    c.inner()
-        .delete_schedule(pb::DeleteScheduleRequest {
-            name: "every-second".into(),
-        })
-        .await
-        .expect("delete");
+    c.delete_schedule("every-second").await.expect("delete");
     let at_delete = ticks(&c).await.len();
     // An observation window: a deleted schedule makes nothing more (one
     // tick may have been on its way when the delete landed).
@@ -148,13 +143,7 @@ async fn every_second_across_a_sigkill_without_duplicates_and_delete_stops_it() 
         later <= at_delete + 1,
         "{at_delete} jobs at delete, {later} after"
     );
-    let listed = c
-        .inner()
-        .list_schedules(pb::ListSchedulesRequest {})
-        .await
-        .expect("list schedules")
-        .into_inner();
-    assert!(listed.schedules.is_empty());
+    assert!(c.list_schedules().await.expect("list").is_empty());
 }
 
 #[tokio::test]

@@ -230,6 +230,14 @@ def purge_request(queue: str, status: StatusLike,
     return req
 
 
+def schedule_request(name: str, queue: str, kind: str, payload: Union[bytes, str],
+                     cron: str, timezone: str, max_attempts: int) -> pb.CreateScheduleRequest:
+    if isinstance(payload, str):
+        payload = payload.encode()
+    return pb.CreateScheduleRequest(name=name, queue=queue, kind=kind, payload=payload,
+                                    cron=cron, timezone=timezone, max_attempts=max_attempts)
+
+
 def stats_dict(resp: pb.StatsResponse) -> Dict[str, Dict[str, int]]:
     return {
         q.queue: {"pending": q.pending, "running": q.running,

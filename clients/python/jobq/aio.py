@@ -183,6 +183,22 @@ class AsyncClient:
                                          timeout=self.timeout, metadata=self._md)
         return resp.deleted
 
+    async def create_schedule(self, name: str, queue: str, kind: str, cron: str,
+                              payload: Union[bytes, str] = b"", timezone: str = "",
+                              max_attempts: int = 0) -> pb.Schedule:
+        req = c.schedule_request(name, queue, kind, payload, cron, timezone, max_attempts)
+        resp = await self.stub.CreateSchedule(req, timeout=self.timeout, metadata=self._md)
+        return resp.schedule
+
+    async def delete_schedule(self, name: str) -> None:
+        await self.stub.DeleteSchedule(pb.DeleteScheduleRequest(name=name),
+                                       timeout=self.timeout, metadata=self._md)
+
+    async def list_schedules(self) -> List[pb.Schedule]:
+        resp = await self.stub.ListSchedules(pb.ListSchedulesRequest(), timeout=self.timeout,
+                                             metadata=self._md)
+        return list(resp.schedules)
+
     async def get_job(self, job_id: str) -> pb.Job:
         return await self.stub.GetJob(pb.GetJobRequest(id=job_id), timeout=self.timeout,
                                       metadata=self._md)

@@ -325,8 +325,54 @@ def operator_calls(tmp, client, addr):
         assert e.code() == grpc.StatusCode.NOT_FOUND, e
 
 
+def schedules(tmp, client, addr):
+    """create/list/delete a schedule through the sync and asyncio clients;
+    its first tick lands as one job keyed schedule:<name>:<tick>."""
+    import asyncio
+
+    import grpc
+    from jobq.aio import AsyncClient
+
+    s = client.create_schedule("py-every-second", "py-sched", "tick", "*/1 * * * * *",
+                               payload=b"{}", max_attempts=2)
+    assert s.timezone == "UTC" and s.HasField("next_run_at"), s
+    assert [x.name for x in client.list_schedules()] == ["py-every-second"]
+    deadline = time.time() + 15
+    keys: list = []
+    while time.time() < deadline and not keys:
+        keys = [j.key for j in client.list_jobs("py-sched")]
+        time.sleep(0.1)
+    assert keys and all(k.startswith("schedule:py-every-second:") for k in keys), keys
+    client.delete_schedule("py-every-second")
+    assert client.list_schedules() == []
+    try:
+        client.delete_schedule("py-every-second")
+        raise AssertionError("a deleted schedule was deleted again")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e
+    try:
+        client.create_schedule("bad", "py-sched", "tick", "every day")
+        raise AssertionError("a bad cron expression was accepted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+
+    async def via_aio() -> None:
+        ac = AsyncClient("http://" + addr)
+        try:
+            made = await ac.create_schedule("py-nightly", "py-sched", "report", "0 3 * * *",
+                                            timezone="Europe/Berlin")
+            assert made.timezone == "Europe/Berlin", made
+            assert [x.name for x in await ac.list_schedules()] == ["py-nightly"]
+            await ac.delete_schedule("py-nightly")
+            assert await ac.list_schedules() == []
+        finally:
+            await ac.close()
+
+    asyncio.run(via_aio())
+
+
 TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens,
-         tls_and_token, operator_calls]
+         tls_and_token, operator_calls, schedules]
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 //!   enqueue ([`NewJob`]) and listing ([`JobFilter`], a page at a time or
 //!   as one stream); [`connect`]: how it reaches the server ([`Connect`]:
 //!   bearer token, TLS and mTLS); `operator` (private): the operator's
-//!   calls on [`Client`] (cancel, pause/resume, delete, purge).
+//!   calls on [`Client`] (cancel, pause/resume, delete, purge, schedules).
 //! - [`model`]: the client's types ([`Job`], [`JobId`], [`Status`],
 //!   [`Attempt`], [`Outcome`], [`QueueStats`]) and their conversions from
 //!   and to `pb`.
@@ -101,7 +101,7 @@ pub use context::JobContext;
 pub use error::{Error, Result};
 pub use handler::{HandlerError, HandlerResult};
 pub use jobq::pb;
-pub use model::{Attempt, Enqueued, Job, JobId, Outcome, QueueStats, Rejected, Status};
+pub use model::{Attempt, Enqueued, Job, JobId, Outcome, QueueStats, Rejected, Schedule, Status};
 pub use options::{EnqueueOptions, FailOptions};
 /// The shutdown token [`WorkerBuilder::shutdown`] takes, re-exported so the
 /// tokio-util version always matches.

@@ -416,6 +416,50 @@ impl From<pb::QueueStats> for QueueStats {
     }
 }
 
+/// A schedule: one job enqueued on every tick of a cron expression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Schedule {
+    /// Its name; its jobs are keyed `schedule:<name>:<tick time>`.
+    pub name: String,
+    /// The queue its jobs go to.
+    pub queue: String,
+    /// Their kind.
+    pub kind: String,
+    /// Their payload.
+    pub payload: Vec<u8>,
+    /// The cron expression (5 fields, or 6 with leading seconds).
+    pub cron: String,
+    /// The IANA time zone the expression is read in.
+    pub timezone: String,
+    /// Attempts each job gets.
+    pub max_attempts: u32,
+    /// When the next tick is due; `None` when the expression has no future
+    /// tick.
+    pub next_run_at: Option<SystemTime>,
+    /// The latest tick enqueued; `None` before the first.
+    pub last_run_at: Option<SystemTime>,
+    /// When it was created or last replaced.
+    pub created_at: Option<SystemTime>,
+}
+
+impl From<pb::Schedule> for Schedule {
+    fn from(s: pb::Schedule) -> Self {
+        Self {
+            name: s.name,
+            queue: s.queue,
+            kind: s.kind,
+            payload: s.payload,
+            cron: s.cron,
+            timezone: s.timezone,
+            max_attempts: s.max_attempts,
+            next_run_at: time(s.next_run_at),
+            last_run_at: time(s.last_run_at),
+            created_at: time(s.created_at),
+        }
+    }
+}
+
 fn time(ts: Option<prost_types::Timestamp>) -> Option<SystemTime> {
     ts.and_then(|ts| SystemTime::try_from(ts).ok())
 }

@@ -1,9 +1,10 @@
 //! The operator's calls on [`Client`]: cancel, pause and resume, delete and
-//! purge. Each needs a token with the `admin` role on the job's queue.
+//! purge, schedules. Each needs a token with the `admin` role on the job's
+//! (or schedule's) queue; listing schedules needs `read`.
 
 use std::time::SystemTime;
 
-use crate::{trace, Client, Error, Result};
+use crate::{trace, Client, Error, Result, Schedule};
 use jobq::pb;
 
 impl Client {
@@ -82,5 +83,66 @@ impl Client {
         };
         self.inner().resume_queue(trace::request(req)).await?;
         Ok(())
+    }
+
+    /// Creates a schedule, or replaces the one named `name`: every tick of
+    /// `cron` (5 fields, or 6 with leading seconds), read in `timezone` (an
+    /// IANA name; `None`: UTC), enqueues one job of `kind` with `payload`
+    /// on `queue`, keyed `schedule:<name>:<tick time>`, so a tick is
+    /// enqueued at most once across restarts and servers. `max_attempts`
+    /// 0 means the server default. Returns it with its next run time.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a bad name, cron expression or time zone;
+    /// `RESOURCE_EXHAUSTED` past the server's `--max-schedules`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_schedule(
+        &self,
+        name: impl Into<String>,
+        queue: impl Into<String>,
+        kind: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+        cron: impl Into<String>,
+        timezone: Option<&str>,
+        max_attempts: u32,
+    ) -> Result<Schedule> {
+        let req = pb::CreateScheduleRequest {
+            name: name.into(),
+            queue: queue.into(),
+            kind: kind.into(),
+            payload: payload.into(),
+            cron: cron.into(),
+            timezone: timezone.unwrap_or_default().to_owned(),
+            max_attempts,
+        };
+        let resp = self
+            .inner()
+            .create_schedule(trace::request(req))
+            .await?
+            .into_inner();
+        resp.schedule
+            .map(Into::into)
+            .ok_or(Error::MissingField("schedule"))
+    }
+
+    /// Deletes the schedule `name`: no further ticks (its jobs stay).
+    ///
+    /// # Errors
+    /// `NOT_FOUND` for an unknown name.
+    pub async fn delete_schedule(&self, name: impl Into<String>) -> Result<()> {
+        let req = pb::DeleteScheduleRequest { name: name.into() };
+        self.inner().delete_schedule(trace::request(req)).await?;
+        Ok(())
+    }
+
+    /// Every schedule the caller may read, by name, with next run times.
+    pub async fn list_schedules(&self) -> Result<Vec<Schedule>> {
+        let req = pb::ListSchedulesRequest {};
+        let resp = self
+            .inner()
+            .list_schedules(trace::request(req))
+            .await?
+            .into_inner();
+        Ok(resp.schedules.into_iter().map(Into::into).collect())
     }
 }
