@@ -51,7 +51,17 @@ fn tiny_bench_prints_one_json_line_per_workload() {
         .collect();
     assert_eq!(
         names,
-        ["enqueue", "enqueue-batch", "drain", "latency", "mixed"]
+        [
+            "enqueue",
+            "enqueue-batch",
+            "drain",
+            "latency",
+            "mixed",
+            "enqueue-own-conn",
+            "drain-own-conn-cap1",
+            "drain-own-conn-cap4",
+            "latency-own-conn"
+        ]
     );
     for line in &lines {
         assert!(line["jobs"].as_u64().unwrap() > 0, "{line}");
@@ -70,6 +80,12 @@ fn tiny_bench_prints_one_json_line_per_workload() {
     }
     assert_eq!(lines[0]["jobs"], 200);
     assert_eq!(lines[3]["jobs"], 100);
+    // The like-for-like shapes: one connection per producer and worker.
+    for line in &lines[5..] {
+        assert_eq!(line["params"]["connections"], "own", "{line}");
+    }
+    assert_eq!(lines[6]["params"]["capacity"], 1);
+    assert_eq!(lines[8]["params"]["capacity"], 1);
 
     // The server is gone and so is its temporary data.
     let left: Vec<_> = std::fs::read_dir(data_parent.path()).unwrap().collect();

@@ -49,8 +49,16 @@ pub struct BenchArgs {
     pub server: ServerUrl,
 
     /// Workloads to run, in this order: a (enqueue), a-batch
-    /// (enqueue-batch), b (drain), c (latency), mixed.
-    #[arg(long, value_delimiter = ',', default_value = "a,a-batch,b,c,mixed")]
+    /// (enqueue-batch), b (drain), c (latency), mixed, and the
+    /// like-for-like shapes where each producer and each worker has its own
+    /// connection: a-own (enqueue-own-conn), b-own-cap1
+    /// (drain-own-conn-cap1), b-own-cap4 (drain-own-conn-cap4), c-own
+    /// (latency-own-conn, capacity 1).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "a,a-batch,b,c,mixed,a-own,b-own-cap1,b-own-cap4,c-own"
+    )]
     pub workloads: Vec<Workload>,
 
     /// Jobs per throughput workload (A, A-batch, B).
@@ -111,10 +119,17 @@ pub struct BenchArgs {
     #[arg(long)]
     pub mixed_jobs: Option<u64>,
 
-    /// Client HTTP/2 connections, shared round-robin by producers and
-    /// workers (one connection can be the bottleneck).
-    #[arg(long, default_value_t = 8)]
-    pub connections: usize,
+    /// Client HTTP/2 connections of a, a-batch, b, c and mixed: a number,
+    /// shared round-robin by producers and workers (one connection can be
+    /// the bottleneck), or `own`: each producer and each worker its own
+    /// connection. The `-own` workloads always use `own`.
+    #[arg(long, default_value = "8", value_parser = parse_connections)]
+    pub connections: Connections,
+
+    /// With `--server`: the server's process id, so its memory (VmRSS,
+    /// VmHWM from /proc/PID/status) is reported as for a spawned one.
+    #[arg(long, value_name = "PID")]
+    pub server_pid: Option<u32>,
 
     /// Where the spawned server's temporary data dir is made (default: the
     /// system temp dir). Put it on the disk you care about: on tmpfs an
@@ -181,6 +196,44 @@ impl Args for ServerUrl {
     }
 }
 
+/// How producers and workers get their HTTP/2 connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connections {
+    /// This many, shared round-robin.
+    Shared(usize),
+    /// One per producer and per worker.
+    Own,
+}
+
+impl std::fmt::Display for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Connections::Shared(n) => write!(f, "{n}"),
+            Connections::Own => f.write_str("own"),
+        }
+    }
+}
+
+impl From<Connections> for serde_json::Value {
+    fn from(c: Connections) -> serde_json::Value {
+        match c {
+            Connections::Shared(n) => n.into(),
+            Connections::Own => "own".into(),
+        }
+    }
+}
+
+fn parse_connections(s: &str) -> Result<Connections, String> {
+    if s == "own" {
+        return Ok(Connections::Own);
+    }
+    match s.parse::<usize>() {
+        Ok(0) => Err("--connections must be at least 1 (or `own`)".into()),
+        Ok(n) => Ok(Connections::Shared(n)),
+        Err(_) => Err(format!("`{s}` is neither a number nor `own`")),
+    }
+}
+
 /// One workload of the bench.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -199,6 +252,20 @@ pub enum Workload {
     /// Producers and workers at once.
     #[value(name = "mixed")]
     Mixed,
+    /// A like for like: each of `--producers` on its own connection.
+    #[value(name = "a-own", alias = "enqueue-own-conn")]
+    EnqueueOwn,
+    /// B like for like: each of `--workers` on its own connection, one job
+    /// at a time (capacity 1).
+    #[value(name = "b-own-cap1", alias = "drain-own-conn-cap1")]
+    DrainOwnCap1,
+    /// B on own connections with capacity 4.
+    #[value(name = "b-own-cap4", alias = "drain-own-conn-cap4")]
+    DrainOwnCap4,
+    /// C like for like: the producer and each worker on its own connection,
+    /// capacity 1.
+    #[value(name = "c-own", alias = "latency-own-conn")]
+    LatencyOwn,
 }
 
 impl Workload {
@@ -210,7 +277,36 @@ impl Workload {
             Workload::Drain => "drain",
             Workload::Latency => "latency",
             Workload::Mixed => "mixed",
+            Workload::EnqueueOwn => "enqueue-own-conn",
+            Workload::DrainOwnCap1 => "drain-own-conn-cap1",
+            Workload::DrainOwnCap4 => "drain-own-conn-cap4",
+            Workload::LatencyOwn => "latency-own-conn",
         }
+    }
+
+    /// The like-for-like workloads: every producer and worker on its own
+    /// connection whatever `--connections` says.
+    pub fn own_connections(self) -> bool {
+        matches!(
+            self,
+            Workload::EnqueueOwn
+                | Workload::DrainOwnCap1
+                | Workload::DrainOwnCap4
+                | Workload::LatencyOwn
+        )
+    }
+
+    /// Enqueue or drain: the workloads whose peak RSS the report sums up
+    /// as "during A+B".
+    pub fn is_a_or_b(self) -> bool {
+        matches!(
+            self,
+            Workload::Enqueue
+                | Workload::Drain
+                | Workload::EnqueueOwn
+                | Workload::DrainOwnCap1
+                | Workload::DrainOwnCap4
+        )
     }
 }
 
@@ -253,27 +349,45 @@ pub async fn measure(
     args: BenchArgs,
     mut on_outcome: impl FnMut(&Outcome),
 ) -> anyhow::Result<Report> {
-    anyhow::ensure!(args.connections > 0, "--connections must be at least 1");
+    anyhow::ensure!(
+        args.connections != Connections::Shared(0),
+        "--connections must be at least 1"
+    );
     anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
     anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
     let server = match &args.server.0 {
-        Some(url) => server::Server::attach(url.clone()),
+        Some(url) => server::Server::attach(url.clone(), args.server_pid),
         None => server::Server::spawn(args.data_dir.as_deref(), &args.serve_args).await?,
     };
-    let pool = pool::Pool::connect(&server.url(), args.connections).await?;
+    let shared = match args.connections {
+        Connections::Shared(n) => Some(pool::Pool::connect(&server.url(), n).await?),
+        Connections::Own => None,
+    };
     if !args.json {
         report::write_header(&mut std::io::stdout().lock(), &server, &args)?;
     }
     let progress = progress::Progress::new(!args.no_progress);
     let mut report = Report::new(server.describe());
     for &workload in &args.workloads {
-        let mut outcome = workloads::run(workload, &args, &pool, &progress).await?;
+        // Each workload's peak RSS is its own: VmHWM starts again from the
+        // current RSS.
+        server.reset_peak();
+        let own;
+        let pool = match &shared {
+            Some(pool) if !workload.own_connections() => pool,
+            _ => {
+                let n = workloads::clients(workload, &args);
+                own = pool::Pool::connect(&server.url(), n).await?;
+                &own
+            }
+        };
+        let mut outcome = workloads::run(workload, &args, pool, &progress).await?;
         outcome.memory = server.memory();
         on_outcome(&outcome);
         report.outcomes.push(outcome);
     }
     report.memory = server.memory();
-    drop(pool);
+    drop(shared);
     server.stop().await;
     Ok(report)
 }
@@ -330,7 +444,11 @@ mod tests {
                 Workload::EnqueueBatch,
                 Workload::Drain,
                 Workload::Latency,
-                Workload::Mixed
+                Workload::Mixed,
+                Workload::EnqueueOwn,
+                Workload::DrainOwnCap1,
+                Workload::DrainOwnCap4,
+                Workload::LatencyOwn,
             ]
         );
         assert_eq!(
@@ -345,6 +463,7 @@ mod tests {
             (args.rate, args.latency_jobs, args.latency_workers),
             (1000, 2000, 4)
         );
+        assert_eq!(args.connections, Connections::Shared(8));
         assert!(!args.json);
         assert!(bench(&["jobq", "--json", "bench"]).json);
         assert!(bench(&["jobq", "bench", "--json"]).json);
@@ -353,5 +472,22 @@ mod tests {
             picked,
             [Workload::Drain, Workload::Drain, Workload::Latency]
         );
+    }
+
+    #[test]
+    fn connections_are_a_number_or_own() {
+        let own = bench(&["jobq", "bench", "--connections", "own"]).connections;
+        assert_eq!(own, Connections::Own);
+        let n = bench(&["jobq", "bench", "--connections", "32"]).connections;
+        assert_eq!(n, Connections::Shared(32));
+        assert!(parse_connections("0").is_err());
+        assert!(parse_connections("lots").is_err());
+        let picked = bench(&[
+            "jobq",
+            "bench",
+            "--workloads",
+            "a-own,b-own-cap1,b-own-cap4,c-own",
+        ]);
+        assert!(picked.workloads.iter().all(|w| w.own_connections()));
     }
 }

@@ -28,7 +28,8 @@ pub struct Outcome {
     pub extra: Vec<(&'static str, Summary)>,
     /// The workload's settings (producers, batch size, …).
     pub params: Map<String, Value>,
-    /// The spawned server's memory when the workload ended.
+    /// The server's memory when the workload ended; its peak is the
+    /// peak during this workload (the bench restarts VmHWM before each).
     pub memory: Option<Memory>,
 }
 
@@ -110,6 +111,19 @@ impl Outcome {
     }
 }
 
+impl Report {
+    /// The server's peak RSS over the enqueue and drain workloads (A and
+    /// B in any of their shapes), MiB; `None` when none ran or memory was
+    /// not measured.
+    pub fn peak_rss_a_b(&self) -> Option<f64> {
+        self.outcomes
+            .iter()
+            .filter(|o| o.workload.is_a_or_b())
+            .filter_map(|o| o.memory.map(|m| m.peak_rss_mib))
+            .reduce(f64::max)
+    }
+}
+
 /// A whole run.
 #[derive(Debug, Clone)]
 pub struct Report {
@@ -137,7 +151,7 @@ impl Report {
         writeln!(out)?;
         writeln!(
             out,
-            "{:<14} {:>7} {:>8} {:>10}  {:<22} {:>8} {:>8} {:>8} {:>8}",
+            "{:<19} {:>7} {:>8} {:>10}  {:<22} {:>8} {:>8} {:>8} {:>8}",
             "workload",
             "jobs",
             "secs",
@@ -148,12 +162,12 @@ impl Report {
             "p99.9",
             "max ms"
         )?;
-        writeln!(out, "{}", "-".repeat(103))?;
+        writeln!(out, "{}", "-".repeat(108))?;
         for o in &self.outcomes {
             let l = &o.latency;
             writeln!(
                 out,
-                "{:<14} {:>7} {:>8.2} {:>10.0}  {:<22} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+                "{:<19} {:>7} {:>8.2} {:>10.0}  {:<22} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
                 o.workload.name(),
                 o.jobs,
                 o.elapsed.as_secs_f64(),
@@ -167,7 +181,7 @@ impl Report {
             for (name, s) in &o.extra {
                 writeln!(
                     out,
-                    "{:<14} {:>7} {:>8} {:>10}  {:<22} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+                    "{:<19} {:>7} {:>8} {:>10}  {:<22} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
                     "", "", "", "", name, s.p50_ms, s.p99_ms, s.p999_ms, s.max_ms
                 )?;
             }
@@ -178,12 +192,28 @@ impl Report {
             "durability: {DURABILITY} — every reply waited for sled's flush and an fdatasync"
         )?;
         match self.memory {
-            Some(m) => writeln!(
+            Some(m) => {
+                let peak = self
+                    .outcomes
+                    .iter()
+                    .filter_map(|o| o.memory.map(|m| m.peak_rss_mib))
+                    .fold(m.peak_rss_mib, f64::max);
+                writeln!(
+                    out,
+                    "server memory: peak RSS (VmHWM) {peak:.1} MiB, RSS now (VmRSS) {:.1} MiB",
+                    m.rss_mib
+                )?;
+                if let Some(ab) = self.peak_rss_a_b() {
+                    writeln!(
+                        out,
+                        "server peak RSS during the enqueue and drain workloads (A+B): {ab:.1} MiB"
+                    )?;
+                }
+            }
+            None => writeln!(
                 out,
-                "server memory: peak RSS (VmHWM) {:.1} MiB, RSS now (VmRSS) {:.1} MiB",
-                m.peak_rss_mib, m.rss_mib
+                "server memory: not measured (external server without --server-pid)"
             )?,
-            None => writeln!(out, "server memory: not measured (external server)")?,
         }
         Ok(())
     }
@@ -203,7 +233,7 @@ pub fn write_header(
     )?;
     writeln!(
         out,
-        "  client:     {} connections, payload {} B, {} CPUs on this host",
+        "  client:     {} connections (own: one per producer and worker; the -own workloads always), payload {} B, {} CPUs on this host",
         args.connections,
         args.payload_bytes,
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -259,7 +289,12 @@ mod tests {
     #[test]
     fn table_lists_each_workload_and_the_memory() {
         let mut report = Report::new("test".into());
-        report.outcomes.push(outcome());
+        let mut o = outcome();
+        o.memory = Some(Memory {
+            rss_mib: 9.0,
+            peak_rss_mib: 11.0,
+        });
+        report.outcomes.push(o);
         report.memory = Some(Memory {
             rss_mib: 10.0,
             peak_rss_mib: 12.5,
@@ -272,5 +307,6 @@ mod tests {
         assert!(text.contains("enqueue_rpc"), "{text}");
         assert!(text.contains("peak RSS (VmHWM) 12.5 MiB"), "{text}");
         assert!(text.contains("durability: fsync"), "{text}");
+        assert!(text.contains("(A+B): 11.0 MiB"), "{text}");
     }
 }

@@ -33,6 +33,8 @@ pub struct Memory {
 pub struct Server {
     url: String,
     child: Option<Spawned>,
+    /// An external server's process id (`--server-pid`), for its memory.
+    pid: Option<u32>,
 }
 
 struct Spawned {
@@ -42,9 +44,14 @@ struct Spawned {
 }
 
 impl Server {
-    /// A server someone else runs.
-    pub fn attach(url: String) -> Server {
-        Server { url, child: None }
+    /// A server someone else runs; with its `pid` (on this host) its
+    /// memory is measured too.
+    pub fn attach(url: String, pid: Option<u32>) -> Server {
+        Server {
+            url,
+            child: None,
+            pid,
+        }
     }
 
     /// Starts this very binary as `jobq serve --listen 127.0.0.1:0 --data
@@ -111,6 +118,7 @@ impl Server {
         Ok(Server {
             url: format!("http://{addr}"),
             child: Some(spawned),
+            pid: None,
         })
     }
 
@@ -122,7 +130,10 @@ impl Server {
     /// One line for the report's header.
     pub fn describe(&self) -> String {
         match &self.child {
-            None => format!("external server at {}", self.url),
+            None => match self.pid {
+                Some(pid) => format!("external server (pid {pid}) at {}", self.url),
+                None => format!("external server at {}", self.url),
+            },
             Some(s) => {
                 let dir = s.data.path();
                 format!(
@@ -136,12 +147,27 @@ impl Server {
         }
     }
 
-    /// The spawned server's memory now; `None` for an external server or
-    /// off Linux.
+    /// The server's process id: the spawned child's, or `--server-pid`.
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|s| s.child.id()).or(self.pid)
+    }
+
+    /// The server's memory now; `None` for an external server without
+    /// `--server-pid`, or off Linux.
     pub fn memory(&self) -> Option<Memory> {
-        let pid = self.child.as_ref()?.child.id();
+        let pid = self.pid()?;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         parse_memory(&status)
+    }
+
+    /// Starts the peak (VmHWM) again from the current RSS, so the next
+    /// [`memory`](Self::memory) reports the peak since now (Linux 4.0+:
+    /// `5` written to `/proc/PID/clear_refs`). Best effort: without the
+    /// permission the peak stays the process's lifetime peak.
+    pub fn reset_peak(&self) {
+        if let Some(pid) = self.pid() {
+            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+        }
     }
 
     /// Kills a spawned server (its data is temporary) and removes its data.

@@ -73,6 +73,10 @@ async fn every_workload_reports_throughput_and_percentiles() {
         Workload::Drain,
         Workload::Latency,
         Workload::Mixed,
+        Workload::EnqueueOwn,
+        Workload::DrainOwnCap1,
+        Workload::DrainOwnCap4,
+        Workload::LatencyOwn,
     ];
     assert_eq!(seen, all);
     assert!(
@@ -108,15 +112,33 @@ async fn every_workload_reports_throughput_and_percentiles() {
         40,
         "every job delivered once"
     );
+    // The like-for-like shapes: own connections, capacity 1 where promised.
+    let own = by(Workload::EnqueueOwn).to_json();
+    assert_eq!(own["workload"], "enqueue-own-conn");
+    assert_eq!(own["params"]["connections"], "own");
+    assert_eq!(by(Workload::EnqueueOwn).jobs, 120);
+    for (w, cap) in [(Workload::DrainOwnCap1, 1), (Workload::DrainOwnCap4, 4)] {
+        let line = by(w).to_json();
+        assert_eq!(line["params"]["capacity"], cap, "{line}");
+        assert_eq!(line["params"]["connections"], "own", "{line}");
+        assert_eq!(by(w).jobs, 120, "{line}");
+    }
+    let c = by(Workload::LatencyOwn).to_json();
+    assert_eq!(c["workload"], "latency-own-conn");
+    assert_eq!(c["params"]["capacity"], 1);
+    assert_eq!(by(Workload::LatencyOwn).latency.count, 40);
 
     // Each workload had its own queue, and the workers left nothing
     // pending or running in theirs.
     let client = jobq_client::Client::connect(url).await.unwrap();
     let stats = client.stats(None).await.unwrap();
-    assert_eq!(stats.len(), 5, "{stats:?}");
+    assert_eq!(stats.len(), 9, "{stats:?}");
     for q in &stats {
         let total = q.pending + q.running + q.done + q.failed;
-        if q.queue.ends_with("-enqueue") || q.queue.ends_with("-enqueue-batch") {
+        if q.queue.ends_with("-enqueue")
+            || q.queue.ends_with("-enqueue-batch")
+            || q.queue.ends_with("-enqueue-own-conn")
+        {
             assert_eq!((q.pending, total), (120, 120), "{q:?}");
         } else {
             assert_eq!((q.pending, q.running, q.failed), (0, 0, 0), "{q:?}");
@@ -127,10 +149,10 @@ async fn every_workload_reports_throughput_and_percentiles() {
     server.await.unwrap().unwrap();
 }
 
-#[tokio::test]
-async fn zero_connections_is_refused() {
-    let mut args = args(&["--connections", "0"]);
-    args.server = ServerUrl(Some("http://127.0.0.1:1".into()));
-    let err = measure(args, |_| {}).await.unwrap_err();
+#[test]
+fn zero_connections_is_refused() {
+    let err = Cli::try_parse_from(["bench", "--connections", "0"])
+        .err()
+        .expect("refused");
     assert!(err.to_string().contains("--connections"), "{err}");
 }

@@ -15,9 +15,14 @@ use crate::{pool::Pool, progress::Progress, BenchArgs, Outcome, Workload};
 /// Concurrent EnqueueBatch calls of the untimed fill.
 const FILL_PRODUCERS: usize = 8;
 
-/// Runs B.
-pub async fn run(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::Result<Outcome> {
-    let name = Workload::Drain.name();
+/// Runs B (or one of its own-connection shapes, `workload`).
+pub async fn run(
+    workload: Workload,
+    args: &BenchArgs,
+    pool: &Pool,
+    progress: &Progress,
+) -> anyhow::Result<Outcome> {
+    let name = workload.name();
     let queue = pool.queue(name);
     let filling = progress.bar("drain (fill)", args.jobs);
     fill(pool, &queue, args, FILL_PRODUCERS, &filling).await?;
@@ -31,7 +36,7 @@ pub async fn run(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::
     let elapsed = start.elapsed();
     bar.finish_and_clear();
     Ok(Outcome::new(
-        Workload::Drain,
+        workload,
         shared.acked(),
         elapsed,
         "ack_rpc",

@@ -16,10 +16,15 @@ use tokio::task::JoinSet;
 use super::{join_all, Tickets, KIND};
 use crate::{hist::Latencies, pool::Pool, progress::Progress, BenchArgs, Outcome, Workload};
 
-/// A: one job per Enqueue RPC.
-pub async fn single(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::Result<Outcome> {
-    let queue = pool.queue(Workload::Enqueue.name());
-    let bar = progress.bar(Workload::Enqueue.name(), args.jobs);
+/// A (and A on own connections, `workload`): one job per Enqueue RPC.
+pub async fn single(
+    workload: Workload,
+    args: &BenchArgs,
+    pool: &Pool,
+    progress: &Progress,
+) -> anyhow::Result<Outcome> {
+    let queue = pool.queue(workload.name());
+    let bar = progress.bar(workload.name(), args.jobs);
     let tickets = Tickets::new(args.jobs);
     let start = Instant::now();
     let mut set = JoinSet::new();
@@ -44,16 +49,12 @@ pub async fn single(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyho
     let rpc = merged(join_all(set).await?);
     let elapsed = start.elapsed();
     bar.finish_and_clear();
-    Ok(Outcome::new(
-        Workload::Enqueue,
-        args.jobs,
-        elapsed,
-        "enqueue_rpc",
-        rpc.summary(),
+    Ok(
+        Outcome::new(workload, args.jobs, elapsed, "enqueue_rpc", rpc.summary())
+            .param("producers", args.producers)
+            .param("payload_bytes", args.payload_bytes)
+            .param("connections", args.connections),
     )
-    .param("producers", args.producers)
-    .param("payload_bytes", args.payload_bytes)
-    .param("connections", args.connections))
 }
 
 /// A-batch: `--batch-size` jobs per EnqueueBatch RPC.

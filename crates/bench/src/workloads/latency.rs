@@ -22,10 +22,15 @@ use tokio::task::JoinSet;
 use super::{join_all, worker, KIND};
 use crate::{hist::Latencies, pool::Pool, progress::Progress, stamp, BenchArgs, Outcome, Workload};
 
-/// Runs C.
-pub async fn run(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::Result<Outcome> {
+/// Runs C (or its own-connection shape, `workload`).
+pub async fn run(
+    workload: Workload,
+    args: &BenchArgs,
+    pool: &Pool,
+    progress: &Progress,
+) -> anyhow::Result<Outcome> {
     anyhow::ensure!(args.rate > 0, "--rate must be at least 1");
-    let name = Workload::Latency.name();
+    let name = workload.name();
     let queue = pool.queue(name);
     let total = args.latency_jobs;
     let bar = progress.bar(name, total);
@@ -72,7 +77,7 @@ pub async fn run(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::
     bar.finish_and_clear();
     let enqueue_rpc = rpc.lock().unwrap_or_else(|e| e.into_inner()).summary();
     Ok(Outcome::new(
-        Workload::Latency,
+        workload,
         total,
         elapsed,
         "enqueue_to_delivered",
@@ -83,5 +88,6 @@ pub async fn run(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::
     .param("rate", args.rate)
     .param("workers", args.latency_workers)
     .param("capacity", args.capacity)
-    .param("payload_bytes", args.payload_bytes.max(stamp::MIN_LEN)))
+    .param("payload_bytes", args.payload_bytes.max(stamp::MIN_LEN))
+    .param("connections", args.connections))
 }

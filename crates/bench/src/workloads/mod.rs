@@ -14,7 +14,7 @@ use std::sync::{
 
 use tokio::task::JoinSet;
 
-use crate::{pool::Pool, progress::Progress, BenchArgs, Outcome, Workload};
+use crate::{pool::Pool, progress::Progress, BenchArgs, Connections, Outcome, Workload};
 
 /// The job kind every bench job has.
 const KIND: &str = "bench";
@@ -26,13 +26,35 @@ pub async fn run(
     pool: &Pool,
     progress: &Progress,
 ) -> anyhow::Result<Outcome> {
+    let own = |capacity: Option<u32>| BenchArgs {
+        connections: Connections::Own,
+        capacity: capacity.unwrap_or(args.capacity),
+        ..args.clone()
+    };
     match workload {
-        Workload::Enqueue => enqueue::single(args, pool, progress).await,
+        Workload::Enqueue => enqueue::single(workload, args, pool, progress).await,
         Workload::EnqueueBatch => enqueue::batch(args, pool, progress).await,
-        Workload::Drain => drain::run(args, pool, progress).await,
-        Workload::Latency => latency::run(args, pool, progress).await,
+        Workload::Drain => drain::run(workload, args, pool, progress).await,
+        Workload::Latency => latency::run(workload, args, pool, progress).await,
         Workload::Mixed => mixed::run(args, pool, progress).await,
+        Workload::EnqueueOwn => enqueue::single(workload, &own(None), pool, progress).await,
+        Workload::DrainOwnCap1 => drain::run(workload, &own(Some(1)), pool, progress).await,
+        Workload::DrainOwnCap4 => drain::run(workload, &own(Some(4)), pool, progress).await,
+        Workload::LatencyOwn => latency::run(workload, &own(Some(1)), pool, progress).await,
     }
+}
+
+/// How many connections `workload` needs to give each of its producers
+/// and workers one of its own.
+pub fn clients(workload: Workload, args: &BenchArgs) -> usize {
+    match workload {
+        Workload::Enqueue | Workload::EnqueueBatch | Workload::EnqueueOwn => args.producers,
+        Workload::Drain | Workload::DrainOwnCap1 | Workload::DrainOwnCap4 => args.workers,
+        // The producer comes after the workers.
+        Workload::Latency | Workload::LatencyOwn => args.latency_workers + 1,
+        Workload::Mixed => args.workers + args.mixed_producers,
+    }
+    .max(1)
 }
 
 /// Hands out job numbers `0..total` to concurrent producers, `n` at a time,
