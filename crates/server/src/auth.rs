@@ -476,7 +476,8 @@ pub enum Access<'a> {
     /// Change one queue as an operator (PauseQueue, ResumeQueue, PurgeJobs,
     /// CreateSchedule on its queue).
     AdministerQueue(&'a str),
-    /// Change one schedule (DeleteSchedule): the admin role on its queue.
+    /// Change one schedule (DeleteSchedule, and CreateSchedule replacing
+    /// one of the same name): the admin role on its queue.
     AdministerSchedule(&'a str),
 }
 

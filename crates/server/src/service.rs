@@ -289,6 +289,14 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let now = now();
         let (schedule, _) = validate::create_schedule(req.into_inner(), &self.config, now)?;
         auth::authorize(&*self.store, &who, Access::AdministerQueue(&schedule.queue)).await?;
+        // Creating replaces a schedule of the same name: the caller must
+        // also administer the queue that one feeds.
+        auth::authorize(
+            &*self.store,
+            &who,
+            Access::AdministerSchedule(&schedule.name),
+        )
+        .await?;
         let existing = self.store.schedules().await?;
         validate::schedule_room(&existing, &schedule.name, &self.config)?;
         self.store.put_schedule(schedule.clone()).await?;

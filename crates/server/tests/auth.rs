@@ -521,3 +521,39 @@ async fn listing_without_a_queue_shows_only_the_tokens_queues() {
         Code::PermissionDenied
     );
 }
+
+#[tokio::test]
+async fn create_schedule_cannot_replace_a_schedule_on_a_queue_the_token_may_not_administer() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let theirs = pb::CreateScheduleRequest {
+        name: "nightly".into(),
+        ..yearly("out.billing")
+    };
+    c.create_schedule(req(theirs, Some("root"))).await.unwrap();
+    // `admin` administers in.* only: taking the name over for one of its
+    // own queues would silently delete out.billing's schedule.
+    let hijack = pb::CreateScheduleRequest {
+        name: "nightly".into(),
+        ..yearly("in.mine")
+    };
+    assert_eq!(
+        code(c.create_schedule(req(hijack, Some("admin"))).await),
+        Code::PermissionDenied
+    );
+    let schedules = c
+        .list_schedules(req(pb::ListSchedulesRequest {}, Some("root")))
+        .await
+        .unwrap()
+        .into_inner()
+        .schedules;
+    let named: Vec<_> = schedules
+        .iter()
+        .map(|s| (s.name.as_str(), s.queue.as_str()))
+        .collect();
+    assert_eq!(named, [("nightly", "out.billing")]);
+    // A new name on its own queue is still fine.
+    c.create_schedule(req(yearly("in.mine"), Some("admin")))
+        .await
+        .unwrap();
+}
