@@ -22,8 +22,8 @@ class JobContext:
       stop: the lease was revoked (e.g. an operator's CancelJob) or reported
       lost, its deadline passed while heartbeats could not reach the server,
       or the worker's drain deadline passed. ``cancel_reason`` says which.
-      The worker then neither acks nor fails the job (except after a drain
-      deadline, when the lease is still ours). A thread cannot be stopped
+      The worker then neither acks nor fails the job: after a drain
+      deadline the server reclaims it when the lease ends. A thread cannot be stopped
       from outside: long sync handlers should check ``cancelled``; the
       asyncio worker also cancels the handler's task.
     """

@@ -222,10 +222,12 @@ class Worker:
             error = self._execute(ctx)
         finally:
             self._slots.release()
-        if not self._book.holds(ctx):
+        if not self._book.holds(ctx) or (ctx.is_cancelled() and self._hard_stop.is_set()):
             # Revoked, reported lost, or past its deadline: someone else may
-            # hold the job now.
+            # hold the job now. Cancelled at the drain deadline: the handler
+            # did not finish, so the server reclaims the job (as in Rust).
             log.warning("job %s: %s; not acking", ctx.id, ctx.cancel_reason or "lease lost")
+            self._book.remove(ctx)
             return
         self._settle(ctx, error)
 

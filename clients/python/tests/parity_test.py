@@ -440,7 +440,35 @@ async def _status(aio: AsyncClient, job_id: str) -> int:
         return -1
 
 
-TESTS = [attempt_is_one_based, unknown_kind_is_retryable, wrong_arguments_are_refused,
+def drain_deadline_does_not_ack(tmp, client, addr):
+    """A handler still running at the drain deadline is told to stop; when
+    it returns, the job is neither acked nor failed (the server reclaims it
+    when its lease ends), as in the Rust worker."""
+    job, _ = client.enqueue("drain-deadline", "k", b"")
+    started = threading.Event()
+
+    def handler(ctx: JobContext) -> None:
+        started.set()
+        ctx.cancelled.wait(30)  # returns as soon as it is told to stop
+
+    worker = Worker(client, ["drain-deadline"], handler, lease=30, drain_timeout=0.5)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    assert started.wait(15), "the handler never started"
+    worker.stop()
+    thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop"
+    # Not settled: still running under the lease, or already reclaimed
+    # because the worker's stream closed; never acked or failed.
+    j = client.get_job(job.id)
+    assert (pb.JobStatus.Name(j.status), outcomes(j)) in (
+        ("JOB_STATUS_RUNNING", []),
+        ("JOB_STATUS_PENDING", ["ATTEMPT_OUTCOME_WORKER_DISCONNECTED"]),
+    ), (pb.JobStatus.Name(j.status), outcomes(j))
+    client.cancel_job(job.id, "test over")
+
+
+TESTS = [attempt_is_one_based, drain_deadline_does_not_ack, unknown_kind_is_retryable, wrong_arguments_are_refused,
          jobq_server_env, cancel_revokes_the_running_handler, ack_survives_a_server_restart,
          lease_deadline_stops_the_handler, sigint_drains, sigterm_drains,
          asyncio_client_and_worker, asyncio_ack_survives_a_server_restart,
