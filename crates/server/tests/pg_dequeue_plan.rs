@@ -2,8 +2,10 @@
 //! `SKIP LOCKED` queue's planner may switch the dequeue to a primary-key
 //! scan and the drain rate falls 6×. Fill 100k DONE rows, ANALYZE, check
 //! with EXPLAIN that the dequeue still uses the partial index of PENDING
-//! jobs, and print the drain rate against an empty table's. Needs
-//! `JOBQ_TEST_PG` (see `scripts/pg-test.sh`).
+//! jobs, and print the drain rate against an empty table's. And the hazard
+//! of priorities: many not-yet-due jobs of a higher priority must not make
+//! a take (or the waiters' next-due lookup) walk them. Needs `JOBQ_TEST_PG`
+//! (see `scripts/pg-test.sh`).
 
 use std::{
     sync::Arc,
@@ -13,7 +15,7 @@ use std::{
 use jobq_server::{
     job::NewJob,
     store::{
-        postgres::{testing, Clock, PgOptions, PgStore, DEQUEUE},
+        postgres::{dequeue, testing, Clock, PgOptions, PgStore, NEXT_RUN_AT},
         Store,
     },
     Config,
@@ -119,7 +121,7 @@ async fn pg_dequeue_plan_uses_the_partial_index_after_analyze_with_100k_done_row
         .batch_execute("ANALYZE jobq_jobs")
         .await
         .expect("analyze");
-    let sql = format!("EXPLAIN SELECT id {DEQUEUE}")
+    let sql = format!("EXPLAIN {}", dequeue("id"))
         .replace("$1", "'q'")
         .replace("$2::timestamptz", "NULL::timestamptz");
     let plan: Vec<String> = client
@@ -137,7 +139,7 @@ async fn pg_dequeue_plan_uses_the_partial_index_after_analyze_with_100k_done_row
     );
     assert!(
         !plan.contains("Sort"),
-        "the index gives the dequeue's order (priority, run_at, id): no sort:\n{plan}"
+        "the index gives the dequeue's order (priority, then run_at, id): no sort:\n{plan}"
     );
     assert!(
         !plan.contains("jobq_jobs_pkey"),
@@ -150,5 +152,116 @@ async fn pg_dequeue_plan_uses_the_partial_index_after_analyze_with_100k_done_row
         "drain ({WORKERS} workers, take + ack, {DRAIN_JOBS} jobs): empty table {empty:.0} jobs/s, \
          with {DONE_ROWS} DONE rows {with_done:.0} jobs/s ({:.2}×)",
         with_done / empty
+    );
+}
+
+/// Shared buffers (hit or read) a statement touched, from `EXPLAIN
+/// (ANALYZE, BUFFERS, FORMAT JSON)`.
+async fn buffers(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}");
+    let rows = client.query(&explain, &[]).await.expect("explain");
+    let plan: serde_json::Value = rows[0].get(0);
+    let top = &plan[0]["Plan"];
+    let blocks = |name: &str| top[name].as_i64().unwrap_or(0);
+    blocks("Shared Hit Blocks") + blocks("Shared Read Blocks")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_take_skips_over_higher_priority_jobs_that_are_not_due() {
+    const DELAYED: i64 = 100_000;
+    let url = testing::fresh_database("jobq_plan").await;
+    let store = store(&url).await;
+    let client = store.backend().pool().get().await.expect("client");
+    // A bulk import scheduled an hour ahead at priority 10, and three
+    // ordinary jobs due now at priority 0.
+    client
+        .execute(
+            "INSERT INTO jobq_jobs (id, queue, kind, payload, status, attempts, max_attempts, \
+             enqueued_at, run_at, priority) \
+             SELECT nextval('jobq_job_ids'), 'q', 'k', '\\x7b7d', 'pending', 0, 3, \
+             now(), now() + interval '1 hour', 10 FROM generate_series(1, $1::bigint)",
+            &[&DELAYED],
+        )
+        .await
+        .expect("fill delayed jobs");
+    let mut due = Vec::new();
+    for _ in 0..3 {
+        due.push(
+            store
+                .enqueue(new_job(), SystemTime::now())
+                .await
+                .expect("enqueue")
+                .job
+                .id,
+        );
+    }
+    client
+        .batch_execute("ANALYZE jobq_jobs")
+        .await
+        .expect("analyze");
+
+    let take = dequeue("id")
+        .replace("$1", "'q'")
+        .replace("$2::timestamptz", "NULL::timestamptz");
+    let take_buffers = buffers(&client, &take).await;
+    let next_due = NEXT_RUN_AT.replace("$1::text[]", "ARRAY['q']::text[]");
+    let next_due_buffers = buffers(&client, &next_due).await;
+    let scan = "SELECT min(run_at) FROM jobq_jobs WHERE status = 'pending' AND queue = 'q'";
+    let scan_buffers = buffers(&client, scan).await;
+    println!(
+        "past {DELAYED} delayed higher-priority jobs: a take read {take_buffers} buffers, \
+         the next-due lookup {next_due_buffers} (a plain min(run_at): {scan_buffers})"
+    );
+    // A walk over the delayed entries reads hundreds of index pages (~500
+    // for 100k); skipping them is a few descents of the index.
+    assert!(
+        take_buffers < 50,
+        "a take read {take_buffers} buffers: it walks the delayed jobs"
+    );
+    assert!(
+        next_due_buffers < 50,
+        "the next-due lookup read {next_due_buffers} buffers: it walks the pending jobs"
+    );
+    drop(client);
+
+    // Through the store: the due jobs come out in order, then nothing.
+    let queues = vec!["q".to_owned()];
+    for id in &due {
+        let leased = store
+            .take(
+                &queues,
+                "w",
+                None,
+                Duration::from_secs(60),
+                SystemTime::now(),
+            )
+            .await
+            .expect("take")
+            .expect("a due job");
+        assert_eq!(leased.job.id, *id);
+    }
+    assert!(store
+        .take(
+            &queues,
+            "w",
+            None,
+            Duration::from_secs(60),
+            SystemTime::now()
+        )
+        .await
+        .expect("take")
+        .is_none());
+    // What a waiter sleeps until: the delayed jobs' hour.
+    let next = store
+        .next_run_at(&queues)
+        .await
+        .expect("next_run_at")
+        .expect("pending jobs remain");
+    let ahead = next
+        .duration_since(SystemTime::now())
+        .expect("the next due job is in the future");
+    assert!(
+        ahead > Duration::from_secs(3500) && ahead <= Duration::from_secs(3600),
+        "next due in {ahead:?}"
     );
 }

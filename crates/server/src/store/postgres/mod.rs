@@ -47,7 +47,8 @@ use std::{
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 pub use error::PgError;
-pub use take::DEQUEUE;
+pub use queries::NEXT_RUN_AT;
+pub use take::dequeue;
 use tokio::task::AbortHandle;
 use tokio_postgres::NoTls;
 

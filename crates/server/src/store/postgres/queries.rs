@@ -217,16 +217,28 @@ pub async fn stats(
     Ok(out)
 }
 
-/// The earliest `run_at` among PENDING jobs of these queues (read from the
-/// dequeue's partial index).
+/// The earliest `run_at` among PENDING jobs of the queues in `$1`, paused
+/// ones left out. The due index is ordered by priority first, so a plain
+/// `min(run_at)` would read every pending job; this skips through it like
+/// the dequeue does (see `take.rs`): per queue, each pending priority is
+/// found with one index probe, and its earliest `run_at` with another.
+pub const NEXT_RUN_AT: &str = "WITH RECURSIVE prio(q, p) AS ( \
+       SELECT q, (SELECT priority FROM jobq_jobs WHERE status = 'pending' AND queue = q \
+                  ORDER BY priority DESC LIMIT 1) \
+       FROM unnest($1::text[]) AS q WHERE q NOT IN (SELECT queue FROM jobq_paused) \
+       UNION ALL \
+       SELECT prio.q, (SELECT priority FROM jobq_jobs WHERE status = 'pending' \
+                       AND queue = prio.q AND priority < prio.p \
+                       ORDER BY priority DESC LIMIT 1) \
+       FROM prio WHERE prio.p IS NOT NULL) \
+     SELECT min((SELECT run_at FROM jobq_jobs WHERE status = 'pending' \
+                 AND queue = prio.q AND priority = prio.p ORDER BY run_at LIMIT 1)) \
+     FROM prio WHERE prio.p IS NOT NULL";
+
+/// [`NEXT_RUN_AT`] of these queues.
 pub async fn next_run_at(pg: &Pg, queues: &[String]) -> Result<Option<SystemTime>, PgError> {
     let client = pg.client().await?;
-    let stmt = client
-        .prepare_cached(
-            "SELECT min(run_at) FROM jobq_jobs WHERE status = 'pending' AND queue = ANY($1) \
-             AND queue NOT IN (SELECT queue FROM jobq_paused)",
-        )
-        .await?;
+    let stmt = client.prepare_cached(NEXT_RUN_AT).await?;
     Ok(client.query_one(&stmt, &[&queues]).await?.try_get(0)?)
 }
 
