@@ -1,6 +1,6 @@
-//! What a transition costs sled in write syscalls. Its own test binary, so
-//! that `/proc/self/io` (which counts every thread of the process) sees
-//! nothing but this store.
+//! What a transition costs sled in write syscalls and bytes. Its own test
+//! binary, so that `/proc/self/io` (which counts every thread of the
+//! process) sees nothing but these stores, one test at a time.
 //!
 //! A regression guard: single-record changes once went through
 //! `Tree::apply_batch`, which in sled 0.34 rolls the log buffer twice per
@@ -17,47 +17,72 @@ use jobq_server::{
 };
 use tempfile::TempDir;
 
-/// Write-family syscalls made so far by this process (all threads).
-fn write_syscalls() -> u64 {
+/// The counters are the whole process's: the tests here take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A counter of this process (all threads) from `/proc/self/io`.
+fn io_counter(name: &str) -> u64 {
     let io = std::fs::read_to_string("/proc/self/io").expect("read /proc/self/io");
     io.lines()
-        .find_map(|line| line.strip_prefix("syscw:"))
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
         .and_then(|n| n.trim().parse().ok())
-        .expect("syscw in /proc/self/io")
+        .unwrap_or_else(|| panic!("{name} in /proc/self/io"))
 }
 
-#[test]
-fn one_job_changes_cost_one_log_write_per_commit_round() {
-    // No I/O driver: a runtime that parks on epoll is woken through an
-    // eventfd write, which /proc/self/io would count too.
+/// Write-family syscalls made so far.
+fn write_syscalls() -> u64 {
+    io_counter("syscw")
+}
+
+/// Bytes passed to write-family syscalls so far.
+fn bytes_written() -> u64 {
+    io_counter("wchar")
+}
+
+/// A current-thread runtime without an I/O driver: one that parks on epoll
+/// is woken through an eventfd write, which /proc/self/io would count too.
+fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap()
-        .block_on(changes());
+}
+
+fn new_job(payload: Vec<u8>) -> NewJob {
+    NewJob {
+        queue: "q".into(),
+        kind: "send-email".into(),
+        payload,
+        key: None,
+        max_attempts: 3,
+        delay: Duration::ZERO,
+        priority: 0,
+        metadata: Default::default(),
+    }
+}
+
+fn open(dir: &TempDir) -> SledStore {
+    let mut config = Config::with_data(dir.path());
+    config.cache_bytes = 8 * 1024 * 1024;
+    SledStore::open(&config).unwrap()
+}
+
+#[test]
+fn one_job_changes_cost_one_log_write_per_commit_round() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(changes());
 }
 
 async fn changes() {
     let dir = TempDir::new().unwrap();
-    let mut config = Config::with_data(dir.path());
-    config.cache_bytes = 8 * 1024 * 1024;
-    let store = SledStore::open(&config).unwrap();
+    let store = open(&dir);
     let queues = vec!["q".to_string()];
     const JOBS: u64 = 200;
 
     let writes_before = write_syscalls();
     let rounds_before = store.flush_rounds();
     for n in 0..JOBS {
-        let new = NewJob {
-            queue: "q".into(),
-            kind: "send-email".into(),
-            payload: format!("order-{n}").into_bytes(),
-            key: None,
-            max_attempts: 3,
-            delay: Duration::ZERO,
-            priority: 0,
-            metadata: Default::default(),
-        };
+        let new = new_job(format!("order-{n}").into_bytes());
         store.enqueue(new, SystemTime::now()).await.unwrap();
         let leased = store
             .take(
@@ -91,4 +116,69 @@ async fn changes() {
         "{writes} write syscalls for {rounds} commit rounds over {} changes",
         3 * JOBS
     );
+}
+
+#[test]
+fn a_heartbeat_writes_the_same_bytes_whatever_the_payload_size() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let small = heartbeat_bytes(100).await;
+        let large = heartbeat_bytes(256 * 1024).await;
+        println!("bytes written per lease per heartbeat: {small} with 100 B payloads, {large} with 256 KiB");
+        // Issue 12: at most 1 KiB per job plus its history entry, and no
+        // more for a big payload than for a small one (sled's log frames
+        // vary by a few bytes, so allow a little).
+        assert!(large <= 2048, "{large} bytes per lease per heartbeat");
+        assert!(
+            large <= small + 256,
+            "a heartbeat over 256 KiB payloads wrote {large} bytes per lease, over 100 B ones {small}"
+        );
+    });
+}
+
+/// Leases 20 jobs with `payload` bytes each, heartbeats them 10 times, and
+/// returns the bytes written per lease per heartbeat. Reopens the store
+/// first so nothing of the enqueues is still in sled's buffers.
+async fn heartbeat_bytes(payload: usize) -> u64 {
+    const LEASES: u64 = 20;
+    const BEATS: u64 = 10;
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let queues = vec!["q".to_string()];
+    let batch = (0..LEASES).map(|_| new_job(vec![b'x'; payload])).collect();
+    store.enqueue_batch(batch, SystemTime::now()).await.unwrap();
+    let mut leases = Vec::new();
+    for _ in 0..LEASES {
+        let leased = store
+            .take(
+                &queues,
+                "w",
+                None,
+                Duration::from_secs(30),
+                SystemTime::now(),
+            )
+            .await
+            .unwrap()
+            .expect("due");
+        assert_eq!(
+            leased.job.payload.len(),
+            payload,
+            "a take hands the payload out"
+        );
+        leases.push((leased.job.id, leased.lease_id));
+    }
+    store.flush().await.unwrap();
+    let before = bytes_written();
+    for _ in 0..BEATS {
+        let extended = store
+            .extend(&leases, None, SystemTime::now())
+            .await
+            .unwrap();
+        assert!(extended.iter().all(Result::is_ok));
+    }
+    let written = bytes_written() - before;
+    // The payload is still there, whole.
+    let job = store.get(leases[0].0).await.unwrap();
+    assert_eq!(job.payload, vec![b'x'; payload]);
+    written / (LEASES * BEATS)
 }

@@ -138,7 +138,11 @@ impl<B: Backend> Jobs<B> {
         self.commit(&changed, false).await?;
         Ok(changed
             .into_iter()
-            .filter_map(|c| c.old.lease_id().map(|lease| (c.new, lease)))
+            .filter_map(|c| {
+                c.old
+                    .lease_id()
+                    .map(|lease| (without_payload(c.new), lease))
+            })
             .collect())
     }
 
@@ -272,6 +276,12 @@ pub trait Broken {
     fn broken(&self) -> impl std::future::Future<Output = String> + Send + 'static;
 }
 
+/// A changed job as [`Store`] returns it: without its payload.
+fn without_payload(mut job: Job) -> Job {
+    job.payload = Vec::new();
+    job
+}
+
 impl<B: Backend> Store for Jobs<B> {
     async fn enqueue(&self, new: NewJob, now: SystemTime) -> Result<Enqueued> {
         let mut out = self.enqueue_batch(vec![new], now).await?;
@@ -285,7 +295,7 @@ impl<B: Backend> Store for Jobs<B> {
             rules::later(now, new.delay, "delay")?;
         }
         let rules::Deduped { unique, slots } = rules::dedupe(batch);
-        let stored = self.written(self.backend.insert(unique, now).await)?;
+        let mut stored = self.written(self.backend.insert(unique, now).await)?;
         let created = stored.iter().any(|e| e.created);
         self.signals.facts(
             stored
@@ -293,6 +303,9 @@ impl<B: Backend> Store for Jobs<B> {
                 .filter(|e| e.created)
                 .map(|e| Fact::Created(&e.job)),
         );
+        for e in &mut stored {
+            e.job.payload = Vec::new();
+        }
         // Also for an existing job: its own enqueue may still be in flight.
         self.commit(&[], created).await?;
         slots
@@ -336,7 +349,7 @@ impl<B: Backend> Store for Jobs<B> {
     async fn ack(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> Result<Job> {
         let change = self.one(id, Event::Ack { lease_id }, now).await?;
         self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(change.new)
+        Ok(without_payload(change.new))
     }
 
     async fn fail(&self, id: JobId, report: FailReport, now: SystemTime) -> Result<Job> {
@@ -353,19 +366,19 @@ impl<B: Backend> Store for Jobs<B> {
         };
         let change = self.one(id, event, now).await?;
         self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(change.new)
+        Ok(without_payload(change.new))
     }
 
     async fn retry(&self, id: JobId, now: SystemTime) -> Result<Job> {
         let change = self.one(id, Event::Retry, now).await?;
         self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(change.new)
+        Ok(without_payload(change.new))
     }
 
     async fn cancel(&self, id: JobId, reason: String, now: SystemTime) -> Result<Job> {
         let change = self.one(id, Event::Cancel { reason }, now).await?;
         self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(change.new)
+        Ok(without_payload(change.new))
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
@@ -406,7 +419,10 @@ impl<B: Backend> Store for Jobs<B> {
         if !changed.is_empty() {
             self.commit(&changed, false).await?;
         }
-        Ok(results.into_iter().map(|r| r.map(|c| c.new)).collect())
+        Ok(results
+            .into_iter()
+            .map(|r| r.map(|c| without_payload(c.new)))
+            .collect())
     }
 
     async fn reclaim(
@@ -420,7 +436,7 @@ impl<B: Backend> Store for Jobs<B> {
             .one(id, Event::Reclaim { lease_id, outcome }, now)
             .await?;
         self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(change.new)
+        Ok(without_payload(change.new))
     }
 
     async fn give_back(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> Result<Job> {
@@ -430,7 +446,7 @@ impl<B: Backend> Store for Jobs<B> {
         };
         let change = self.one(id, event, now).await?;
         self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(change.new)
+        Ok(without_payload(change.new))
     }
 
     async fn reclaim_expired(
@@ -470,7 +486,11 @@ impl<B: Backend> Store for Jobs<B> {
         self.commit(&changed, false).await?;
         Ok(changed
             .into_iter()
-            .filter_map(|c| c.old.lease_id().map(|lease| (c.new, lease)))
+            .filter_map(|c| {
+                c.old
+                    .lease_id()
+                    .map(|lease| (without_payload(c.new), lease))
+            })
             .collect())
     }
 

@@ -127,6 +127,10 @@ pub type Extended = Result<Job>;
 ///
 /// Every method that changes a job goes through [`crate::machine::apply`];
 /// methods that promise durability return only once the change is durable.
+/// The job a change returns (enqueue, ack, fail, retry, cancel, a
+/// heartbeat's extensions, reclaims, give-back) has an empty payload: the
+/// payload never changes after enqueue, and the sled store keeps it apart
+/// from the record a change rewrites. Take, get and list hand it out.
 /// After a durability failure every method returns
 /// [`crate::Error::FailStopped`] (fail-stop).
 pub trait Store: Send + Sync + 'static {

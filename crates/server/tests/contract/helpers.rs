@@ -24,6 +24,14 @@ fn new_job(queue: &str, key: Option<&str>, delay_ms: u64) -> NewJob {
     }
 }
 
+/// A job as a change returns it: without its payload (see `Store`).
+fn receipt(job: Job) -> Job {
+    Job {
+        payload: Vec::new(),
+        ..job
+    }
+}
+
 fn qs(names: &[&str]) -> Vec<String> {
     names.iter().map(|q| q.to_string()).collect()
 }

@@ -16,7 +16,7 @@ async fn cancel_dead_letters_a_pending_job_and_retry_brings_it_back() {
     );
     assert_eq!(cancelled.finished_at, Some(at(5)));
     assert_eq!(cancelled.attempts, 0);
-    assert_eq!(store.get(job.id).await.unwrap(), cancelled);
+    assert_eq!(receipt(store.get(job.id).await.unwrap()), cancelled);
     assert!(take(&store, "q", at(10)).await.is_none(), "never delivered");
     // A dead letter keeps its key, as any other.
     let again = store.enqueue(new_job("q", Some("order-1"), 0), at(11)).await;
@@ -66,7 +66,7 @@ async fn cancel_revokes_a_running_lease_and_fences_its_holder() {
         .unwrap();
     assert_eq!(code(extended.into_iter().next().unwrap()), Code::Aborted);
     assert_eq!(store.next_lease_expiry().await.unwrap(), None);
-    assert_eq!(store.get(job.id).await.unwrap(), cancelled);
+    assert_eq!(receipt(store.get(job.id).await.unwrap()), cancelled);
     let back = store.retry(job.id, at(20)).await.expect("retry");
     assert_eq!((back.status, back.attempts), (Status::Pending, 0));
     let again = take(&store, "q", at(21)).await.unwrap();
@@ -84,14 +84,14 @@ async fn cancel_of_a_finished_or_unknown_job_changes_nothing() {
         code(store.cancel(done.id, "late".into(), at(3)).await),
         Code::FailedPrecondition
     );
-    assert_eq!(store.get(done.id).await.unwrap(), done);
+    assert_eq!(receipt(store.get(done.id).await.unwrap()), done);
     let pending = enqueue(&store, "q", None, 0, at(4)).await;
     let failed = store.cancel(pending.id, "x".into(), at(5)).await.unwrap();
     assert_eq!(
         code(store.cancel(failed.id, "again".into(), at(6)).await),
         Code::FailedPrecondition
     );
-    assert_eq!(store.get(failed.id).await.unwrap(), failed);
+    assert_eq!(receipt(store.get(failed.id).await.unwrap()), failed);
     assert_eq!(
         code(store.cancel(JobId(424242), String::new(), at(7)).await),
         Code::NotFound
@@ -112,8 +112,8 @@ async fn a_cancel_survives_a_reopen() {
         (pending, running)
     };
     let store = reopen(&dir).await;
-    assert_eq!(store.get(pending.id).await.unwrap(), pending);
-    assert_eq!(store.get(running.id).await.unwrap(), running);
+    assert_eq!(receipt(store.get(pending.id).await.unwrap()), pending);
+    assert_eq!(receipt(store.get(running.id).await.unwrap()), running);
 }
 
 #[tokio::test]

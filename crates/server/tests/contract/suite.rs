@@ -520,7 +520,7 @@ async fn batch_enqueue_dedups_within_the_batch_and_against_the_store() {
     let ids: Vec<JobId> = out.iter().filter(|e| e.created).map(|e| e.job.id).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
     for e in &out {
-        assert_eq!(store.get(e.job.id).await.unwrap(), e.job);
+        assert_eq!(receipt(store.get(e.job.id).await.unwrap()), e.job);
     }
     let stats = store.stats(None, at(1)).await.unwrap();
     let pending: Vec<(String, u64)> = stats.into_iter().map(|s| (s.queue, s.pending)).collect();
@@ -637,7 +637,9 @@ async fn list_pages_by_id_and_filters() {
     for i in 0..7u64 {
         let queue = if i % 2 == 0 { "even" } else { "odd" };
         let key = format!("k{i}");
-        all.push(enqueue(&store, queue, Some(&key), 0, at(i)).await);
+        let job = enqueue(&store, queue, Some(&key), 0, at(i)).await;
+        // As listed: with its payload.
+        all.push(store.get(job.id).await.unwrap());
     }
     let leased = take(&store, "even", at(100)).await.unwrap();
 
@@ -1131,15 +1133,16 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                 Some(holder) => assert_eq!(
                     got,
                     Enqueued {
-                        job: holder.clone(),
+                        job: receipt(holder.clone()),
                         created: false
                     }
                 ),
                 None => {
                     assert!(got.created);
                     model.issued(got.job.id.0);
-                    assert_eq!(got.job, machine::create(got.job.id, new, t));
-                    model.jobs.insert(got.job.id, got.job);
+                    let created = machine::create(got.job.id, new, t);
+                    assert_eq!(got.job, receipt(created.clone()));
+                    model.jobs.insert(got.job.id, created);
                 }
             }
         }
@@ -1165,15 +1168,16 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                     Some(holder) => assert_eq!(
                         got,
                         Enqueued {
-                            job: holder.clone(),
+                            job: receipt(holder.clone()),
                             created: false
                         }
                     ),
                     None => {
                         assert!(got.created);
                         model.issued(got.job.id.0);
-                        assert_eq!(got.job, machine::create(got.job.id, new, t));
-                        model.jobs.insert(got.job.id, got.job);
+                        let created = machine::create(got.job.id, new, t);
+                        assert_eq!(got.job, receipt(created.clone()));
+                        model.jobs.insert(got.job.id, created);
                     }
                 }
             }
@@ -1210,7 +1214,11 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
             let id = model.pick(pick);
             let lease_id = model.lease(id, right);
             let got = store.ack(id, lease_id, t).await;
-            same(got, model.apply(id, Event::Ack { lease_id }, t), "ack");
+            same(
+                got,
+                model.apply(id, Event::Ack { lease_id }, t).map(receipt),
+                "ack",
+            );
         }
         Op::Fail {
             pick,
@@ -1251,11 +1259,17 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                             run_at: soonest.run_at,
                             ..got.clone()
                         },
-                        soonest
+                        receipt(soonest.clone())
                     );
-                    model.jobs.insert(id, got);
+                    model.jobs.insert(
+                        id,
+                        Job {
+                            run_at: got.run_at,
+                            ..soonest
+                        },
+                    );
                 }
-                (got, _, latest) => same(got, latest, "fail"),
+                (got, _, latest) => same(got, latest.map(receipt), "fail"),
             }
         }
         Op::Extend { picks, by_ms } => {
@@ -1272,14 +1286,16 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
             for (got, &(id, lease_id)) in got.into_iter().zip(&leases) {
                 same(
                     got,
-                    model.apply(
-                        id,
-                        Event::Extend {
-                            lease_id,
-                            extend_by,
-                        },
-                        t,
-                    ),
+                    model
+                        .apply(
+                            id,
+                            Event::Extend {
+                                lease_id,
+                                extend_by,
+                            },
+                            t,
+                        )
+                        .map(receipt),
                     "extend",
                 );
             }
@@ -1294,7 +1310,9 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
             let got = store.reclaim(id, lease_id, outcome, t).await;
             same(
                 got,
-                model.apply(id, Event::Reclaim { lease_id, outcome }, t),
+                model
+                    .apply(id, Event::Reclaim { lease_id, outcome }, t)
+                    .map(receipt),
                 "reclaim",
             );
         }
@@ -1302,7 +1320,7 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
             let id = model.pick(pick);
             same(
                 store.retry(id, t).await,
-                model.apply(id, Event::Retry, t),
+                model.apply(id, Event::Retry, t).map(receipt),
                 "retry",
             );
         }
@@ -1311,7 +1329,7 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
             let reason = format!("op {pick}");
             same(
                 store.cancel(id, reason.clone(), t).await,
-                model.apply(id, Event::Cancel { reason }, t),
+                model.apply(id, Event::Cancel { reason }, t).map(receipt),
                 "cancel",
             );
         }
@@ -1346,7 +1364,7 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                     lease_id,
                     outcome: Outcome::LeaseExpired,
                 };
-                want.push((model.apply(id, event, t).unwrap(), lease_id));
+                want.push((receipt(model.apply(id, event, t).unwrap()), lease_id));
             }
             assert_eq!(got, want, "reclaim_expired");
         }

@@ -65,7 +65,8 @@ pub async fn insert(
     .await?;
     let existing_stmt = tx
         .prepare_cached(&format!(
-            "SELECT {COLUMNS}, lease_server FROM jobq_jobs WHERE queue = $1 AND key = $2"
+            "SELECT {}, lease_server FROM jobq_jobs WHERE queue = $1 AND key = $2",
+            *row::CHANGE_COLUMNS
         ))
         .await?;
     let mut out = Vec::with_capacity(jobs.len());

@@ -5,11 +5,7 @@
 //! decided by [`Retention::purgeable`], the rule every store shares; the
 //! SQL only narrows the candidates.
 
-use super::{
-    error::PgError,
-    row::{self, COLUMNS},
-    Pg,
-};
+use super::{error::PgError, row, Pg};
 use crate::{job::JobId, store::rules::Retention};
 
 /// Rows looked at per purge step.
@@ -27,9 +23,10 @@ pub async fn purge_chunk(
     let latest = retention.done_before.max(retention.failed_before);
     let select = tx
         .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM jobq_jobs WHERE id > $1 AND status IN ('done', 'failed') \
+            "SELECT {} FROM jobq_jobs WHERE id > $1 AND status IN ('done', 'failed') \
              AND finished_at < $2 AND ($4::text IS NULL OR queue = $4) \
-             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
+             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
+            *row::CHANGE_COLUMNS
         ))
         .await?;
     let rows = tx

@@ -4,7 +4,10 @@
 //! migration); any other goes into [`Extra`], the `extra` JSONB column,
 //! with `#[serde(default)]` so older rows still read.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    sync::LazyLock,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use serde::{Deserialize, Serialize};
 use tokio_postgres::{types::ToSql, Row};
@@ -17,12 +20,19 @@ pub const COLUMNS: &str = "id, queue, kind, payload, key, status, attempts, max_
      enqueued_at, run_at, lease_id, lease_worker, lease_taken_at, lease_expires_at, \
      lease_duration_ns, finished_at, last_error, extra, priority";
 
-/// `SET col = $n, …` for every column but the id, for an UPDATE whose `$1`
-/// is the id.
-pub const SET_COLUMNS: &str = "queue = $2, kind = $3, payload = $4, key = $5, status = $6, \
-     attempts = $7, max_attempts = $8, enqueued_at = $9, run_at = $10, lease_id = $11, \
-     lease_worker = $12, lease_taken_at = $13, lease_expires_at = $14, \
-     lease_duration_ns = $15, finished_at = $16, last_error = $17, extra = $18, priority = $19";
+/// [`COLUMNS`] with an empty payload in the payload's place, for loads that
+/// change or check a job: the payload never changes after enqueue, so only
+/// a take (and get, list) reads it, and no UPDATE writes it.
+pub static CHANGE_COLUMNS: LazyLock<String> =
+    LazyLock::new(|| COLUMNS.replacen("payload", "''::bytea AS payload", 1));
+
+/// `SET col = $n, …` for every column but the id and the payload, for an
+/// UPDATE whose `$1` is the id and whose values are
+/// [`JobRow::update_params`] (`$1`…`$18`).
+pub const SET_COLUMNS: &str = "queue = $2, kind = $3, key = $4, status = $5, \
+     attempts = $6, max_attempts = $7, enqueued_at = $8, run_at = $9, lease_id = $10, \
+     lease_worker = $11, lease_taken_at = $12, lease_expires_at = $13, \
+     lease_duration_ns = $14, finished_at = $15, last_error = $16, extra = $17, priority = $18";
 
 /// The columns of an attempt, in the order of [`AttemptRow::params`].
 pub const ATTEMPT_COLUMNS: &str =
@@ -147,12 +157,21 @@ pub struct JobRow {
 impl JobRow {
     /// The row of `job` (its history goes to [`AttemptRow`]s).
     pub fn of(job: &Job) -> JobRow {
+        JobRow {
+            payload: job.payload.clone(),
+            ..JobRow::without_payload(job)
+        }
+    }
+
+    /// The row of `job` for an UPDATE, which leaves the payload alone: no
+    /// copy of it is made or sent.
+    pub fn without_payload(job: &Job) -> JobRow {
         let lease = job.lease.as_ref();
         JobRow {
             id: to_db(job.id.0),
             queue: job.queue.clone(),
             kind: job.kind.clone(),
-            payload: job.payload.clone(),
+            payload: Vec::new(),
             key: job.key.clone(),
             status: status_text(job.status),
             attempts: i32::try_from(job.attempts).unwrap_or(i32::MAX),
@@ -182,6 +201,31 @@ impl JobRow {
             &self.queue,
             &self.kind,
             &self.payload,
+            &self.key,
+            &self.status,
+            &self.attempts,
+            &self.max_attempts,
+            &self.enqueued_at,
+            &self.run_at,
+            &self.lease_id,
+            &self.lease_worker,
+            &self.lease_taken_at,
+            &self.lease_expires_at,
+            &self.lease_duration_ns,
+            &self.finished_at,
+            &self.last_error,
+            &self.extra,
+            &self.priority,
+        ]
+    }
+
+    /// The values for `$1`…`$18` of an UPDATE with [`SET_COLUMNS`]: those of
+    /// [`JobRow::params`] but the payload.
+    pub fn update_params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.id,
+            &self.queue,
+            &self.kind,
             &self.key,
             &self.status,
             &self.attempts,

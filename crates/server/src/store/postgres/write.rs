@@ -16,7 +16,7 @@ use tokio_postgres::types::ToSql;
 use super::{
     error::PgError,
     listen,
-    row::{self, AttemptRow, JobRow, ATTEMPT_COLUMNS, ATTEMPT_SELECT, COLUMNS, SET_COLUMNS},
+    row::{self, AttemptRow, JobRow, ATTEMPT_COLUMNS, ATTEMPT_SELECT, SET_COLUMNS},
 };
 use crate::{
     error::{Error, Result},
@@ -73,7 +73,8 @@ pub async fn with_history(
 pub async fn lock(tx: &Transaction<'_>, ids: &BTreeSet<JobId>) -> Result<Vec<Loaded>, PgError> {
     let ids: Vec<i64> = ids.iter().map(|id| row::to_db(id.0)).collect();
     let sql = format!(
-        "SELECT {COLUMNS}, lease_server FROM jobq_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+        "SELECT {}, lease_server FROM jobq_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        *row::CHANGE_COLUMNS
     );
     let stmt = tx.prepare_cached(&sql).await?;
     let rows = tx.query(&stmt, &[&ids]).await?;
@@ -163,8 +164,8 @@ pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(
     }
     let update = tx
         .prepare_cached(&format!(
-            "UPDATE jobq_jobs SET {SET_COLUMNS}, lease_server = $20 \
-             WHERE id = $1 AND lease_id IS NOT DISTINCT FROM $21"
+            "UPDATE jobq_jobs SET {SET_COLUMNS}, lease_server = $19 \
+             WHERE id = $1 AND lease_id IS NOT DISTINCT FROM $20"
         ))
         .await?;
     let upsert = tx
@@ -183,7 +184,7 @@ pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(
         .iter()
         .map(|w| {
             (
-                JobRow::of(&w.change.new),
+                JobRow::without_payload(&w.change.new),
                 w.change.old.lease_id().map(|l| row::to_db(l.0)),
                 &w.server,
             )
@@ -219,7 +220,7 @@ pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(
     }
 
     let updates = try_join_all(rows.iter().map(|(row, fence, server)| {
-        let mut params = row.params();
+        let mut params = row.update_params();
         params.push(*server as &(dyn ToSql + Sync));
         params.push(fence as &(dyn ToSql + Sync));
         let update = &update;

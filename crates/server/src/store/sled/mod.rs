@@ -3,7 +3,14 @@
 //!
 //! Records live in the `jobs` tree, keyed by the job id as a big-endian
 //! `u64` (so a range scan is id order, which is enqueue order), valued by
-//! the `Job` in postcard. Job ids and lease ids both come from sled's
+//! the `Job` in postcard without its payload ([`record`]). Payloads live
+//! in the `payloads` tree under the same key, written once at enqueue and
+//! read only to hand a job out (take, get, list): a transition rewrites a
+//! record of a few hundred bytes whatever the payload's size, and neither
+//! the startup scan nor sled's cache of hot records holds payloads. A
+//! payload is written before its record and removed after it, so a crash
+//! in between leaves at most an orphan payload, never a record without
+//! one. Job ids and lease ids both come from sled's
 //! persistent id generator, which never repeats across restarts; 0 is never
 //! issued.
 //!
@@ -35,6 +42,8 @@ pub use error::SledError;
 use flusher::Flusher;
 use index::Index;
 
+use record::Payload;
+
 use super::{
     jobs::Broken, rules::Retention, Backend, Change, Enqueued, Jobs, ListFilter, Page, QueueStats,
 };
@@ -59,6 +68,8 @@ pub struct Sled {
     flusher: Flusher,
     db: sled::Db,
     jobs: sled::Tree,
+    /// Payloads by job id (see the module docs).
+    payloads: sled::Tree,
     /// Paused queues: the queue name as key, an empty value.
     paused_tree: sled::Tree,
     /// Schedules by name ([`schedules`]).
@@ -72,12 +83,13 @@ fn record_key(id: JobId) -> [u8; 8] {
     id.0.to_be_bytes()
 }
 
-fn encode(job: &Job) -> Result<Vec<u8>> {
-    record::encode(job).map_err(|e| Error::Corrupt(format!("cannot encode job {}: {e}", job.id)))
+fn encode(job: &mut Job, payload_len: u64) -> Result<Vec<u8>> {
+    record::encode(job, payload_len)
+        .map_err(|e| Error::Corrupt(format!("cannot encode job {}: {e}", job.id)))
 }
 
-fn decode(key: &[u8], value: &[u8]) -> Result<Job> {
-    let job = record::decode(value)
+fn decode(key: &[u8], value: &[u8]) -> Result<(Job, Payload)> {
+    let (job, payload) = record::decode(value)
         .map_err(|e| Error::Corrupt(format!("undecodable record {key:?}: {e}")))?;
     if key != record_key(job.id) {
         return Err(Error::Corrupt(format!(
@@ -85,7 +97,15 @@ fn decode(key: &[u8], value: &[u8]) -> Result<Job> {
             job.id
         )));
     }
-    Ok(job)
+    Ok((job, payload))
+}
+
+/// The length of a job's payload, wherever it is.
+fn payload_len(job: &Job, payload: Payload) -> u64 {
+    match payload {
+        Payload::Apart(len) => len,
+        Payload::Inline => job.payload.len() as u64,
+    }
 }
 
 impl Jobs<Sled> {
@@ -132,8 +152,9 @@ impl Sled {
         let mut index = Index::default();
         for record in jobs.iter() {
             let (key, value) = record.map_err(SledError::from)?;
-            index.insert(&decode(&key, &value)?);
+            index.insert(&decode(&key, &value)?.0);
         }
+        let payloads = db.open_tree("payloads").map_err(SledError::from)?;
         let paused_tree = db.open_tree("paused").map_err(SledError::from)?;
         for record in paused_tree.iter() {
             let (key, _) = record.map_err(SledError::from)?;
@@ -147,6 +168,7 @@ impl Sled {
             flusher,
             db,
             jobs,
+            payloads,
             paused_tree,
             schedules_tree,
             state: Mutex::new(index),
@@ -170,12 +192,75 @@ impl Sled {
         }
     }
 
-    fn load(&self, id: JobId) -> Result<Job> {
+    /// A job's record, and where its payload is.
+    fn load_record(&self, id: JobId) -> Result<(Job, Payload)> {
         let key = record_key(id);
         match self.jobs.get(key).map_err(SledError::from)? {
             Some(value) => decode(&key, &value),
             None => Err(Error::NotFound(id)),
         }
+    }
+
+    /// A job without its payload, unless the record still holds it inline:
+    /// for changes and checks, which never look at the payload.
+    fn load(&self, id: JobId) -> Result<Job> {
+        Ok(self.load_record(id)?.0)
+    }
+
+    /// A job with its payload, to hand out.
+    fn load_full(&self, id: JobId) -> Result<Job> {
+        let (mut job, payload) = self.load_record(id)?;
+        self.fill(&mut job, payload)?;
+        Ok(job)
+    }
+
+    /// Reads a job's payload in, if it is apart.
+    fn fill(&self, job: &mut Job, payload: Payload) -> Result<()> {
+        let Payload::Apart(len) = payload else {
+            return Ok(());
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        match self
+            .payloads
+            .get(record_key(job.id))
+            .map_err(SledError::from)?
+        {
+            Some(bytes) if bytes.len() as u64 == len => {
+                job.payload = bytes.to_vec();
+                Ok(())
+            }
+            Some(bytes) => Err(Error::Corrupt(format!(
+                "job {} has a payload of {} bytes, its record says {len}",
+                job.id,
+                bytes.len()
+            ))),
+            None => Err(Error::Corrupt(format!(
+                "job {} has no payload, its record says {len} bytes",
+                job.id
+            ))),
+        }
+    }
+
+    /// Stores a payload apart, before the record that refers to it.
+    fn put_payload(&self, id: JobId, payload: &[u8]) -> Result<()> {
+        if !payload.is_empty() {
+            self.payloads
+                .insert(record_key(id), payload)
+                .map_err(SledError::from)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the payloads of jobs whose records are gone.
+    fn remove_payloads(&self, ids: impl IntoIterator<Item = JobId>) -> Result<()> {
+        for id in ids {
+            self.payloads
+                .remove(record_key(id))
+                .map_err(SledError::from)?;
+        }
+        Ok(())
     }
 
     /// Loads a job the index says exists.
@@ -226,14 +311,19 @@ impl Sled {
         events: Vec<(JobId, Event)>,
         now: SystemTime,
     ) -> Result<Vec<Result<Change>>> {
-        // Jobs changed by this call so far: (as loaded, latest).
-        let mut changed: HashMap<JobId, (Job, Job)> = HashMap::new();
+        // Jobs changed by this call so far: (as loaded, latest, where the
+        // payload is).
+        let mut changed: HashMap<JobId, (Job, Job, Payload)> = HashMap::new();
+        let mut loaded: HashMap<JobId, Payload> = HashMap::new();
         let mut out = Vec::with_capacity(events.len());
         for (id, event) in events {
             let current = match changed.get(&id) {
-                Some((_, latest)) => latest.clone(),
-                None => match self.load(id) {
-                    Ok(job) => job,
+                Some((_, latest, _)) => latest.clone(),
+                None => match self.load_record(id) {
+                    Ok((job, payload)) => {
+                        loaded.insert(id, payload);
+                        job
+                    }
                     Err(Error::NotFound(id)) => {
                         out.push(Err(Error::NotFound(id)));
                         continue;
@@ -243,9 +333,10 @@ impl Sled {
             };
             match machine::apply(current.clone(), event, now) {
                 Ok(new) => {
+                    let payload = loaded.get(&id).copied().unwrap_or(Payload::Inline);
                     changed
                         .entry(id)
-                        .or_insert_with(|| (current.clone(), new.clone()))
+                        .or_insert_with(|| (current.clone(), new.clone(), payload))
                         .1 = new.clone();
                     out.push(Ok(Change { old: current, new }));
                 }
@@ -256,11 +347,16 @@ impl Sled {
             return Ok(out);
         }
         let mut writes = Vec::with_capacity(changed.len());
-        for (id, (_, new)) in &changed {
-            writes.push((record_key(*id), Some(encode(new)?)));
+        for (id, (_, new, payload)) in &mut changed {
+            if *payload == Payload::Inline {
+                // An older record: its payload moves apart now, once.
+                self.put_payload(*id, &new.payload)?;
+            }
+            let len = payload_len(new, *payload);
+            writes.push((record_key(*id), Some(encode(new, len)?)));
         }
         self.write(writes)?;
-        for (first, last) in changed.values() {
+        for (first, last, _) in changed.values() {
             index.update(first, last);
         }
         Ok(out)
@@ -278,8 +374,10 @@ impl Sled {
                 });
                 continue;
             }
-            let job = machine::create(JobId(self.next_id()?), new, now);
-            writes.push((record_key(job.id), Some(encode(&job)?)));
+            let mut job = machine::create(JobId(self.next_id()?), new, now);
+            self.put_payload(job.id, &job.payload)?;
+            let len = job.payload.len() as u64;
+            writes.push((record_key(job.id), Some(encode(&mut job, len)?)));
             out.push(Enqueued { job, created: true });
         }
         self.write(writes)?;
@@ -305,7 +403,13 @@ impl Sled {
         };
         let mut results = self.apply_locked(&mut index, vec![(id, take)], now)?;
         match results.pop() {
-            Some(Ok(change)) => Ok(Some(change)),
+            Some(Ok(mut change)) => {
+                // The worker needs the payload, which the change left apart.
+                if change.new.payload.is_empty() {
+                    change.new.payload = self.load_full(id)?.payload;
+                }
+                Ok(Some(change))
+            }
             Some(Err(Error::NotFound(id))) => Err(Error::Corrupt(format!(
                 "job {id} is indexed but has no record"
             ))),
@@ -348,7 +452,7 @@ impl Sled {
         let mut last = None;
         for record in self.jobs.range(start.to_be_bytes()..).take(PURGE_CHUNK) {
             let (key, value) = record.map_err(SledError::from)?;
-            let job = decode(&key, &value)?;
+            let (job, _) = decode(&key, &value)?;
             last = Some(job.id);
             if retention.purgeable(&job) {
                 candidates.push(job.id);
@@ -371,6 +475,7 @@ impl Sled {
             }
         }
         self.write(writes)?;
+        self.remove_payloads(gone.iter().map(|job| job.id))?;
         for job in &gone {
             index.remove(job);
         }
@@ -394,10 +499,12 @@ impl Sled {
         if let (Some(queue), Some(key)) = (&filter.queue, &filter.key) {
             let id = self.lock().key(queue, key);
             let jobs = match id.filter(|id| id.0 >= start) {
-                Some(id) => match self.load(id) {
-                    Ok(mut job) if matches(&job) => {
+                Some(id) => match self.load_record(id) {
+                    Ok((mut job, payload)) if matches(&job) => {
                         if filter.omit_payload {
                             job.payload = Vec::new();
+                        } else {
+                            self.fill(&mut job, payload)?;
                         }
                         vec![job]
                     }
@@ -417,7 +524,7 @@ impl Sled {
         let mut records = self.jobs.range(start.to_be_bytes()..);
         for record in records.by_ref() {
             let (key, value) = record.map_err(SledError::from)?;
-            let mut job = decode(&key, &value)?;
+            let (mut job, payload) = decode(&key, &value)?;
             if !matches(&job) {
                 continue;
             }
@@ -425,6 +532,9 @@ impl Sled {
             if filter.omit_payload {
                 size = size.saturating_sub(job.payload.len());
                 job.payload = Vec::new();
+            } else if let Payload::Apart(len) = payload {
+                self.fill(&mut job, payload)?;
+                size = size.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
             }
             if !jobs.is_empty() && bytes.saturating_add(size) > filter.max_bytes {
                 full = true;
@@ -507,6 +617,7 @@ impl Backend for Sled {
         let job = self.load(id)?;
         machine::deletable(&job)?;
         self.jobs.remove(record_key(id)).map_err(SledError::from)?;
+        self.remove_payloads([id])?;
         index.remove(&job);
         Ok(())
     }
@@ -531,7 +642,7 @@ impl Backend for Sled {
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
-        self.load(id)
+        self.load_full(id)
     }
 
     async fn list(&self, filter: ListFilter) -> Result<Page> {
@@ -562,5 +673,73 @@ impl Backend for Sled {
 impl Broken for Sled {
     fn broken(&self) -> impl Future<Output = String> + Send + 'static {
         self.flusher.broken()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        job::{JobId, NewJob, Status},
+        store::Store,
+    };
+
+    /// A store written by a build before payloads moved apart (layout 3:
+    /// payload inline) opens, hands the payload out, and moves it apart on
+    /// the job's first change.
+    #[tokio::test]
+    async fn an_inline_payload_moves_apart_on_the_first_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = SystemTime::now();
+        let payload = br#"{"order":"order-4711"}"#.to_vec();
+        let job = machine::create(
+            JobId(7),
+            NewJob {
+                queue: "q".into(),
+                kind: "send-email".into(),
+                payload: payload.clone(),
+                key: Some("order-4711".into()),
+                max_attempts: 3,
+                delay: Duration::ZERO,
+                priority: 0,
+                metadata: Default::default(),
+            },
+            now,
+        );
+        {
+            let db = sled::open(dir.path()).unwrap();
+            let v3 = postcard::to_extend(&job, vec![0, 3]).unwrap();
+            db.open_tree("jobs")
+                .unwrap()
+                .insert(record_key(job.id), v3)
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let config = Config::with_data(dir.path());
+        let store = SledStore::open(&config).unwrap();
+        assert_eq!(store.get(job.id).await.unwrap().payload, payload);
+        let queues = vec!["q".to_string()];
+        let leased = store
+            .take(&queues, "w", None, Duration::from_secs(30), now)
+            .await
+            .unwrap()
+            .expect("the old job is due");
+        assert_eq!(leased.job.id, job.id);
+        assert_eq!(leased.job.payload, payload, "a take hands it out");
+        let sled = store.backend();
+        let (_, placed) = sled.load_record(job.id).unwrap();
+        assert_eq!(placed, Payload::Apart(payload.len() as u64));
+        assert_eq!(
+            sled.payloads.get(record_key(job.id)).unwrap().as_deref(),
+            Some(&payload[..])
+        );
+        let done = store.ack(job.id, leased.lease_id, now).await.unwrap();
+        assert_eq!(done.status, Status::Done);
+        assert_eq!(store.get(job.id).await.unwrap().payload, payload);
+        // Deleting the job deletes its payload too.
+        store.delete(job.id).await.unwrap();
+        assert_eq!(sled.payloads.get(record_key(job.id)).unwrap(), None);
     }
 }

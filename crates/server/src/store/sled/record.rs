@@ -1,22 +1,30 @@
 //! A job's record on disk: a two-byte header (a 0 marker, then the layout
-//! version), then the `Job` in postcard; and the older layouts still read.
+//! version), then the payload's length and the `Job` without its payload,
+//! in postcard; and the older layouts still read. The payload itself is
+//! stored apart (the `payloads` tree), written once at enqueue: a change of
+//! status, lease or history rewrites only this small record, whatever the
+//! size of the payload.
 //!
 //! postcard is positional, so adding a field to `Job` changes the layout.
 //! Layouts:
 //! - 1 (unversioned): before jobs had `metadata` and leases an `owner`;
 //! - 2 (unversioned): before jobs had a `priority`;
-//! - 3 (versioned, [`VERSION`]): the current `Job`.
+//! - 3 (versioned): the current `Job`, payload inline;
+//! - 4 (versioned, [`VERSION`]): `(payload length, Job)`, the `Job`'s
+//!   payload empty: the payload is apart ([`Payload::Apart`]).
 //!
 //! An unversioned record begins with the job's id as a postcard varint, and
 //! ids are never 0, so its first byte is never 0: a leading 0 marks a
 //! versioned record. An unversioned record is decoded as layout 2, which
 //! must consume the whole record, then as layout 1. Whatever it was read
-//! as, a record is written back in the current layout on its next change.
+//! as, a record is written back in the current layout on its next change
+//! (its inline payload moved apart then).
 //!
 //! Changing `Job` (or `Lease`, or `Attempt`, which the old layouts share
 //! with the current one where they did not change) again: keep its current
-//! shape here as `JobV3` (decoded by version 3), bump [`VERSION`], and add
-//! a unit test like the ones below.
+//! shape here as `JobV4` (decoded by version 4, and version 3 as its
+//! inline-payload form), bump [`VERSION`], and add a unit test like the ones
+//! below.
 
 use std::time::{Duration, SystemTime};
 
@@ -28,21 +36,46 @@ use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Metadata, Status};
 const MARKER: u8 = 0;
 
 /// The layout [`encode`] writes.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 
-/// Encodes a job in the current layout.
-pub fn encode(job: &Job) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_extend(job, vec![MARKER, VERSION])
+/// The last layout with the payload inline.
+const INLINE_VERSION: u8 = 3;
+
+/// Where a decoded record's payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// In the record (layouts 1–3): `Job::payload` holds it.
+    Inline,
+    /// Apart, this many bytes of it (layout 4): `Job::payload` is empty.
+    Apart(u64),
 }
 
-/// Decodes a record of any layout.
-pub fn decode(value: &[u8]) -> Result<Job, postcard::Error> {
+/// Encodes a job in the current layout: everything but its payload, of
+/// which only the length (`payload_len`) goes in. Whatever `job.payload`
+/// holds is left out, and is back in place on return.
+pub fn encode(job: &mut Job, payload_len: u64) -> Result<Vec<u8>, postcard::Error> {
+    let payload = std::mem::take(&mut job.payload);
+    let record = postcard::to_extend(&(payload_len, &*job), vec![MARKER, VERSION]);
+    job.payload = payload;
+    record
+}
+
+/// Decodes a record of any layout, and says where its payload is.
+pub fn decode(value: &[u8]) -> Result<(Job, Payload), postcard::Error> {
     match value {
-        [MARKER, VERSION, body @ ..] => whole::<Job>(body),
+        [MARKER, VERSION, body @ ..] => {
+            let (len, job) = whole::<(u64, Job)>(body)?;
+            if !job.payload.is_empty() {
+                return Err(postcard::Error::DeserializeBadEncoding);
+            }
+            Ok((job, Payload::Apart(len)))
+        }
+        [MARKER, INLINE_VERSION, body @ ..] => Ok((whole::<Job>(body)?, Payload::Inline)),
         [MARKER, ..] => Err(postcard::Error::DeserializeBadEncoding),
         _ => whole::<JobV2>(value)
             .map(Job::from)
-            .or_else(|_| whole::<JobV1>(value).map(Job::from)),
+            .or_else(|_| whole::<JobV1>(value).map(Job::from))
+            .map(|job| (job, Payload::Inline)),
     }
 }
 
@@ -249,7 +282,8 @@ mod tests {
     #[test]
     fn records_from_before_metadata_and_lease_owners_still_read() {
         for running in [false, true] {
-            let job = decode(&old_record(running)).expect("an old record");
+            let (job, payload) = decode(&old_record(running)).expect("an old record");
+            assert_eq!(payload, Payload::Inline);
             assert_eq!(job.id, JobId(7));
             assert_eq!(job.key.as_deref(), Some("order-4711"));
             assert_eq!(job.last_error.as_deref(), Some("lease expired"));
@@ -260,8 +294,20 @@ mod tests {
                 assert_eq!(lease.worker_id, "w1");
                 assert_eq!(lease.owner, None);
             }
-            // Written back in the current layout, it reads the same.
-            assert_eq!(decode(&encode(&job).expect("encode")).expect("new"), job);
+            // Written back in the current layout, it reads the same but for
+            // the payload, which is apart now.
+            let mut written = job.clone();
+            let len = job.payload.len() as u64;
+            let (read, payload) = decode(&encode(&mut written, len).expect("encode")).expect("new");
+            assert_eq!(written, job, "encode leaves the job as it was");
+            assert_eq!(payload, Payload::Apart(len));
+            assert_eq!(
+                read,
+                Job {
+                    payload: Vec::new(),
+                    ..job
+                }
+            );
         }
     }
 
@@ -286,7 +332,7 @@ mod tests {
     }
 
     fn current(running: bool, id: u64) -> Job {
-        let mut job = decode(&old_record(running)).expect("an old record");
+        let (mut job, _) = decode(&old_record(running)).expect("an old record");
         job.id = JobId(id);
         job.metadata
             .insert("traceparent".into(), "00-abc-def-01".into());
@@ -324,7 +370,8 @@ mod tests {
             let job = current(running, id);
             let old = v2_record(&job);
             assert_ne!(old[0], MARKER, "an unversioned record never starts with 0");
-            let read = decode(&old).expect("a layout 2 record");
+            let (read, payload) = decode(&old).expect("a layout 2 record");
+            assert_eq!(payload, Payload::Inline);
             assert_eq!(read, Job { priority: 0, ..job });
             assert_eq!(
                 read.lease.as_ref().and_then(|l| l.owner.as_deref()),
@@ -334,12 +381,34 @@ mod tests {
     }
 
     #[test]
-    fn records_are_versioned_and_round_trip() {
+    fn layout_3_records_read_with_their_payload_inline() {
+        let job = current(true, 42);
+        let v3 = postcard::to_extend(&job, vec![MARKER, INLINE_VERSION]).expect("encode");
+        assert_eq!(decode(&v3).expect("decode"), (job, Payload::Inline));
+    }
+
+    #[test]
+    fn records_are_versioned_and_round_trip_without_their_payload() {
         let mut job = current(true, 42);
         job.priority = -100;
-        let bytes = encode(&job).expect("encode");
+        job.payload = vec![7; 10_000];
+        let bytes = encode(&mut job, 10_000).expect("encode");
+        assert_eq!(job.payload.len(), 10_000, "encode puts the payload back");
         assert_eq!(&bytes[..2], &[MARKER, VERSION]);
-        assert_eq!(decode(&bytes).expect("decode"), job);
+        assert!(
+            bytes.len() < 200,
+            "the payload is not in the record: {} bytes",
+            bytes.len()
+        );
+        let (read, payload) = decode(&bytes).expect("decode");
+        assert_eq!(payload, Payload::Apart(10_000));
+        assert_eq!(
+            read,
+            Job {
+                payload: Vec::new(),
+                ..job
+            }
+        );
         // A version this build does not know is an error, not a guess.
         let mut future = bytes.clone();
         future[1] = VERSION + 1;
