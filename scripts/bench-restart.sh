@@ -19,7 +19,7 @@ RUST_LOG=info "$bin" serve --listen "127.0.0.1:$port" --data "$data" 2>"$log" &
 server=$!
 until grep -q "jobq serving" "$log"; do sleep 0.05; done
 "$bin" bench --server "http://127.0.0.1:$port" --workloads a-batch --jobs "$jobs" --no-progress | grep -E "^enqueue-batch"
-echo "server RSS with $jobs pending: $(grep VmRSS /proc/$server/status | awk '{print $2/1024 " MiB"}')"
+echo "server RSS with $jobs pending, after enqueueing them: $(grep VmRSS /proc/$server/status | awk '{print $2/1024 " MiB"}')"
 kill -TERM "$server"; wait "$server" || true
 
 : >"$log"
@@ -29,4 +29,5 @@ server=$!
 until grep -q "jobq serving" "$log"; do sleep 0.01; done
 end=$(date +%s%N)
 echo "restart with $jobs pending: serving after $(( (end - start) / 1000000 )) ms"
+echo "server RSS right after the restart: $(grep VmRSS /proc/$server/status | awk '{print $2/1024 " MiB"}')"
 kill -TERM "$server"; wait "$server" || true

@@ -124,7 +124,7 @@ fn a_heartbeat_writes_the_same_bytes_whatever_the_payload_size() {
     runtime().block_on(async {
         let small = heartbeat_bytes(100).await;
         let large = heartbeat_bytes(256 * 1024).await;
-        println!("bytes written per lease per heartbeat: {small} with 100 B payloads, {large} with 256 KiB");
+        println!("bytes written per lease per heartbeat: {small} with 100 B payloads (in the record), {large} with 256 KiB (apart)");
         // Issue 12: at most 1 KiB per job plus its history entry, and no
         // more for a big payload than for a small one (sled's log frames
         // vary by a few bytes, so allow a little).

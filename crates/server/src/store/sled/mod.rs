@@ -3,14 +3,14 @@
 //!
 //! Records live in the `jobs` tree, keyed by the job id as a big-endian
 //! `u64` (so a range scan is id order, which is enqueue order), valued by
-//! the `Job` in postcard without its payload ([`record`]). Payloads live
-//! in the `payloads` tree under the same key, written once at enqueue and
-//! read only to hand a job out (take, get, list): a transition rewrites a
-//! record of a few hundred bytes whatever the payload's size, and neither
-//! the startup scan nor sled's cache of hot records holds payloads. A
-//! payload is written before its record and removed after it, so a crash
-//! in between leaves at most an orphan payload, never a record without
-//! one. Job ids and lease ids both come from sled's
+//! the `Job` in postcard ([`record`]). A payload over
+//! [`record::INLINE_MAX`] bytes lives apart, in the `payloads` tree under
+//! the same key, written once at enqueue and read only to hand the job out
+//! (take, get, list): a transition rewrites a record of a few hundred bytes
+//! whatever the payload's size, and the startup scan never reads payloads.
+//! A payload is written before its record and removed after it, so a
+//! crash in between leaves at most an orphan payload, never a record
+//! without one. Job ids and lease ids both come from sled's
 //! persistent id generator, which never repeats across restarts; 0 is never
 //! issued.
 //!
@@ -83,8 +83,8 @@ fn record_key(id: JobId) -> [u8; 8] {
     id.0.to_be_bytes()
 }
 
-fn encode(job: &mut Job, payload_len: u64) -> Result<Vec<u8>> {
-    record::encode(job, payload_len)
+fn encode(job: &mut Job, payload: Payload) -> Result<Vec<u8>> {
+    record::encode(job, payload)
         .map_err(|e| Error::Corrupt(format!("cannot encode job {}: {e}", job.id)))
 }
 
@@ -98,14 +98,6 @@ fn decode(key: &[u8], value: &[u8]) -> Result<(Job, Payload)> {
         )));
     }
     Ok((job, payload))
-}
-
-/// The length of a job's payload, wherever it is.
-fn payload_len(job: &Job, payload: Payload) -> u64 {
-    match payload {
-        Payload::Apart(len) => len,
-        Payload::Inline => job.payload.len() as u64,
-    }
 }
 
 impl Jobs<Sled> {
@@ -348,12 +340,16 @@ impl Sled {
         }
         let mut writes = Vec::with_capacity(changed.len());
         for (id, (_, new, payload)) in &mut changed {
-            if *payload == Payload::Inline {
-                // An older record: its payload moves apart now, once.
+            let placed = match *payload {
+                Payload::Apart(len) => Payload::Apart(len),
+                // An older record may hold a big payload inline: it moves
+                // apart now, once.
+                Payload::Inline => Payload::for_len(new.payload.len()),
+            };
+            if *payload == Payload::Inline && placed != Payload::Inline {
                 self.put_payload(*id, &new.payload)?;
             }
-            let len = payload_len(new, *payload);
-            writes.push((record_key(*id), Some(encode(new, len)?)));
+            writes.push((record_key(*id), Some(encode(new, placed)?)));
         }
         self.write(writes)?;
         for (first, last, _) in changed.values() {
@@ -375,9 +371,11 @@ impl Sled {
                 continue;
             }
             let mut job = machine::create(JobId(self.next_id()?), new, now);
-            self.put_payload(job.id, &job.payload)?;
-            let len = job.payload.len() as u64;
-            writes.push((record_key(job.id), Some(encode(&mut job, len)?)));
+            let placed = Payload::for_len(job.payload.len());
+            if placed != Payload::Inline {
+                self.put_payload(job.id, &job.payload)?;
+            }
+            writes.push((record_key(job.id), Some(encode(&mut job, placed)?)));
             out.push(Enqueued { job, created: true });
         }
         self.write(writes)?;
@@ -463,11 +461,14 @@ impl Sled {
         }
         let mut index = self.lock();
         let mut writes = Vec::new();
-        let mut gone = Vec::new();
+        let (mut gone, mut apart) = (Vec::new(), Vec::new());
         for id in candidates {
-            match self.load(id) {
-                Ok(job) if retention.purgeable(&job) => {
+            match self.load_record(id) {
+                Ok((job, payload)) if retention.purgeable(&job) => {
                     writes.push((record_key(id), None));
+                    if payload != Payload::Inline {
+                        apart.push(id);
+                    }
                     gone.push(job);
                 }
                 Ok(_) | Err(Error::NotFound(_)) => {}
@@ -475,7 +476,7 @@ impl Sled {
             }
         }
         self.write(writes)?;
-        self.remove_payloads(gone.iter().map(|job| job.id))?;
+        self.remove_payloads(apart)?;
         for job in &gone {
             index.remove(job);
         }
@@ -614,10 +615,12 @@ impl Backend for Sled {
 
     async fn delete(&self, id: JobId) -> Result<()> {
         let mut index = self.lock();
-        let job = self.load(id)?;
+        let (job, payload) = self.load_record(id)?;
         machine::deletable(&job)?;
         self.jobs.remove(record_key(id)).map_err(SledError::from)?;
-        self.remove_payloads([id])?;
+        if payload != Payload::Inline {
+            self.remove_payloads([id])?;
+        }
         index.remove(&job);
         Ok(())
     }
@@ -693,7 +696,9 @@ mod tests {
     async fn an_inline_payload_moves_apart_on_the_first_change() {
         let dir = tempfile::tempdir().unwrap();
         let now = SystemTime::now();
-        let payload = br#"{"order":"order-4711"}"#.to_vec();
+        // Over INLINE_MAX: it belongs apart.
+        let payload =
+            format!(r#"{{"order":"order-4711","note":"{}"}}"#, "x".repeat(4096)).into_bytes();
         let job = machine::create(
             JobId(7),
             NewJob {
@@ -741,5 +746,36 @@ mod tests {
         // Deleting the job deletes its payload too.
         store.delete(job.id).await.unwrap();
         assert_eq!(sled.payloads.get(record_key(job.id)).unwrap(), None);
+    }
+
+    /// A small payload stays in the record (nothing in the payloads tree);
+    /// a big one goes apart; both come back whole.
+    #[tokio::test]
+    async fn small_payloads_stay_inline_and_big_ones_go_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&Config::with_data(dir.path())).unwrap();
+        let now = SystemTime::now();
+        let mut ids = Vec::new();
+        for len in [0, 100, record::INLINE_MAX, record::INLINE_MAX + 1, 1 << 20] {
+            let new = NewJob {
+                queue: "q".into(),
+                kind: "k".into(),
+                payload: vec![b'p'; len],
+                key: None,
+                max_attempts: 3,
+                delay: Duration::ZERO,
+                priority: 0,
+                metadata: Default::default(),
+            };
+            ids.push((store.enqueue(new, now).await.unwrap().job.id, len));
+        }
+        let sled = store.backend();
+        for (id, len) in ids {
+            let (_, placed) = sled.load_record(id).unwrap();
+            assert_eq!(placed, record::Payload::for_len(len), "{len} bytes");
+            let stored = sled.payloads.get(record_key(id)).unwrap();
+            assert_eq!(stored.is_some(), len > record::INLINE_MAX, "{len} bytes");
+            assert_eq!(store.get(id).await.unwrap().payload, vec![b'p'; len]);
+        }
     }
 }

@@ -1,17 +1,20 @@
 //! A job's record on disk: a two-byte header (a 0 marker, then the layout
-//! version), then the payload's length and the `Job` without its payload,
-//! in postcard; and the older layouts still read. The payload itself is
-//! stored apart (the `payloads` tree), written once at enqueue: a change of
-//! status, lease or history rewrites only this small record, whatever the
-//! size of the payload.
+//! version), then in postcard the length of the payload stored apart (0:
+//! none) and the `Job`; and the older layouts still read. A payload over
+//! [`INLINE_MAX`] bytes is stored apart (the `payloads` tree), written once
+//! at enqueue, and left out of the record: a change of status, lease or
+//! history rewrites only the small record, whatever the size of the
+//! payload. A smaller one stays in the record, which costs a change at most
+//! [`INLINE_MAX`] more bytes and spares an enqueue a second write.
 //!
 //! postcard is positional, so adding a field to `Job` changes the layout.
 //! Layouts:
 //! - 1 (unversioned): before jobs had `metadata` and leases an `owner`;
 //! - 2 (unversioned): before jobs had a `priority`;
 //! - 3 (versioned): the current `Job`, payload inline;
-//! - 4 (versioned, [`VERSION`]): `(payload length, Job)`, the `Job`'s
-//!   payload empty: the payload is apart ([`Payload::Apart`]).
+//! - 4 (versioned, [`VERSION`]): `(length apart, Job)`: 0 and the payload
+//!   in the `Job` ([`Payload::Inline`]), or the payload's length and an
+//!   empty `Job::payload` ([`Payload::Apart`]).
 //!
 //! An unversioned record begins with the job's id as a postcard varint, and
 //! ids are never 0, so its first byte is never 0: a leading 0 marks a
@@ -41,35 +44,52 @@ pub const VERSION: u8 = 4;
 /// The last layout with the payload inline.
 const INLINE_VERSION: u8 = 3;
 
-/// Where a decoded record's payload is.
+/// The largest payload kept in the record itself.
+pub const INLINE_MAX: usize = 512;
+
+/// Where a record's payload is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Payload {
-    /// In the record (layouts 1–3): `Job::payload` holds it.
+    /// In the record: `Job::payload` holds it.
     Inline,
-    /// Apart, this many bytes of it (layout 4): `Job::payload` is empty.
+    /// Apart, this many bytes of it (never 0): `Job::payload` is empty.
     Apart(u64),
 }
 
-/// Encodes a job in the current layout: everything but its payload, of
-/// which only the length (`payload_len`) goes in. Whatever `job.payload`
-/// holds is left out, and is back in place on return.
-pub fn encode(job: &mut Job, payload_len: u64) -> Result<Vec<u8>, postcard::Error> {
-    let payload = std::mem::take(&mut job.payload);
-    let record = postcard::to_extend(&(payload_len, &*job), vec![MARKER, VERSION]);
-    job.payload = payload;
-    record
+impl Payload {
+    /// Where a payload of `len` bytes belongs.
+    pub fn for_len(len: usize) -> Payload {
+        if len > INLINE_MAX {
+            Payload::Apart(len as u64)
+        } else {
+            Payload::Inline
+        }
+    }
+}
+
+/// Encodes a job in the current layout, its payload where `payload` says:
+/// with [`Payload::Apart`] only the length goes in, and whatever
+/// `job.payload` holds is left out (and back in place on return).
+pub fn encode(job: &mut Job, payload: Payload) -> Result<Vec<u8>, postcard::Error> {
+    match payload {
+        Payload::Inline => postcard::to_extend(&(0u64, &*job), vec![MARKER, VERSION]),
+        Payload::Apart(len) => {
+            let bytes = std::mem::take(&mut job.payload);
+            let record = postcard::to_extend(&(len, &*job), vec![MARKER, VERSION]);
+            job.payload = bytes;
+            record
+        }
+    }
 }
 
 /// Decodes a record of any layout, and says where its payload is.
 pub fn decode(value: &[u8]) -> Result<(Job, Payload), postcard::Error> {
     match value {
-        [MARKER, VERSION, body @ ..] => {
-            let (len, job) = whole::<(u64, Job)>(body)?;
-            if !job.payload.is_empty() {
-                return Err(postcard::Error::DeserializeBadEncoding);
-            }
-            Ok((job, Payload::Apart(len)))
-        }
+        [MARKER, VERSION, body @ ..] => match whole::<(u64, Job)>(body)? {
+            (0, job) => Ok((job, Payload::Inline)),
+            (len, job) if job.payload.is_empty() => Ok((job, Payload::Apart(len))),
+            _ => Err(postcard::Error::DeserializeBadEncoding),
+        },
         [MARKER, INLINE_VERSION, body @ ..] => Ok((whole::<Job>(body)?, Payload::Inline)),
         [MARKER, ..] => Err(postcard::Error::DeserializeBadEncoding),
         _ => whole::<JobV2>(value)
@@ -294,13 +314,19 @@ mod tests {
                 assert_eq!(lease.worker_id, "w1");
                 assert_eq!(lease.owner, None);
             }
-            // Written back in the current layout, it reads the same but for
-            // the payload, which is apart now.
+            // Written back in the current layout, it reads the same, with
+            // its payload inline or apart.
             let mut written = job.clone();
-            let len = job.payload.len() as u64;
-            let (read, payload) = decode(&encode(&mut written, len).expect("encode")).expect("new");
+            let inline = encode(&mut written, Payload::Inline).expect("encode");
+            assert_eq!(
+                decode(&inline).expect("new"),
+                (job.clone(), Payload::Inline)
+            );
+            let apart = Payload::Apart(job.payload.len() as u64);
+            let (read, payload) =
+                decode(&encode(&mut written, apart).expect("encode")).expect("new");
             assert_eq!(written, job, "encode leaves the job as it was");
-            assert_eq!(payload, Payload::Apart(len));
+            assert_eq!(payload, apart);
             assert_eq!(
                 read,
                 Job {
@@ -392,7 +418,9 @@ mod tests {
         let mut job = current(true, 42);
         job.priority = -100;
         job.payload = vec![7; 10_000];
-        let bytes = encode(&mut job, 10_000).expect("encode");
+        assert_eq!(Payload::for_len(10_000), Payload::Apart(10_000));
+        assert_eq!(Payload::for_len(INLINE_MAX), Payload::Inline);
+        let bytes = encode(&mut job, Payload::for_len(10_000)).expect("encode");
         assert_eq!(job.payload.len(), 10_000, "encode puts the payload back");
         assert_eq!(&bytes[..2], &[MARKER, VERSION]);
         assert!(
