@@ -1422,6 +1422,33 @@ async fn check(store: &TestStore, model: &Model, now: SystemTime) {
             assert_eq!(page.jobs.iter().map(|j| j.id).collect::<Vec<_>>(), want);
         }
     }
+    for status in Status::ALL {
+        // By status alone, page by page.
+        let (mut seen, mut after) = (Vec::new(), None);
+        loop {
+            let page = store
+                .list(ListFilter {
+                    status: Some(status),
+                    after,
+                    limit: 3,
+                    ..ListFilter::default()
+                })
+                .await
+                .unwrap();
+            seen.extend(page.jobs.iter().map(|j| j.id));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let want: Vec<JobId> = model
+            .jobs
+            .values()
+            .filter(|j| j.status == status)
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(seen, want, "list by {status:?}");
+    }
     assert_eq!(store.stats(None, now).await.unwrap(), model.stats(now));
     let queues: Vec<String> = QUEUES.iter().map(|q| q.to_string()).collect();
     let next_run_at = model

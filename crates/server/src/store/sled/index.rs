@@ -1,12 +1,13 @@
 //! The sled store's in-memory indexes: what must be answered without
 //! reading records (which job is due next, which lease runs out next, who
-//! holds a key, how many jobs each queue has).
+//! holds a key, how many jobs each queue has, which jobs have a status).
 //!
 //! They are derived from the records alone, rebuilt at startup by scanning
 //! them, and changed only together with a record under the store's mutex.
 //! Per job they keep ids and times, never payloads: a PENDING job costs one
 //! `(run_at, id)` set entry in its priority's set (plus its key, if it has
-//! one).
+//! one), and every job about a bit in its status's id bitmap (ListJobs by
+//! status).
 //!
 //! Delivery order (DESIGN.md §1 rule 5) is priority, then `run_at`, then
 //! id, among *due* jobs. A queue keeps one `(run_at, id)` set per priority
@@ -20,6 +21,8 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     time::{Duration, SystemTime},
 };
+
+use roaring::RoaringTreemap;
 
 use crate::{
     job::{Job, JobId, Status},
@@ -58,6 +61,11 @@ pub(crate) struct Index {
     by_name: HashMap<Box<str>, usize>,
     /// RUNNING jobs by lease expiry.
     leases: BTreeSet<(SystemTime, JobId)>,
+    /// Ids of jobs per status, indexed like [`Status::ALL`]: ListJobs by
+    /// status walks its set instead of every record. Compressed bitmaps:
+    /// ids are handed out in sequence, so a set costs about a bit per id in
+    /// its range (1M pending: ~3 MiB), not a tree node entry per job.
+    by_status: [RoaringTreemap; 4],
     /// Paused queues (persisted in the `paused` tree).
     paused: BTreeSet<String>,
 }
@@ -127,6 +135,7 @@ impl Index {
         {
             self.leases.insert((expires_at, job.id));
         }
+        self.by_status[slot(job.status)].insert(job.id.0);
         let queue = self.queue_mut(&job.queue);
         queue.counts[slot(job.status)] += 1;
         if job.status == Status::Pending {
@@ -145,6 +154,7 @@ impl Index {
         {
             self.leases.remove(&(expires_at, job.id));
         }
+        self.by_status[slot(job.status)].remove(job.id.0);
         let queue = self.queue_mut(&job.queue);
         let count = &mut queue.counts[slot(job.status)];
         *count = count.saturating_sub(1);
@@ -159,6 +169,13 @@ impl Index {
     }
 
     /// The retained job holding `key` in `queue`.
+    /// Up to `n` ids of jobs with `status`, from id `from` on, in id order.
+    pub(crate) fn with_status(&self, status: Status, from: JobId, n: usize) -> Vec<JobId> {
+        let mut ids = self.by_status[slot(status)].iter();
+        ids.advance_to(from.0);
+        ids.take(n).map(JobId).collect()
+    }
+
     pub(crate) fn key(&self, queue: &str, key: &str) -> Option<JobId> {
         self.queue(queue)?.keys.get(key).copied()
     }

@@ -522,7 +522,18 @@ impl Sled {
         // page, so paging always moves on.
         let mut jobs = Vec::new();
         let (mut bytes, mut full) = (0usize, false);
-        let mut records = self.jobs.range(start.to_be_bytes()..);
+        // By status: only the records the index has for it; otherwise every
+        // record from `start` on.
+        let mut records: Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>> + '_> =
+            match filter.status {
+                Some(status) => Box::new(WithStatus {
+                    sled: self,
+                    status,
+                    from: Some(start),
+                    ids: Vec::new().into_iter(),
+                }),
+                None => Box::new(self.jobs.range(start.to_be_bytes()..)),
+            };
         for record in records.by_ref() {
             let (key, value) = record.map_err(SledError::from)?;
             let (mut job, payload) = decode(&key, &value)?;
@@ -555,6 +566,52 @@ impl Sled {
             _ => None,
         };
         Ok(Page { jobs, next })
+    }
+}
+
+/// The records of jobs with one status, in id order, from the index's id
+/// set of that status: fetched a chunk of ids at a time under the lock,
+/// each record read without it (so a job may have changed since; the
+/// caller's filter checks it again).
+struct WithStatus<'a> {
+    sled: &'a Sled,
+    status: crate::job::Status,
+    /// The next id to look from; `None` once the set is exhausted.
+    from: Option<u64>,
+    ids: std::vec::IntoIter<JobId>,
+}
+
+/// Ids fetched under the lock per step of [`WithStatus`].
+const LIST_CHUNK: usize = 256;
+
+impl Iterator for WithStatus<'_> {
+    type Item = sled::Result<(sled::IVec, sled::IVec)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(id) = self.ids.next() {
+                let key = record_key(id);
+                match self.sled.jobs.get(key) {
+                    Ok(Some(value)) => return Some(Ok((sled::IVec::from(&key[..]), value))),
+                    // Purged or deleted since the ids were read.
+                    Ok(None) => continue,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            let from = self.from?;
+            let ids = self
+                .sled
+                .lock()
+                .with_status(self.status, JobId(from), LIST_CHUNK);
+            self.from = match ids.last() {
+                Some(last) if ids.len() == LIST_CHUNK => last.0.checked_add(1),
+                _ => None,
+            };
+            if ids.is_empty() {
+                return None;
+            }
+            self.ids = ids.into_iter();
+        }
     }
 }
 
@@ -777,5 +834,63 @@ mod tests {
             assert_eq!(stored.is_some(), len > record::INLINE_MAX, "{len} bytes");
             assert_eq!(store.get(id).await.unwrap().payload, vec![b'p'; len]);
         }
+    }
+
+    /// ListJobs by an indexed status walks the index's id set across its
+    /// chunks, in id order, and skips jobs that changed status.
+    #[tokio::test]
+    async fn list_by_status_pages_through_the_status_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&Config::with_data(dir.path())).unwrap();
+        let now = SystemTime::now();
+        let batch = (0..3 * LIST_CHUNK + 7)
+            .map(|_| NewJob {
+                queue: "q".into(),
+                kind: "k".into(),
+                payload: b"{}".to_vec(),
+                key: None,
+                max_attempts: 3,
+                delay: Duration::ZERO,
+                priority: 0,
+                metadata: Default::default(),
+            })
+            .collect();
+        let jobs = store.enqueue_batch(batch, now).await.unwrap();
+        let mut failed = Vec::new();
+        for (n, e) in jobs.iter().enumerate() {
+            if n % 3 == 0 {
+                store.cancel(e.job.id, "x".into(), now).await.unwrap();
+                failed.push(e.job.id);
+            }
+        }
+        let (mut seen, mut after) = (Vec::new(), None);
+        loop {
+            let page = store
+                .list(ListFilter {
+                    status: Some(Status::Failed),
+                    after,
+                    limit: 100,
+                    ..ListFilter::default()
+                })
+                .await
+                .unwrap();
+            assert!(page.jobs.iter().all(|j| j.status == Status::Failed));
+            seen.extend(page.jobs.iter().map(|j| j.id));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(seen, failed);
+        let pending = store
+            .list(ListFilter {
+                status: Some(Status::Pending),
+                limit: 10_000,
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(pending.jobs.len(), jobs.len() - failed.len());
+        assert_eq!(pending.next, None);
     }
 }
