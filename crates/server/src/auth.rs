@@ -507,7 +507,7 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             leases(store, who, caller, held).await
         }
         Access::Leases(held) => leases(store, who, caller, held).await,
-        Access::ReadJob(id) => match store.get(id).await {
+        Access::ReadJob(id) => match store.peek(id).await {
             Ok(job) => who.require(Role::Read, &job.queue),
             Err(Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
@@ -522,7 +522,7 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             ))),
             _ => Ok(()),
         },
-        Access::Administer(id) => match store.get(id).await {
+        Access::Administer(id) => match store.peek(id).await {
             Ok(job) => who.require(Role::Admin, &job.queue),
             Err(Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
@@ -550,7 +550,7 @@ async fn leases<S: Store>(
     held: &[(JobId, LeaseId)],
 ) -> Result<()> {
     for &(id, lease_id) in held {
-        let job = match store.get(id).await {
+        let job = match store.peek(id).await {
             Ok(job) => job,
             Err(Error::NotFound(_)) => continue,
             Err(e) => return Err(e),

@@ -319,7 +319,7 @@ impl<S: Store> LeaseHub<S> {
     async fn adopt(&self, id: StreamId, held: &[(JobId, LeaseId)]) -> HashMap<LeaseId, JobId> {
         let mut adopted = HashMap::new();
         for &(job, lease) in held {
-            let holds = matches!(self.store.get(job).await, Ok(j) if j.lease_id() == Some(lease));
+            let holds = matches!(self.store.peek(job).await, Ok(j) if j.lease_id() == Some(lease));
             let mut reg = self.registry();
             // An event that ended the lease meanwhile removed the owner.
             if holds && reg.owners.get(&lease) == Some(&id) {

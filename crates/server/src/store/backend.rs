@@ -113,6 +113,9 @@ pub trait Backend: Send + Sync + 'static {
     /// One job.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
 
+    /// One job without its payload, for checks of its queue or lease.
+    fn peek(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
+
     /// A page of jobs matching the filter, by ascending id.
     fn list(&self, filter: ListFilter) -> impl Future<Output = Result<Page>> + Send;
 

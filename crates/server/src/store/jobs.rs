@@ -625,6 +625,11 @@ impl<B: Backend> Store for Jobs<B> {
         self.backend.get(id).await
     }
 
+    async fn peek(&self, id: JobId) -> Result<Job> {
+        self.check()?;
+        self.backend.peek(id).await.map(without_payload)
+    }
+
     async fn list(&self, filter: ListFilter) -> Result<Page> {
         self.check()?;
         self.backend.list(filter).await

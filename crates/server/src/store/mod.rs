@@ -130,7 +130,8 @@ pub type Extended = Result<Job>;
 /// The job a change returns (enqueue, ack, fail, retry, cancel, a
 /// heartbeat's extensions, reclaims, give-back) has an empty payload: the
 /// payload never changes after enqueue, and the sled store keeps it apart
-/// from the record a change rewrites. Take, get and list hand it out.
+/// from the record a change rewrites. Take, get and list hand it out;
+/// peek does not.
 /// After a durability failure every method returns
 /// [`crate::Error::FailStopped`] (fail-stop).
 pub trait Store: Send + Sync + 'static {
@@ -335,6 +336,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// One job.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
+
+    /// One job without its payload: for checks of its queue or lease
+    /// (authorization, stream adoption), which need not read a payload
+    /// stored apart.
+    fn peek(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
 
     /// A page of jobs matching the filter, by ascending id.
     fn list(&self, filter: ListFilter) -> impl Future<Output = Result<Page>> + Send;

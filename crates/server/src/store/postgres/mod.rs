@@ -388,7 +388,11 @@ impl Backend for Pg {
     }
 
     async fn get(&self, id: JobId) -> Result<crate::job::Job> {
-        queries::get(self, id).await
+        queries::get(self, id, true).await
+    }
+
+    async fn peek(&self, id: JobId) -> Result<crate::job::Job> {
+        queries::get(self, id, false).await
     }
 
     async fn list(&self, filter: ListFilter) -> Result<Page> {

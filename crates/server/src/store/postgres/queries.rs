@@ -54,11 +54,16 @@ async fn with_history(
     Ok(jobs)
 }
 
-/// One job.
-pub async fn get(pg: &Pg, id: JobId) -> Result<Job> {
+/// One job, with its payload or (for checks) without.
+pub async fn get(pg: &Pg, id: JobId, payload: bool) -> Result<Job> {
     let client = pg.client().await?;
+    let columns = if payload {
+        COLUMNS
+    } else {
+        row::CHANGE_COLUMNS.as_str()
+    };
     let stmt = client
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM jobq_jobs WHERE id = $1"))
+        .prepare_cached(&format!("SELECT {columns} FROM jobq_jobs WHERE id = $1"))
         .await
         .map_err(PgError::from)?;
     let rows = client

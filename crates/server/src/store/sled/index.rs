@@ -168,14 +168,22 @@ impl Index {
         }
     }
 
-    /// The retained job holding `key` in `queue`.
     /// Up to `n` ids of jobs with `status`, from id `from` on, in id order.
+    ///
+    /// By rank and select, not `Iter::advance_to`: in roaring 0.10 that
+    /// skips ids of the next 2^32 block whose low half is below `from`'s
+    /// when `from`'s own block has nothing left.
     pub(crate) fn with_status(&self, status: Status, from: JobId, n: usize) -> Vec<JobId> {
-        let mut ids = self.by_status[slot(status)].iter();
-        ids.advance_to(from.0);
-        ids.take(n).map(JobId).collect()
+        let set = &self.by_status[slot(status)];
+        let first = from.0.checked_sub(1).map_or(0, |before| set.rank(before));
+        (first..)
+            .map_while(|rank| set.select(rank))
+            .take(n)
+            .map(JobId)
+            .collect()
     }
 
+    /// The retained job holding `key` in `queue`.
     pub(crate) fn key(&self, queue: &str, key: &str) -> Option<JobId> {
         self.queue(queue)?.keys.get(key).copied()
     }
@@ -356,5 +364,30 @@ mod tests {
             index.queue("a").unwrap().pending.is_empty(),
             "no empty sets"
         );
+    }
+
+    #[test]
+    fn ids_by_status_page_across_2_pow_32() {
+        let mut index = Index::default();
+        for id in [5, 7, (1 << 32) + 3, (1 << 32) + 9, u64::MAX] {
+            index.insert(&job(id, "q", None, 1));
+        }
+        let ids = |from: u64, n| -> Vec<u64> {
+            index
+                .with_status(Status::Pending, JobId(from), n)
+                .into_iter()
+                .map(|id| id.0)
+                .collect()
+        };
+        assert_eq!(
+            ids(0, 10),
+            vec![5, 7, (1 << 32) + 3, (1 << 32) + 9, u64::MAX]
+        );
+        assert_eq!(ids(6, 2), vec![7, (1 << 32) + 3]);
+        // `from`'s block has nothing left: the next block's ids all count.
+        assert_eq!(ids(8, 10), vec![(1 << 32) + 3, (1 << 32) + 9, u64::MAX]);
+        assert_eq!(ids((1 << 32) + 4, 1), vec![(1 << 32) + 9]);
+        assert_eq!(ids(u64::MAX, 10), vec![u64::MAX]);
+        assert!(index.with_status(Status::Done, JobId(0), 10).is_empty());
     }
 }

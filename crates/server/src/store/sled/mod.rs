@@ -228,6 +228,15 @@ impl Sled {
                 job.id,
                 bytes.len()
             ))),
+            // Deleted or purged since its record was read (reads do not
+            // hold the lock): gone, not corrupt.
+            None if !self
+                .jobs
+                .contains_key(record_key(job.id))
+                .map_err(SledError::from)? =>
+            {
+                Err(Error::NotFound(job.id))
+            }
             None => Err(Error::Corrupt(format!(
                 "job {} has no payload, its record says {len} bytes",
                 job.id
@@ -504,10 +513,14 @@ impl Sled {
                     Ok((mut job, payload)) if matches(&job) => {
                         if filter.omit_payload {
                             job.payload = Vec::new();
+                            vec![job]
                         } else {
-                            self.fill(&mut job, payload)?;
+                            match self.fill(&mut job, payload) {
+                                Ok(()) => vec![job],
+                                Err(Error::NotFound(_)) => vec![],
+                                Err(e) => return Err(e),
+                            }
                         }
-                        vec![job]
                     }
                     Ok(_) | Err(Error::NotFound(_)) => vec![],
                     Err(e) => return Err(e),
@@ -545,12 +558,19 @@ impl Sled {
                 size = size.saturating_sub(job.payload.len());
                 job.payload = Vec::new();
             } else if let Payload::Apart(len) = payload {
-                self.fill(&mut job, payload)?;
                 size = size.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
             }
             if !jobs.is_empty() && bytes.saturating_add(size) > filter.max_bytes {
                 full = true;
                 break;
+            }
+            if !filter.omit_payload {
+                match self.fill(&mut job, payload) {
+                    Ok(()) => {}
+                    // Purged meanwhile: not listed.
+                    Err(Error::NotFound(_)) => continue,
+                    Err(e) => return Err(e),
+                }
             }
             bytes = bytes.saturating_add(size);
             jobs.push(job);
@@ -703,6 +723,10 @@ impl Backend for Sled {
 
     async fn get(&self, id: JobId) -> Result<Job> {
         self.load_full(id)
+    }
+
+    async fn peek(&self, id: JobId) -> Result<Job> {
+        self.load(id)
     }
 
     async fn list(&self, filter: ListFilter) -> Result<Page> {
@@ -892,5 +916,52 @@ mod tests {
             .unwrap();
         assert_eq!(pending.jobs.len(), jobs.len() - failed.len());
         assert_eq!(pending.next, None);
+    }
+
+    /// A read that loaded a record just before the job was deleted (reads
+    /// do not hold the lock) finds it gone, not corrupt.
+    #[tokio::test]
+    async fn a_payload_deleted_after_its_record_was_read_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&Config::with_data(dir.path())).unwrap();
+        let new = NewJob {
+            queue: "q".into(),
+            kind: "k".into(),
+            payload: vec![b'p'; 4096],
+            key: None,
+            max_attempts: 3,
+            delay: Duration::ZERO,
+            priority: 0,
+            metadata: Default::default(),
+        };
+        let id = store.enqueue(new, SystemTime::now()).await.unwrap().job.id;
+        let sled = store.backend();
+        let (mut job, payload) = sled.load_record(id).unwrap();
+        store.delete(id).await.unwrap();
+        assert!(matches!(
+            sled.fill(&mut job, payload),
+            Err(Error::NotFound(gone)) if gone == id
+        ));
+        // A payload missing under a record that is still there is corrupt.
+        let other = store
+            .enqueue(
+                NewJob {
+                    queue: "q".into(),
+                    kind: "k".into(),
+                    payload: vec![b'p'; 4096],
+                    key: None,
+                    max_attempts: 3,
+                    delay: Duration::ZERO,
+                    priority: 0,
+                    metadata: Default::default(),
+                },
+                SystemTime::now(),
+            )
+            .await
+            .unwrap()
+            .job
+            .id;
+        sled.payloads.remove(record_key(other)).unwrap();
+        assert!(matches!(store.get(other).await, Err(Error::Corrupt(_))));
     }
 }
