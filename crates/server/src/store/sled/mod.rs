@@ -55,8 +55,10 @@ use crate::{
     schedule::Schedule,
 };
 
-/// Records scanned per purge step, between which the mutex is free.
-const PURGE_CHUNK: usize = 1024;
+/// Records scanned per purge step, between which the mutex is free (and
+/// the step's deletions are made durable): small, so that neither the lock
+/// nor a commit round carries much of a purge at a time.
+const PURGE_CHUNK: usize = 256;
 
 /// The store the server runs by default: [`Jobs`] over [`Sled`].
 pub type SledStore = Jobs<Sled>;
