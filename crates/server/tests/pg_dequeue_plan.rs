@@ -145,6 +145,14 @@ async fn pg_dequeue_plan_uses_the_partial_index_after_analyze_with_100k_done_row
         !plan.contains("jobq_jobs_pkey"),
         "the dequeue must not scan the primary key:\n{plan}"
     );
+    // The statement has no ORDER BY over priorities (sorting would probe,
+    // and lock, a job of every priority): the order comes from walking the
+    // recursive CTE, highest priority first, in a nested loop that stops at
+    // the first job.
+    assert!(
+        plan.contains("Nested Loop") && plan.contains("CTE Scan on prio"),
+        "priority order comes from a nested loop over the CTE:\n{plan}"
+    );
     drop(client);
 
     let with_done = drain_rate(Arc::clone(&full)).await;
