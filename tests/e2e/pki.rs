@@ -103,5 +103,11 @@ pub fn tokens_file(path: &Path, tokens: &[(&str, &str, &[&str], &[&str])]) {
             )
         })
         .collect();
-    std::fs::write(path, text).expect("write tokens file");
+    // Atomically (a temporary file renamed over it), as an operator
+    // should: a SIGHUP for an earlier change may make the server read the
+    // file at any moment, and a file caught half-written (truncated, so
+    // empty) reads as a valid file with no tokens.
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, text).expect("write tokens file");
+    std::fs::rename(&tmp, path).expect("move tokens file into place");
 }
