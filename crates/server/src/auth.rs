@@ -106,6 +106,11 @@ pub enum TokensError {
         /// What is wrong with it.
         why: String,
     },
+    /// A reload found no token in the file: refused, since a file read
+    /// while an editor rewrites it in place is empty, and taking it would
+    /// refuse every caller.
+    #[error("the tokens file names no token (half-written? replace it atomically)")]
+    Empty,
 }
 
 /// One `[[token]]` entry, as written.
@@ -306,16 +311,21 @@ impl Auth {
     }
 
     /// Reads the file again and swaps the table in; calls in flight and
-    /// open connections keep going. A bad file leaves the old table in
-    /// place. Returns how many tokens are now known.
+    /// open connections keep going. A bad file, or one with no token,
+    /// leaves the old table in place. Returns how many tokens are now
+    /// known.
     ///
     /// # Errors
-    /// When the file cannot be read or is not valid.
+    /// When the file cannot be read, is not valid, or names no token
+    /// ([`TokensError::Empty`]).
     pub fn reload(&self) -> std::result::Result<usize, TokensError> {
         let (Some(table), Some(path)) = (&self.table, &self.path) else {
             return Ok(0);
         };
         let tokens = Tokens::load(path)?;
+        if tokens.is_empty() {
+            return Err(TokensError::Empty);
+        }
         let n = tokens.len();
         *table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tokens);
         Ok(n)
@@ -636,5 +646,23 @@ mod tests {
         assert_eq!(bearer(Some("Bearer ")), None);
         assert_eq!(bearer(Some("abc")), None);
         assert_eq!(bearer(None), None);
+    }
+
+    #[test]
+    fn a_reload_that_finds_no_token_keeps_the_old_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let one = format!(
+            "[[token]]\nname = 'a'\nsha256 = '{}'\nqueues = ['*']\nroles = ['read']\n",
+            digest_hex("x")
+        );
+        std::fs::write(&path, &one).unwrap();
+        let auth = Auth::from_file(&path).unwrap();
+        // Caught half-written: truncated to nothing.
+        std::fs::write(&path, "").unwrap();
+        assert!(matches!(auth.reload(), Err(TokensError::Empty)));
+        assert_eq!(auth.current().unwrap().len(), 1, "the old token stays");
+        std::fs::write(&path, &one).unwrap();
+        assert_eq!(auth.reload().unwrap(), 1);
     }
 }
