@@ -11,6 +11,7 @@
 use std::time::{Duration, SystemTime};
 
 use jobq_server::{
+    job::Leased,
     job::NewJob,
     store::{sled::SledStore, Store},
     Config,
@@ -61,6 +62,20 @@ fn new_job(payload: Vec<u8>) -> NewJob {
     }
 }
 
+/// Leases the first due job of queue `q`.
+async fn take(store: &SledStore) -> Option<Leased> {
+    store
+        .take(
+            &["q".to_string()],
+            "w",
+            None,
+            Duration::from_secs(30),
+            SystemTime::now(),
+        )
+        .await
+        .unwrap()
+}
+
 fn open(dir: &TempDir) -> SledStore {
     let mut config = Config::with_data(dir.path());
     config.cache_bytes = 8 * 1024 * 1024;
@@ -76,7 +91,6 @@ fn one_job_changes_cost_one_log_write_per_commit_round() {
 async fn changes() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    let queues = vec!["q".to_string()];
     const JOBS: u64 = 200;
 
     let writes_before = write_syscalls();
@@ -84,17 +98,7 @@ async fn changes() {
     for n in 0..JOBS {
         let new = new_job(format!("order-{n}").into_bytes());
         store.enqueue(new, SystemTime::now()).await.unwrap();
-        let leased = store
-            .take(
-                &queues,
-                "w",
-                None,
-                Duration::from_secs(30),
-                SystemTime::now(),
-            )
-            .await
-            .unwrap()
-            .expect("the job just enqueued is due");
+        let leased = take(&store).await.expect("the job just enqueued is due");
         store
             .ack(leased.job.id, leased.lease_id, SystemTime::now())
             .await
@@ -144,22 +148,11 @@ async fn heartbeat_bytes(payload: usize) -> u64 {
     const BEATS: u64 = 10;
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
-    let queues = vec!["q".to_string()];
     let batch = (0..LEASES).map(|_| new_job(vec![b'x'; payload])).collect();
     store.enqueue_batch(batch, SystemTime::now()).await.unwrap();
     let mut leases = Vec::new();
     for _ in 0..LEASES {
-        let leased = store
-            .take(
-                &queues,
-                "w",
-                None,
-                Duration::from_secs(30),
-                SystemTime::now(),
-            )
-            .await
-            .unwrap()
-            .expect("due");
+        let leased = take(&store).await.expect("due");
         assert_eq!(
             leased.job.payload.len(),
             payload,

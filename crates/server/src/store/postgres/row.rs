@@ -220,28 +220,11 @@ impl JobRow {
     }
 
     /// The values for `$1`…`$18` of an UPDATE with [`SET_COLUMNS`]: those of
-    /// [`JobRow::params`] but the payload.
+    /// [`JobRow::params`] but the payload (`$4` there).
     pub fn update_params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        vec![
-            &self.id,
-            &self.queue,
-            &self.kind,
-            &self.key,
-            &self.status,
-            &self.attempts,
-            &self.max_attempts,
-            &self.enqueued_at,
-            &self.run_at,
-            &self.lease_id,
-            &self.lease_worker,
-            &self.lease_taken_at,
-            &self.lease_expires_at,
-            &self.lease_duration_ns,
-            &self.finished_at,
-            &self.last_error,
-            &self.extra,
-            &self.priority,
-        ]
+        let mut params = self.params();
+        params.remove(3);
+        params
     }
 }
 

@@ -772,6 +772,20 @@ mod tests {
         store::Store,
     };
 
+    /// A job for queue `q` with `payload`.
+    fn new_job(payload: Vec<u8>) -> NewJob {
+        NewJob {
+            queue: "q".into(),
+            kind: "k".into(),
+            payload,
+            key: None,
+            max_attempts: 3,
+            delay: Duration::ZERO,
+            priority: 0,
+            metadata: Default::default(),
+        }
+    }
+
     /// A store written by a build before payloads moved apart (layout 3:
     /// payload inline) opens, hands the payload out, and moves it apart on
     /// the job's first change.
@@ -840,16 +854,7 @@ mod tests {
         let now = SystemTime::now();
         let mut ids = Vec::new();
         for len in [0, 100, record::INLINE_MAX, record::INLINE_MAX + 1, 1 << 20] {
-            let new = NewJob {
-                queue: "q".into(),
-                kind: "k".into(),
-                payload: vec![b'p'; len],
-                key: None,
-                max_attempts: 3,
-                delay: Duration::ZERO,
-                priority: 0,
-                metadata: Default::default(),
-            };
+            let new = new_job(vec![b'p'; len]);
             ids.push((store.enqueue(new, now).await.unwrap().job.id, len));
         }
         let sled = store.backend();
@@ -870,16 +875,7 @@ mod tests {
         let store = SledStore::open(&Config::with_data(dir.path())).unwrap();
         let now = SystemTime::now();
         let batch = (0..3 * LIST_CHUNK + 7)
-            .map(|_| NewJob {
-                queue: "q".into(),
-                kind: "k".into(),
-                payload: b"{}".to_vec(),
-                key: None,
-                max_attempts: 3,
-                delay: Duration::ZERO,
-                priority: 0,
-                metadata: Default::default(),
-            })
+            .map(|_| new_job(b"{}".to_vec()))
             .collect();
         let jobs = store.enqueue_batch(batch, now).await.unwrap();
         let mut failed = Vec::new();
@@ -926,16 +922,7 @@ mod tests {
     async fn a_payload_deleted_after_its_record_was_read_is_not_found() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(&Config::with_data(dir.path())).unwrap();
-        let new = NewJob {
-            queue: "q".into(),
-            kind: "k".into(),
-            payload: vec![b'p'; 4096],
-            key: None,
-            max_attempts: 3,
-            delay: Duration::ZERO,
-            priority: 0,
-            metadata: Default::default(),
-        };
+        let new = new_job(vec![b'p'; 4096]);
         let id = store.enqueue(new, SystemTime::now()).await.unwrap().job.id;
         let sled = store.backend();
         let (mut job, payload) = sled.load_record(id).unwrap();
@@ -946,19 +933,7 @@ mod tests {
         ));
         // A payload missing under a record that is still there is corrupt.
         let other = store
-            .enqueue(
-                NewJob {
-                    queue: "q".into(),
-                    kind: "k".into(),
-                    payload: vec![b'p'; 4096],
-                    key: None,
-                    max_attempts: 3,
-                    delay: Duration::ZERO,
-                    priority: 0,
-                    metadata: Default::default(),
-                },
-                SystemTime::now(),
-            )
+            .enqueue(new_job(vec![b'p'; 4096]), SystemTime::now())
             .await
             .unwrap()
             .job
