@@ -6,8 +6,9 @@
 //! `PR_SET_PDEATHSIG` (see `work.rs`) reaches each command itself, but not
 //! what the command started (a shell script's children), which shares the
 //! command's process group. So `jobq work` starts `jobq __watchdog` with a
-//! pipe as its stdin and writes `+PGID` when it starts a command and
-//! `-PGID` once that command is reaped (or killed). Only `jobq work` holds
+//! pipe as its stdin; each command writes `+PGID` to it between fork and
+//! exec (so before it can start anything), and `jobq work` writes `-PGID`
+//! once that command is reaped (or killed). Only `jobq work` holds
 //! the pipe's write end (it is close-on-exec), so when the watchdog reads
 //! EOF, `jobq work` is gone: it SIGKILLs every process group still listed,
 //! then exits.
@@ -64,7 +65,19 @@ impl Watchdog {
         }
     }
 
+    /// The pipe's descriptor, for a command to announce itself with
+    /// [`announce_self`] before it runs.
+    #[cfg(unix)]
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.pipe
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_raw_fd()
+    }
+
     /// A command was started as the leader of process group `pgid`.
+    #[cfg(not(target_os = "linux"))]
     pub fn started(&self, pgid: u32) {
         self.tell(&format!("+{pgid}\n"));
     }
@@ -73,6 +86,41 @@ impl Watchdog {
     /// reused, so the watchdog forgets it.
     pub fn ended(&self, pgid: u32) {
         self.tell(&format!("-{pgid}\n"));
+    }
+}
+
+/// Writes `+PID` for the calling process to the watchdog's pipe `fd`: for
+/// a command between fork and exec (it leads its own process group, so its
+/// pid is its group's id). Told by `jobq work` once `spawn` returned, the
+/// watchdog would miss a command whose `jobq work` was SIGKILLed in
+/// between, and what that command started would live on.
+///
+/// Async-signal-safe: no allocation, only `getpid`, `signal` and `write`.
+/// SIGPIPE is ignored around the write: a watchdog that is gone must not
+/// kill the command.
+#[cfg(unix)]
+pub fn announce_self(fd: std::os::fd::RawFd) {
+    let mut line = [0u8; 16];
+    let mut at = line.len() - 1;
+    line[at] = b'\n';
+    // SAFETY: getpid has no preconditions.
+    let mut pid = unsafe { libc::getpid() }.unsigned_abs();
+    loop {
+        at -= 1;
+        line[at] = b'0' + (pid % 10) as u8;
+        pid /= 10;
+        if pid == 0 {
+            break;
+        }
+    }
+    at -= 1;
+    line[at] = b'+';
+    // SAFETY: `line[at..]` is initialised memory we own; signal and write
+    // are async-signal-safe, and SIGPIPE's disposition is put back.
+    unsafe {
+        let before = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        libc::write(fd, line[at..].as_ptr().cast(), line.len() - at);
+        libc::signal(libc::SIGPIPE, before);
     }
 }
 

@@ -125,12 +125,14 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
 /// command SIGKILL when the thread that started it ends (a tokio worker
 /// thread, which lives as long as the process), through
 /// `PR_SET_PDEATHSIG`.
+/// With a watchdog (its pipe `watchdog`), the command also tells it its
+/// process group before it runs ([`crate::watchdog::announce_self`]).
 #[cfg(target_os = "linux")]
-fn die_with_worker(cmd: &mut tokio::process::Command) {
+fn die_with_worker(cmd: &mut tokio::process::Command, watchdog: Option<std::os::fd::RawFd>) {
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls
-    // only async-signal-safe functions (prctl, getppid) with no
-    // allocation.
+    // only async-signal-safe functions (prctl, getppid, and getpid, signal
+    // and write in `announce_self`) with no allocation.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
@@ -140,6 +142,9 @@ fn die_with_worker(cmd: &mut tokio::process::Command) {
             // signal will never come, so do not start at all.
             if u32::try_from(libc::getppid()).ok() != Some(parent) {
                 return Err(std::io::Error::other("jobq work exited"));
+            }
+            if let Some(fd) = watchdog {
+                crate::watchdog::announce_self(fd);
             }
             Ok(())
         });
@@ -177,7 +182,7 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
     #[cfg(unix)]
     cmd.process_group(0);
     #[cfg(target_os = "linux")]
-    die_with_worker(&mut cmd);
+    die_with_worker(&mut cmd, job.watchdog.as_ref().map(|w| w.fd()));
     let mut child = cmd
         .spawn()
         .map_err(|err| HandlerError::retry(format!("cannot start {program:?}: {err}")))?;
@@ -185,6 +190,8 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
         pid: child.id(),
         watchdog: job.watchdog.clone(),
     };
+    // On Linux the command told the watchdog itself, before it ran.
+    #[cfg(not(target_os = "linux"))]
     if let (Some(w), Some(pid)) = (&job.watchdog, guard.pid) {
         w.started(pid);
     }
