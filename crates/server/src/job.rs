@@ -171,7 +171,10 @@ pub struct Job {
     pub queue: String,
     /// Which handler runs it.
     pub kind: String,
-    /// Handler input.
+    /// Handler input. Bytes, not a sequence of `u8`s to serde: postcard
+    /// writes both alike (a length, then the bytes), but reads bytes in one
+    /// copy instead of one call per byte.
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// Optional domain key, unique per queue among retained jobs.
     pub key: Option<String>,

@@ -306,7 +306,7 @@ async fn serve_store<S: Store + CommitHook>(
     if let Err(err) = store.leave().await {
         warn!(cause = %err, "could not leave the server registry; the others will reclaim this server's stream leases after --server-timeout");
     }
-    store.flush().await?;
+    store.close().await?;
     info!("jobq stopped; data flushed");
     served
 }

@@ -147,6 +147,16 @@ pub trait Backend: Send + Sync + 'static {
     /// waiting (a take's lease).
     fn request_durable(&self);
 
+    /// The server stops: every write made so far becomes durable. A backend
+    /// may also refuse writes from now on and save what speeds up its next
+    /// start (sled does both, for its indexes).
+    ///
+    /// # Errors
+    /// As [`Backend::durable`].
+    fn close(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        self.durable()
+    }
+
     /// Whether other servers share this engine (PostgreSQL). A shared
     /// engine keeps running while one server restarts, so a restart grants
     /// no lease grace, and it tells [`Remote`] about the others' changes.

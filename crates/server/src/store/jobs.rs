@@ -690,4 +690,12 @@ impl<B: Backend> Store for Jobs<B> {
             .await
             .map_err(|e| self.stop.stop(&e.to_string()))
     }
+
+    async fn close(&self) -> Result<()> {
+        self.check()?;
+        self.backend
+            .close()
+            .await
+            .map_err(|e| self.stop.stop(&e.to_string()))
+    }
 }

@@ -387,6 +387,12 @@ pub trait Store: Send + Sync + 'static {
     /// Why the store fail-stopped, once it has.
     fn fail_cause(&self) -> Option<String>;
 
-    /// Flushes everything and makes it durable (used on shutdown).
+    /// Makes everything written so far durable.
     fn flush(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// The server stops: makes everything durable, and lets the backend
+    /// refuse later writes and save what speeds up the next start
+    /// ([`Backend::close`]). Writes after it may fail with
+    /// [`crate::Error::ShuttingDown`].
+    fn close(&self) -> impl Future<Output = Result<()>> + Send;
 }

@@ -303,13 +303,21 @@ async fn purge_jobs_deletes_one_queues_finished_jobs_by_status_and_age() {
 #[tokio::test]
 async fn purge_jobs_goes_through_more_than_one_batch() {
     let (_dir, store) = fresh().await;
-    // More than either engine's chunk (sled 1024, PostgreSQL 1000).
-    let batch: Vec<NewJob> = (0..1100).map(|_| new_job("q", None, 0)).collect();
+    // More than either engine's chunk (sled 256, PostgreSQL 1000), FAILED
+    // jobs between PENDING ones, and some DONE.
+    let batch: Vec<NewJob> = (0..2200).map(|_| new_job("q", None, 0)).collect();
     let jobs = store.enqueue_batch(batch, at(0)).await.unwrap();
-    for e in jobs.iter().take(1050) {
+    for e in jobs.iter().step_by(2) {
         store.cancel(e.job.id, String::new(), at(1)).await.unwrap();
     }
-    assert_eq!(store.purge_jobs("q", None, at(2)).await.unwrap(), 1050);
+    for _ in 0..20 {
+        let leased = take(&store, "q", at(1)).await.unwrap();
+        store.ack(leased.job.id, leased.lease_id, at(1)).await.unwrap();
+    }
+    assert_eq!(store.purge_jobs("q", None, at(2)).await.unwrap(), 1120);
     let stats = store.stats(Some("q"), at(3)).await.unwrap();
-    assert_eq!((stats[0].pending, stats[0].failed), (50, 0));
+    assert_eq!(
+        (stats[0].pending, stats[0].done, stats[0].failed),
+        (1080, 0, 0)
+    );
 }

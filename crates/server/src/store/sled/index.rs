@@ -23,19 +23,42 @@ use std::{
 };
 
 use roaring::RoaringTreemap;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     job::{Job, JobId, Status},
     store::QueueStats,
 };
 
+mod saved;
+
+/// A time in an index entry: nanoseconds since the Unix epoch. 8 bytes
+/// where a `SystemTime` takes 16, so an entry `(At, JobId)` is 16 bytes,
+/// not 24 (and a B-tree node of 11 entries fits a 192-byte allocation, not
+/// a 320-byte one). Saturates before 1970 and after 2554, which no job's
+/// time reaches (delays are bounded by `--max-delay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct At(u64);
+
+impl At {
+    fn of(time: SystemTime) -> At {
+        At(time
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+    }
+
+    fn time(self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(self.0)
+    }
+}
+
 /// One queue's indexes.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 struct QueueIndex {
     name: Box<str>,
     /// PENDING jobs by priority (highest first), each priority's in the
     /// order its jobs became due. No empty sets.
-    pending: BTreeMap<Reverse<i32>, BTreeSet<(SystemTime, JobId)>>,
+    pending: BTreeMap<Reverse<i32>, BTreeSet<(At, JobId)>>,
     /// Retained jobs by key: at most one per (queue, key).
     keys: HashMap<Box<str>, JobId>,
     /// Jobs per status, indexed like [`Status::ALL`].
@@ -47,20 +70,20 @@ impl QueueIndex {
     fn earliest(&self) -> Option<SystemTime> {
         self.pending
             .values()
-            .filter_map(|set| set.first().map(|&(run_at, _)| run_at))
+            .filter_map(|set| set.first().map(|&(run_at, _)| run_at.time()))
             .min()
     }
 }
 
 /// Indexes over all records.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub(crate) struct Index {
     /// Queues by number; queue names are interned so that per-job entries
     /// do not repeat them.
     queues: Vec<QueueIndex>,
     by_name: HashMap<Box<str>, usize>,
     /// RUNNING jobs by lease expiry.
-    leases: BTreeSet<(SystemTime, JobId)>,
+    leases: BTreeSet<(At, JobId)>,
     /// Ids of jobs per status, indexed like [`Status::ALL`]: ListJobs by
     /// status walks its set instead of every record. Compressed bitmaps:
     /// ids are handed out in sequence, so a set costs about a bit per id in
@@ -100,6 +123,11 @@ impl Index {
         &mut self.queues[q]
     }
 
+    /// How many jobs are indexed.
+    pub(crate) fn len(&self) -> u64 {
+        self.by_status.iter().map(RoaringTreemap::len).sum()
+    }
+
     /// Adds a job that was not indexed before (a new or loaded record).
     pub(crate) fn insert(&mut self, job: &Job) {
         if let Some(key) = &job.key {
@@ -133,7 +161,7 @@ impl Index {
             .lease_expires_at()
             .filter(|_| job.status == Status::Running)
         {
-            self.leases.insert((expires_at, job.id));
+            self.leases.insert((At::of(expires_at), job.id));
         }
         self.by_status[slot(job.status)].insert(job.id.0);
         let queue = self.queue_mut(&job.queue);
@@ -143,7 +171,7 @@ impl Index {
                 .pending
                 .entry(Reverse(job.priority))
                 .or_default()
-                .insert((job.run_at, job.id));
+                .insert((At::of(job.run_at), job.id));
         }
     }
 
@@ -152,7 +180,7 @@ impl Index {
             .lease_expires_at()
             .filter(|_| job.status == Status::Running)
         {
-            self.leases.remove(&(expires_at, job.id));
+            self.leases.remove(&(At::of(expires_at), job.id));
         }
         self.by_status[slot(job.status)].remove(job.id.0);
         let queue = self.queue_mut(&job.queue);
@@ -160,7 +188,7 @@ impl Index {
         *count = count.saturating_sub(1);
         if job.status == Status::Pending {
             if let Some(set) = queue.pending.get_mut(&Reverse(job.priority)) {
-                set.remove(&(job.run_at, job.id));
+                set.remove(&(At::of(job.run_at), job.id));
                 if set.is_empty() {
                     queue.pending.remove(&Reverse(job.priority));
                 }
@@ -195,7 +223,7 @@ impl Index {
             .pending
             .values()
             .filter_map(BTreeSet::first)
-            .find(|&&(run_at, _)| run_at <= now)
+            .find(|&&(run_at, _)| run_at <= At::of(now))
             .map(|&(_, id)| id)
     }
 
@@ -230,13 +258,15 @@ impl Index {
 
     /// The earliest lease expiry of all RUNNING jobs.
     pub(crate) fn next_lease_expiry(&self) -> Option<SystemTime> {
-        self.leases.first().map(|&(expires_at, _)| expires_at)
+        self.leases
+            .first()
+            .map(|&(expires_at, _)| expires_at.time())
     }
 
     /// RUNNING jobs whose lease ran out at or before `now`, earliest first.
     pub(crate) fn expired(&self, now: SystemTime) -> Vec<JobId> {
         self.leases
-            .range(..=(now, JobId(u64::MAX)))
+            .range(..=(At::of(now), JobId(u64::MAX)))
             .map(|&(_, id)| id)
             .collect()
     }

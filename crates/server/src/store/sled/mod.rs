@@ -24,6 +24,15 @@
 //! per million ids). The fsync happens outside it, shared by every writer
 //! of the round, so the mutex orders changes without serializing disk
 //! waits.
+//!
+//! The indexes are rebuilt at startup from every record, unless the last
+//! stop was clean: closing refuses every later write, then saves the
+//! indexes to the file `index.saved` (made durable first) and a random
+//! token, also written into the file, to the `meta` tree, behind the last
+//! record the indexes describe. [`Sled::open`] reads the file only if its
+//! token is the store's, and removes the token (durably) before it returns:
+//! the file serves one start, and is never read after a write it does not
+//! show. After a crash there is no token, and the records are read.
 
 mod error;
 pub mod flusher;
@@ -34,8 +43,12 @@ mod schedules;
 use std::{
     collections::HashMap,
     future::Future,
-    sync::{Mutex, MutexGuard, PoisonError},
-    time::SystemTime,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Mutex, MutexGuard, PoisonError,
+    },
+    time::{Instant, SystemTime},
 };
 
 pub use error::SledError;
@@ -50,15 +63,32 @@ use super::{
 use crate::{
     config::Config,
     error::{Error, Result},
-    job::{Job, JobId, LeaseId, NewJob},
+    job::{Job, JobId, LeaseId, NewJob, Status},
     machine::{self, Event},
     schedule::Schedule,
 };
 
-/// Records scanned per purge step, between which the mutex is free (and
-/// the step's deletions are made durable): small, so that neither the lock
-/// nor a commit round carries much of a purge at a time.
+/// DONE and FAILED jobs read per purge step, between which the mutex is
+/// free (and the step's deletions are made durable): small, so that
+/// neither the lock nor a commit round carries much of a purge at a time.
 const PURGE_CHUNK: usize = 256;
+
+/// The key, in the `meta` tree, of the token of the indexes saved at a
+/// clean stop.
+const SAVED_TOKEN: &[u8] = b"saved-index-token";
+
+/// The file the indexes are saved to at a clean stop, in the data folder.
+const SAVED_FILE: &str = "index.saved";
+
+/// Where the indexes came from at startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rebuilt {
+    /// Saved by the last (clean) stop.
+    FromSaved,
+    /// Read from every record (first start, or the last stop was not
+    /// clean).
+    FromRecords,
+}
 
 /// The store the server runs by default: [`Jobs`] over [`Sled`].
 pub type SledStore = Jobs<Sled>;
@@ -76,9 +106,17 @@ pub struct Sled {
     paused_tree: sled::Tree,
     /// Schedules by name ([`schedules`]).
     schedules_tree: sled::Tree,
+    /// The token of the indexes saved at a clean stop ([`SAVED_TOKEN`]).
+    meta: sled::Tree,
+    /// Where they are saved ([`SAVED_FILE`]).
+    saved_file: PathBuf,
     /// The indexes, and the paused queues (under the same lock, so a take
     /// never races a pause).
     state: Mutex<Index>,
+    /// Closed: every write of a record is refused. Set and read under the
+    /// lock of `state`.
+    sealed: AtomicBool,
+    rebuilt: Rebuilt,
 }
 
 fn record_key(id: JobId) -> [u8; 8] {
@@ -143,11 +181,14 @@ impl Sled {
             .open()
             .map_err(SledError::from)?;
         let jobs = db.open_tree("jobs").map_err(SledError::from)?;
-        let mut index = Index::default();
-        for record in jobs.iter() {
-            let (key, value) = record.map_err(SledError::from)?;
-            index.insert(&decode(&key, &value)?.0);
-        }
+        let meta = db.open_tree("meta").map_err(SledError::from)?;
+        let saved_file = config.data.join(SAVED_FILE);
+        let started = Instant::now();
+        let (mut index, rebuilt) = match take_saved(&db, &meta, &saved_file)? {
+            Some(index) => (index, Rebuilt::FromSaved),
+            None => (scan(&jobs)?, Rebuilt::FromRecords),
+        };
+        tracing::info!(jobs = index.len(), from = ?rebuilt, elapsed = ?started.elapsed(), "sled indexes ready");
         let payloads = db.open_tree("payloads").map_err(SledError::from)?;
         let paused_tree = db.open_tree("paused").map_err(SledError::from)?;
         for record in paused_tree.iter() {
@@ -165,8 +206,42 @@ impl Sled {
             payloads,
             paused_tree,
             schedules_tree,
+            meta,
+            saved_file,
             state: Mutex::new(index),
+            sealed: AtomicBool::new(false),
+            rebuilt,
         })
+    }
+
+    /// Where the indexes came from at startup.
+    pub fn rebuilt(&self) -> Rebuilt {
+        self.rebuilt
+    }
+
+    /// Refuses every later write of a record, then saves the indexes
+    /// behind the last record written (see the module docs). Saving is an
+    /// optimisation: if it fails the next start reads the records, so the
+    /// failure is only logged.
+    fn seal_and_save(&self) {
+        let index = self.lock();
+        self.sealed.store(true, Ordering::Relaxed);
+        if let Err(cause) = self.save(&index) {
+            tracing::warn!(%cause, "cannot save the indexes; the next start reads every record");
+        }
+    }
+
+    /// The file first, durably; then its token, which the caller's next
+    /// commit round makes durable.
+    fn save(&self, index: &Index) -> std::result::Result<(), String> {
+        let token = rand::random::<u64>();
+        let bytes = index.save(token).map_err(|e| e.to_string())?;
+        write_durably(&self.saved_file, &bytes)
+            .map_err(|e| format!("{}: {e}", self.saved_file.display()))?;
+        self.meta
+            .insert(SAVED_TOKEN, &token.to_be_bytes())
+            .map_err(|e| e.to_string())?;
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, Index> {
@@ -283,6 +358,9 @@ impl Sled {
     /// paying that on every enqueue, take and ack made the server 2-3x
     /// slower. Only several records need the batch's atomicity.
     fn write(&self, writes: Vec<([u8; 8], Option<Vec<u8>>)>) -> Result<()> {
+        if self.sealed.load(Ordering::Relaxed) {
+            return Err(Error::ShuttingDown);
+        }
         match <[_; 1]>::try_from(writes) {
             Ok([(key, Some(value))]) => {
                 self.jobs.insert(key, value).map_err(SledError::from)?;
@@ -445,7 +523,9 @@ impl Sled {
         Ok(out)
     }
 
-    /// One purge step: scans up to [`PURGE_CHUNK`] records after `after`
+    /// One purge step: reads up to [`PURGE_CHUNK`] DONE and FAILED jobs
+    /// after `after` (by the status index: PENDING and RUNNING records are
+    /// never read, so a purge over 1M pending jobs reads none of them)
     /// without the lock, then deletes the purgeable ones under it,
     /// re-checking each (it may have been retried meanwhile). Returns the
     /// number deleted and where the next step starts.
@@ -457,18 +537,27 @@ impl Sled {
         let Some(start) = after.map_or(Some(0), |id| id.0.checked_add(1)) else {
             return Ok((0, None));
         };
+        let ids = {
+            let index = self.lock();
+            let mut ids = index.with_status(Status::Done, JobId(start), PURGE_CHUNK);
+            ids.extend(index.with_status(Status::Failed, JobId(start), PURGE_CHUNK));
+            ids.sort_unstable();
+            ids.truncate(PURGE_CHUNK);
+            ids
+        };
+        let Some(&last) = ids.last() else {
+            return Ok((0, None));
+        };
         let mut candidates = Vec::new();
-        let mut last = None;
-        for record in self.jobs.range(start.to_be_bytes()..).take(PURGE_CHUNK) {
-            let (key, value) = record.map_err(SledError::from)?;
-            let (job, _) = decode(&key, &value)?;
-            last = Some(job.id);
-            if retention.purgeable(&job) {
-                candidates.push(job.id);
+        for id in ids {
+            match self.load(id) {
+                Ok(job) if retention.purgeable(&job) => candidates.push(id),
+                Ok(_) | Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         if candidates.is_empty() {
-            return Ok((0, last));
+            return Ok((0, Some(last)));
         }
         let mut index = self.lock();
         let mut writes = Vec::new();
@@ -491,7 +580,7 @@ impl Sled {
         for job in &gone {
             index.remove(job);
         }
-        Ok((gone.len() as u64, last))
+        Ok((gone.len() as u64, Some(last)))
     }
 
     fn list_scan(&self, filter: &ListFilter) -> Result<Page> {
@@ -696,7 +785,7 @@ impl Backend for Sled {
         let mut index = self.lock();
         let (job, payload) = self.load_record(id)?;
         machine::deletable(&job)?;
-        self.jobs.remove(record_key(id)).map_err(SledError::from)?;
+        self.write(vec![(record_key(id), None)])?;
         if payload != Payload::Inline {
             self.remove_payloads([id])?;
         }
@@ -754,6 +843,73 @@ impl Backend for Sled {
     fn request_durable(&self) {
         self.flusher.request();
     }
+
+    fn close(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+        self.seal_and_save();
+        self.flusher.durable()
+    }
+}
+
+/// Builds the indexes from every record.
+fn scan(jobs: &sled::Tree) -> Result<Index> {
+    let mut index = Index::default();
+    for record in jobs.iter() {
+        let (key, value) = record.map_err(SledError::from)?;
+        index.insert(&decode(&key, &value)?.0);
+    }
+    Ok(index)
+}
+
+/// The indexes the last clean stop saved, if any. Their token is removed
+/// from the store (durably) before they are returned: a write after this
+/// start must never be missing from indexes that a later start would read.
+fn take_saved(db: &sled::Db, meta: &sled::Tree, file: &Path) -> Result<Option<Index>> {
+    let token = meta.get(SAVED_TOKEN).map_err(SledError::from)?;
+    if token.is_some() {
+        meta.remove(SAVED_TOKEN).map_err(SledError::from)?;
+        db.flush().map_err(SledError::from)?;
+    }
+    let read = match token.as_deref().map(<[u8; 8]>::try_from) {
+        None => Err("the last stop was not clean".to_owned()),
+        Some(Err(_)) => Err("a malformed token".to_owned()),
+        Some(Ok(token)) => std::fs::read(file)
+            .map_err(|e| format!("{}: {e}", file.display()))
+            .and_then(|bytes| {
+                Index::load(&bytes, u64::from_be_bytes(token)).map_err(|e| e.to_string())
+            }),
+    };
+    // Used once, or stale: either way of no more use.
+    if let Err(err) = std::fs::remove_file(file) {
+        if err.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(cause = %err, file = %file.display(), "cannot remove the saved indexes");
+        }
+    }
+    match read {
+        Ok(index) => Ok(Some(index)),
+        Err(cause) => {
+            if token.is_some() {
+                tracing::warn!(%cause, "cannot read the saved indexes; reading every record");
+            } else {
+                tracing::debug!(%cause, "reading every record");
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file: durable, and whole or
+/// not there, when it returns.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&temporary)?;
+    std::io::Write::write_all(&mut file, bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 impl Broken for Sled {
@@ -843,6 +999,90 @@ mod tests {
         // Deleting the job deletes its payload too.
         store.delete(job.id).await.unwrap();
         assert_eq!(sled.payloads.get(record_key(job.id)).unwrap(), None);
+    }
+
+    /// A clean close refuses later writes and saves the indexes; the next
+    /// open reads them instead of the records, and they are what the
+    /// records give. They serve one start: a start that ends without a
+    /// close (a crash) leaves none, and the one after reads the records.
+    #[tokio::test]
+    async fn a_clean_close_saves_the_indexes_for_the_next_start_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::with_data(dir.path());
+        let now = SystemTime::now();
+        let queues = vec!["q".to_string()];
+        {
+            let store = SledStore::open(&config).unwrap();
+            assert_eq!(store.backend().rebuilt(), Rebuilt::FromRecords);
+            let mut pending = Vec::new();
+            for n in 0..40 {
+                let mut new = new_job(vec![b'p'; if n % 7 == 0 { 2000 } else { 10 }]);
+                new.key = (n % 3 == 0).then(|| format!("order-{n}"));
+                new.priority = n % 5 - 2;
+                new.delay = Duration::from_secs(if n % 4 == 1 { 3600 } else { 0 });
+                if n % 2 == 0 {
+                    new.queue = "other".into();
+                }
+                pending.push(store.enqueue(new, now).await.unwrap().job.id);
+            }
+            // Some RUNNING, DONE and FAILED jobs too.
+            for n in 0..6 {
+                let leased = store
+                    .take(&queues, "w", None, Duration::from_secs(30), now)
+                    .await
+                    .unwrap()
+                    .expect("a due job");
+                if n % 2 == 0 {
+                    store
+                        .ack(leased.job.id, leased.lease_id, now)
+                        .await
+                        .unwrap();
+                }
+            }
+            store.cancel(pending[0], "x".into(), now).await.unwrap();
+            store.set_paused("other", true).await.unwrap();
+            store.close().await.unwrap();
+            let refused = store.enqueue(new_job(vec![]), now).await;
+            assert!(matches!(refused, Err(Error::ShuttingDown)), "{refused:?}");
+            let refused = store.delete(pending[0]).await;
+            assert!(matches!(refused, Err(Error::ShuttingDown)), "{refused:?}");
+        }
+        let store = SledStore::open(&config).unwrap();
+        let sled = store.backend();
+        assert_eq!(sled.rebuilt(), Rebuilt::FromSaved);
+        let mut from_records = scan(&sled.jobs).unwrap();
+        from_records.set_paused("other", true);
+        assert_eq!(*sled.lock(), from_records);
+        assert_eq!(sled.lock().len(), 40);
+        assert_eq!(sled.meta.get(SAVED_TOKEN).unwrap(), None, "read once");
+        assert!(!sled.saved_file.exists(), "and gone");
+        // The store works on; then it stops without a close.
+        let leased = store
+            .take(&queues, "w", None, Duration::from_secs(30), now)
+            .await
+            .unwrap()
+            .expect("a due job");
+        store.flush().await.unwrap();
+        drop(store);
+        let store = SledStore::open(&config).unwrap();
+        assert_eq!(store.backend().rebuilt(), Rebuilt::FromRecords);
+        assert_eq!(
+            store.get(leased.job.id).await.unwrap().status,
+            Status::Running
+        );
+        // A file an earlier stop left is not read: its token is not the
+        // store's.
+        store.close().await.unwrap();
+        let earlier = std::fs::read(&store.backend().saved_file).unwrap();
+        drop(store);
+        let store = SledStore::open(&config).unwrap();
+        assert_eq!(store.backend().rebuilt(), Rebuilt::FromSaved);
+        store.close().await.unwrap();
+        std::fs::write(&store.backend().saved_file, earlier).unwrap();
+        drop(store);
+        let store = SledStore::open(&config).unwrap();
+        assert_eq!(store.backend().rebuilt(), Rebuilt::FromRecords);
+        assert!(!store.backend().saved_file.exists());
     }
 
     /// A small payload stays in the record (nothing in the payloads tree);

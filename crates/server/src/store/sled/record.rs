@@ -114,6 +114,7 @@ struct JobV2 {
     id: JobId,
     queue: String,
     kind: String,
+    #[serde(with = "serde_bytes")]
     payload: Vec<u8>,
     key: Option<String>,
     status: Status,
@@ -185,6 +186,7 @@ struct JobV1 {
     id: JobId,
     queue: String,
     kind: String,
+    #[serde(with = "serde_bytes")]
     payload: Vec<u8>,
     key: Option<String>,
     status: Status,
@@ -404,6 +406,19 @@ mod tests {
                 running.then_some("ops")
             );
         }
+    }
+
+    #[test]
+    fn payloads_are_written_as_they_were_as_a_sequence_of_u8() {
+        // `Job::payload` goes through serde as bytes; postcard must write
+        // it as it wrote a `[u8]` sequence (length, then the bytes), or
+        // every record would change layout.
+        let job = current(false, 9);
+        let record = postcard::to_allocvec(&job).expect("encode");
+        let prefix =
+            postcard::to_allocvec(&(job.id, &job.queue, &job.kind, job.payload.as_slice()))
+                .expect("encode");
+        assert!(record.starts_with(&prefix));
     }
 
     #[test]
