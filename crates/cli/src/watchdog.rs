@@ -76,8 +76,8 @@ impl Watchdog {
             .as_raw_fd()
     }
 
-    /// A command was started as the leader of process group `pgid`.
-    #[cfg(not(target_os = "linux"))]
+    /// A command was started as the leader of process group `pgid` (on
+    /// Linux it said so itself already; this covers a lost write).
     pub fn started(&self, pgid: u32) {
         self.tell(&format!("+{pgid}\n"));
     }
@@ -121,6 +121,60 @@ pub fn announce_self(fd: std::os::fd::RawFd) {
         let before = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
         libc::write(fd, line[at..].as_ptr().cast(), line.len() - at);
         libc::signal(libc::SIGPIPE, before);
+    }
+}
+
+/// A pipe a command also announces itself on, read back when its spawn
+/// failed (exec did not find the program): the watchdog was told `+PID`,
+/// and must be told `-PID`, or it would kill whatever group later gets
+/// that id when `jobq work` exits.
+#[cfg(unix)]
+pub struct Announcement {
+    read: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
+}
+
+#[cfg(unix)]
+impl Announcement {
+    /// A new close-on-exec pipe.
+    ///
+    /// # Errors
+    /// When the pipe cannot be made.
+    pub fn new() -> io::Result<Announcement> {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds`, which we then
+        // own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both are fresh descriptors nothing else owns.
+        let (read, write) = unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        Ok(Announcement { read, write })
+    }
+
+    /// The end the command writes to ([`announce_self`]).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.write.as_raw_fd()
+    }
+
+    /// After a failed spawn (the child is gone): the pid it announced, if
+    /// it got that far.
+    pub fn pid(self) -> Option<u32> {
+        use std::io::Read;
+        drop(self.write);
+        let mut line = String::new();
+        std::fs::File::from(self.read)
+            .take(64)
+            .read_to_string(&mut line)
+            .ok()?;
+        line.trim().strip_prefix('+')?.parse().ok()
     }
 }
 

@@ -126,9 +126,14 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
 /// thread, which lives as long as the process), through
 /// `PR_SET_PDEATHSIG`.
 /// With a watchdog (its pipe `watchdog`), the command also tells it its
-/// process group before it runs ([`crate::watchdog::announce_self`]).
+/// process group before it runs ([`crate::watchdog::announce_self`]), and
+/// says the same on `announcement`, for a spawn that fails.
 #[cfg(target_os = "linux")]
-fn die_with_worker(cmd: &mut tokio::process::Command, watchdog: Option<std::os::fd::RawFd>) {
+fn die_with_worker(
+    cmd: &mut tokio::process::Command,
+    watchdog: Option<std::os::fd::RawFd>,
+    announcement: Option<std::os::fd::RawFd>,
+) {
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls
     // only async-signal-safe functions (prctl, getppid, and getpid, signal
@@ -143,7 +148,7 @@ fn die_with_worker(cmd: &mut tokio::process::Command, watchdog: Option<std::os::
             if u32::try_from(libc::getppid()).ok() != Some(parent) {
                 return Err(std::io::Error::other("jobq work exited"));
             }
-            if let Some(fd) = watchdog {
+            for fd in [watchdog, announcement].into_iter().flatten() {
                 crate::watchdog::announce_self(fd);
             }
             Ok(())
@@ -182,16 +187,36 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
     #[cfg(unix)]
     cmd.process_group(0);
     #[cfg(target_os = "linux")]
-    die_with_worker(&mut cmd, job.watchdog.as_ref().map(|w| w.fd()));
-    let mut child = cmd
-        .spawn()
-        .map_err(|err| HandlerError::retry(format!("cannot start {program:?}: {err}")))?;
+    let announcement = job
+        .watchdog
+        .as_ref()
+        .and_then(|_| crate::watchdog::Announcement::new().ok());
+    #[cfg(target_os = "linux")]
+    die_with_worker(
+        &mut cmd,
+        job.watchdog.as_ref().map(|w| w.fd()),
+        announcement.as_ref().map(crate::watchdog::Announcement::fd),
+    );
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            // The command may have told the watchdog before exec failed.
+            #[cfg(target_os = "linux")]
+            if let (Some(w), Some(pid)) = (
+                &job.watchdog,
+                announcement.and_then(crate::watchdog::Announcement::pid),
+            ) {
+                w.ended(pid);
+            }
+            return Err(HandlerError::retry(format!(
+                "cannot start {program:?}: {err}"
+            )));
+        }
+    };
     let mut guard = KillOnDrop {
         pid: child.id(),
         watchdog: job.watchdog.clone(),
     };
-    // On Linux the command told the watchdog itself, before it ran.
-    #[cfg(not(target_os = "linux"))]
     if let (Some(w), Some(pid)) = (&job.watchdog, guard.pid) {
         w.started(pid);
     }
@@ -330,6 +355,20 @@ impl Drop for KillOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command whose exec fails has told the watchdog its pid already:
+    /// `jobq work` reads it back, to tell the watchdog it is gone.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_command_that_cannot_start_says_which_pid_it_announced() {
+        let announcement = crate::watchdog::Announcement::new().unwrap();
+        let mut cmd = tokio::process::Command::new("/nonexistent/jobq-test-command");
+        die_with_worker(&mut cmd, None, Some(announcement.fd()));
+        assert!(cmd.spawn().is_err());
+        let pid = announcement.pid().expect("the child announced itself");
+        assert!(pid > 1);
+        assert_ne!(pid, std::process::id());
+    }
 
     #[test]
     fn tail_starts_at_a_char_boundary() {

@@ -4,7 +4,9 @@
 //! with EXPLAIN that the dequeue still uses the partial index of PENDING
 //! jobs, and print the drain rate against an empty table's. And the hazard
 //! of priorities: many not-yet-due jobs of a higher priority must not make
-//! a take (or the waiters' next-due lookup) walk them. Needs `JOBQ_TEST_PG`
+//! a take (or the waiters' next-due lookup) walk them. And ListJobs by a
+//! status must read its page from an index, not walk the jobs of other
+//! statuses in id order. Needs `JOBQ_TEST_PG`
 //! (see `scripts/pg-test.sh`).
 
 use std::{
@@ -13,10 +15,12 @@ use std::{
 };
 
 use jobq_server::{
-    job::NewJob,
+    job::{NewJob, Status},
     store::{
-        postgres::{dequeue, testing, Clock, PgOptions, PgStore, NEXT_RUN_AT},
-        Store,
+        postgres::{
+            dequeue, list_sizes, testing, Clock, ListFilters, PgOptions, PgStore, NEXT_RUN_AT,
+        },
+        ListFilter, Store,
     },
     Config,
 };
@@ -272,4 +276,93 @@ async fn pg_take_skips_over_higher_priority_jobs_that_are_not_due() {
         ahead > Duration::from_secs(3500) && ahead <= Duration::from_secs(3600),
         "next due in {ahead:?}"
     );
+}
+
+/// ListJobs by status reads its page from `jobq_jobs_status`, for a status
+/// no job has as for one nearly all have, even under a generic plan (which
+/// a prepared statement may switch to after five runs): not a walk in id
+/// order over 100k jobs of other statuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_list_by_status_reads_its_page_from_the_status_index() {
+    const PENDING: i64 = 100_000;
+    let url = testing::fresh_database("jobq_plan").await;
+    let store = store(&url).await;
+    let client = store.backend().pool().get().await.expect("client");
+    client
+        .execute(
+            "INSERT INTO jobq_jobs (id, queue, kind, payload, status, attempts, max_attempts, \
+             enqueued_at, run_at, priority) \
+             SELECT nextval('jobq_job_ids'), 'q', 'k', '\\x7b7d', 'pending', 0, 3, \
+             now(), now(), 0 FROM generate_series(1, $1::bigint)",
+            &[&PENDING],
+        )
+        .await
+        .expect("fill pending jobs");
+    let mut failed = Vec::new();
+    for _ in 0..3 {
+        let id = store
+            .enqueue(new_job(), SystemTime::now())
+            .await
+            .expect("enqueue")
+            .job
+            .id;
+        store
+            .cancel(id, "x".into(), SystemTime::now())
+            .await
+            .expect("cancel");
+        failed.push(id);
+    }
+    client
+        .batch_execute("ANALYZE jobq_jobs; SET plan_cache_mode = force_generic_plan")
+        .await
+        .expect("analyze");
+    for queue in [false, true] {
+        for status in [
+            Status::Failed,
+            Status::Running,
+            Status::Done,
+            Status::Pending,
+        ] {
+            let filters = ListFilters {
+                queue,
+                status: Some(status),
+                key: false,
+            };
+            let (name, types, args) = if queue {
+                (
+                    "by_queue",
+                    "bigint, bigint, boolean, text",
+                    "0, 51, true, 'q'",
+                )
+            } else {
+                ("all_queues", "bigint, bigint, boolean", "0, 51, true")
+            };
+            client
+                .batch_execute(&format!(
+                    "DEALLOCATE ALL; PREPARE list ({types}) AS {}",
+                    list_sizes(filters)
+                ))
+                .await
+                .expect("prepare");
+            let read = buffers(&client, &format!("EXECUTE list({args})")).await;
+            println!("ListJobs {name} {status:?}, first page of 50: {read} buffers");
+            assert!(
+                read < 50,
+                "ListJobs {name} {status:?} read {read} buffers: it walks the other statuses"
+            );
+        }
+    }
+    drop(client);
+
+    let page = store
+        .list(ListFilter {
+            status: Some(Status::Failed),
+            limit: 50,
+            ..ListFilter::default()
+        })
+        .await
+        .expect("list");
+    let ids: Vec<_> = page.jobs.iter().map(|j| j.id).collect();
+    assert_eq!(ids, failed);
+    assert_eq!(page.next, None);
 }

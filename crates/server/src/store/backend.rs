@@ -153,7 +153,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     /// As [`Backend::durable`].
-    fn close(&self) -> impl Future<Output = Result<()>> + Send + 'static {
+    fn close(&self) -> impl Future<Output = Result<()>> + Send {
         self.durable()
     }
 

@@ -47,7 +47,7 @@ use std::{
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 pub use error::PgError;
-pub use queries::NEXT_RUN_AT;
+pub use queries::{list_sizes, ListFilters, NEXT_RUN_AT};
 pub use take::dequeue;
 use tokio::task::AbortHandle;
 use tokio_postgres::NoTls;

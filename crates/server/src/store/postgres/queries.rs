@@ -7,6 +7,7 @@ use std::{
 };
 
 use deadpool_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
 
 use super::{
     error::PgError,
@@ -15,7 +16,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    job::{Job, JobId, LeaseId},
+    job::{Job, JobId, LeaseId, Status},
     store::{ListFilter, Page, QueueStats},
 };
 
@@ -80,6 +81,67 @@ pub async fn get(pg: &Pg, id: JobId, payload: bool) -> Result<Job> {
         .ok_or(Error::NotFound(id))
 }
 
+/// Which of ListJobs' filters are given.
+#[derive(Debug, Clone, Copy)]
+pub struct ListFilters {
+    /// By queue.
+    pub queue: bool,
+    /// By this status.
+    pub status: Option<Status>,
+    /// By key.
+    pub key: bool,
+}
+
+/// The WHERE clause of a listing: `id > $1`, then `queue = $4` and
+/// `key = $5` (`$4` without a queue) for those given, and the status as a
+/// literal. A status parameter would make the plan generic after five
+/// runs, and a generic plan cannot tell a status no job has (read from
+/// `jobq_jobs_status` or `jobq_jobs_queue_status`) from one nearly every
+/// job has (a walk in id order stops after a page): it walks in id order
+/// either way, over every job when none matches. With the literal, each
+/// status is a statement of its own, planned from the column's statistics.
+/// `$2` and `$3` are the statement's own (limit or last id, omit payload).
+pub fn list_where(filters: ListFilters) -> String {
+    let mut clauses = vec!["id > $1".to_owned()];
+    let mut n = 3;
+    if filters.queue {
+        n += 1;
+        clauses.push(format!("queue = ${n}"));
+    }
+    if let Some(status) = filters.status {
+        clauses.push(format!("status = '{}'", status_text(status)));
+    }
+    if filters.key {
+        n += 1;
+        clauses.push(format!("key = ${n}"));
+    }
+    clauses.join(" AND ")
+}
+
+/// A listing's first statement: the ids and sizes of up to `$2` jobs after
+/// `$1` (`$3`: payloads left out), filtered by [`list_where`].
+pub fn list_sizes(filters: ListFilters) -> String {
+    format!(
+        "SELECT id, (CASE WHEN $3 THEN 0 ELSE octet_length(payload) END)::bigint \
+         + octet_length(queue) + octet_length(kind) + coalesce(octet_length(key), 0) \
+         + coalesce(octet_length(last_error), 0) + octet_length(extra::text) + 128 \
+         FROM jobq_jobs WHERE {} ORDER BY id LIMIT $2",
+        list_where(filters)
+    )
+}
+
+/// A listing's parameters: `$1` to `$3`, then the filters given.
+fn list_params<'a>(
+    after: &'a i64,
+    second: &'a i64,
+    omit_payload: &'a bool,
+    given: &[&'a (dyn ToSql + Sync)],
+) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![after, second, omit_payload];
+    params.extend_from_slice(given);
+    params
+}
+
 /// A page of jobs by ascending id: at most `limit` jobs and about
 /// `max_bytes` of them (at least one, so paging moves on), payloads left
 /// out with `omit_payload`. The sizes are read first, so a page is never
@@ -92,32 +154,21 @@ pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
         // Past every id the sequence hands out.
         return Ok(Page::default());
     }
-    let status = filter.status.map(status_text);
-    const FILTER: &str = "id > $1 \
-         AND ($2::text IS NULL OR queue = $2) \
-         AND ($3::text IS NULL OR status = $3) \
-         AND ($4::text IS NULL OR key = $4)";
-    let sizes = client
-        .prepare_cached(&format!(
-            "SELECT id, (CASE WHEN $6 THEN 0 ELSE octet_length(payload) END)::bigint \
-             + octet_length(queue) + octet_length(kind) + coalesce(octet_length(key), 0) \
-             + coalesce(octet_length(last_error), 0) + octet_length(extra::text) + 128 \
-             FROM jobq_jobs WHERE {FILTER} ORDER BY id LIMIT $5"
-        ))
-        .await?;
-    let rows = client
-        .query(
-            &sizes,
-            &[
-                &after,
-                &filter.queue,
-                &status,
-                &filter.key,
-                &i64::try_from(limit + 1).unwrap_or(i64::MAX),
-                &filter.omit_payload,
-            ],
-        )
-        .await?;
+    let filters = ListFilters {
+        queue: filter.queue.is_some(),
+        status: filter.status,
+        key: filter.key.is_some(),
+    };
+    // $4 and $5: as `list_where` numbers them.
+    let given: Vec<&(dyn ToSql + Sync)> = [&filter.queue, &filter.key]
+        .into_iter()
+        .filter(|f| f.is_some())
+        .map(|f| f as &(dyn ToSql + Sync))
+        .collect();
+    let params = |second| list_params(&after, second, &filter.omit_payload, &given);
+    let sizes = client.prepare_cached(&list_sizes(filters)).await?;
+    let limit_plus_one = i64::try_from(limit + 1).unwrap_or(i64::MAX);
+    let rows = client.query(&sizes, &params(&limit_plus_one)).await?;
     let (mut last, mut taken, mut bytes, mut full) = (None, 0usize, 0usize, false);
     for r in &rows {
         let id: i64 = r.try_get(0)?;
@@ -135,27 +186,16 @@ pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
     };
     let columns = COLUMNS.replacen(
         ", payload,",
-        ", CASE WHEN $6 THEN ''::bytea ELSE payload END AS payload,",
+        ", CASE WHEN $3 THEN ''::bytea ELSE payload END AS payload,",
         1,
     );
     let stmt = client
         .prepare_cached(&format!(
-            "SELECT {columns} FROM jobq_jobs WHERE {FILTER} AND id <= $5 ORDER BY id"
+            "SELECT {columns} FROM jobq_jobs WHERE {} AND id <= $2 ORDER BY id",
+            list_where(filters)
         ))
         .await?;
-    let rows = client
-        .query(
-            &stmt,
-            &[
-                &after,
-                &filter.queue,
-                &status,
-                &filter.key,
-                &last,
-                &filter.omit_payload,
-            ],
-        )
-        .await?;
+    let rows = client.query(&stmt, &params(&last)).await?;
     let jobs = rows
         .iter()
         .map(row::job_of)

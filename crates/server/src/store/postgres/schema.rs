@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (2, "paused queues", V2),
     (3, "job priorities", V3),
     (4, "schedules", V4),
+    (5, "status index", V5),
 ];
 
 /// Version 1.
@@ -125,6 +126,17 @@ CREATE TABLE jobq_schedules (
     created_at   timestamptz NOT NULL,
     last_tick    timestamptz
 );
+"#;
+
+/// Version 5: ListJobs by status reads its page from an index, with a
+/// queue (`jobq_jobs_queue_status`) or without (`jobq_jobs_status`),
+/// instead of walking the jobs of other statuses in id order (all of them,
+/// when none matches). Two more index entries per transition. Built
+/// without CONCURRENTLY (migrations run in a transaction): writes to
+/// `jobq_jobs` wait while they build.
+const V5: &str = r#"
+CREATE INDEX jobq_jobs_status ON jobq_jobs (status, id);
+CREATE INDEX jobq_jobs_queue_status ON jobq_jobs (queue, status, id);
 "#;
 
 /// Applies every migration the database lacks, under the advisory lock.

@@ -103,6 +103,19 @@ pub struct Flusher {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Makes everything written to `db` (whose folder is `path`) durable, on
+/// this thread: for startup, before the flusher runs.
+///
+/// # Errors
+/// [`Error::Corrupt`] if sled cannot flush or the fsync fails.
+pub fn sync_once(db: &sled::Db, path: &Path) -> Result<()> {
+    db.flush()
+        .map_err(|e| Error::Corrupt(format!("sled flush failed: {e}")))?;
+    File::open(path.join("db"))
+        .and_then(|log| log.sync_data())
+        .map_err(|e| Error::Corrupt(format!("fsync of sled's log failed: {e}")))
+}
+
 impl Flusher {
     /// Starts the flusher thread for `db`, whose folder is `path`.
     ///

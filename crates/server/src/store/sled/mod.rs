@@ -26,13 +26,16 @@
 //! waits.
 //!
 //! The indexes are rebuilt at startup from every record, unless the last
-//! stop was clean: closing refuses every later write, then saves the
-//! indexes to the file `index.saved` (made durable first) and a random
-//! token, also written into the file, to the `meta` tree, behind the last
-//! record the indexes describe. [`Sled::open`] reads the file only if its
-//! token is the store's, and removes the token (durably) before it returns:
-//! the file serves one start, and is never read after a write it does not
-//! show. After a crash there is no token, and the records are read.
+//! stop was clean: closing refuses every later write and waits until every
+//! earlier one is durable; only then does it save the indexes to the file
+//! `index.saved` (made durable first) and a random token, also written into
+//! the file, to the `jobs` tree ([`SAVED_TOKEN_KEY`]). [`Sled::open`] reads
+//! the file only if its token is the store's, and removes the token
+//! (durably) before it returns: the file serves one start, and is never read
+//! after a write it does not show. After a crash there is no token, and the
+//! records are read. The token is a record no build can decode, so an older
+//! build, which knows nothing of saved indexes, refuses to open a store a
+//! newer one stopped cleanly rather than write changes those would miss.
 
 mod error;
 pub mod flusher;
@@ -73,9 +76,13 @@ use crate::{
 /// neither the lock nor a commit round carries much of a purge at a time.
 const PURGE_CHUNK: usize = 256;
 
-/// The key, in the `meta` tree, of the token of the indexes saved at a
-/// clean stop.
-const SAVED_TOKEN: &[u8] = b"saved-index-token";
+/// The key, in the `jobs` tree, of the token of the indexes saved at a
+/// clean stop: longer than a record's key, so after every id.
+const SAVED_TOKEN_KEY: &[u8] = b"\xff\xff\xff\xff\xff\xff\xff\xffsaved-index-token";
+
+/// The token's value begins like a record of a layout that no build reads
+/// (the versioned-record marker, then version 255).
+const SAVED_TOKEN_TAG: [u8; 2] = [0, 0xff];
 
 /// The file the indexes are saved to at a clean stop, in the data folder.
 const SAVED_FILE: &str = "index.saved";
@@ -106,9 +113,7 @@ pub struct Sled {
     paused_tree: sled::Tree,
     /// Schedules by name ([`schedules`]).
     schedules_tree: sled::Tree,
-    /// The token of the indexes saved at a clean stop ([`SAVED_TOKEN`]).
-    meta: sled::Tree,
-    /// Where they are saved ([`SAVED_FILE`]).
+    /// Where the indexes are saved at a clean stop ([`SAVED_FILE`]).
     saved_file: PathBuf,
     /// The indexes, and the paused queues (under the same lock, so a take
     /// never races a pause).
@@ -181,10 +186,9 @@ impl Sled {
             .open()
             .map_err(SledError::from)?;
         let jobs = db.open_tree("jobs").map_err(SledError::from)?;
-        let meta = db.open_tree("meta").map_err(SledError::from)?;
         let saved_file = config.data.join(SAVED_FILE);
         let started = Instant::now();
-        let (mut index, rebuilt) = match take_saved(&db, &meta, &saved_file)? {
+        let (mut index, rebuilt) = match take_saved(&db, &jobs, &config.data)? {
             Some(index) => (index, Rebuilt::FromSaved),
             None => (scan(&jobs)?, Rebuilt::FromRecords),
         };
@@ -206,7 +210,6 @@ impl Sled {
             payloads,
             paused_tree,
             schedules_tree,
-            meta,
             saved_file,
             state: Mutex::new(index),
             sealed: AtomicBool::new(false),
@@ -219,29 +222,46 @@ impl Sled {
         self.rebuilt
     }
 
-    /// Refuses every later write of a record, then saves the indexes
-    /// behind the last record written (see the module docs). Saving is an
-    /// optimisation: if it fails the next start reads the records, so the
-    /// failure is only logged.
-    fn seal_and_save(&self) {
-        let index = self.lock();
+    /// Refuses every later write of a record (under the lock, so every
+    /// earlier one is in the indexes).
+    fn seal(&self) {
+        let _index = self.lock();
         self.sealed.store(true, Ordering::Relaxed);
-        if let Err(cause) = self.save(&index) {
-            tracing::warn!(%cause, "cannot save the indexes; the next start reads every record");
-        }
     }
 
-    /// The file first, durably; then its token, which the caller's next
-    /// commit round makes durable.
-    fn save(&self, index: &Index) -> std::result::Result<(), String> {
-        let token = rand::random::<u64>();
-        let bytes = index.save(token).map_err(|e| e.to_string())?;
-        write_durably(&self.saved_file, &bytes)
-            .map_err(|e| format!("{}: {e}", self.saved_file.display()))?;
-        self.meta
-            .insert(SAVED_TOKEN, &token.to_be_bytes())
-            .map_err(|e| e.to_string())?;
+    /// An error once the store is sealed: checked before anything is
+    /// written (a payload apart) as well as by [`Sled::write`].
+    fn check_open(&self) -> Result<()> {
+        if self.sealed.load(Ordering::Relaxed) {
+            return Err(Error::ShuttingDown);
+        }
         Ok(())
+    }
+
+    /// Saves the indexes of a sealed store whose every write is durable:
+    /// the file first, durably; then its token, which the caller's next
+    /// commit round makes durable. Saving is an optimisation: if it fails
+    /// the next start reads the records, so the failure is only logged.
+    fn save(&self) {
+        let index = self.lock();
+        let token = rand::random::<u64>();
+        let saved = index
+            .save(token)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| {
+                write_durably(&self.saved_file, &bytes)
+                    .map_err(|e| format!("{}: {e}", self.saved_file.display()))
+            })
+            .and_then(|()| {
+                let mut value = SAVED_TOKEN_TAG.to_vec();
+                value.extend_from_slice(&token.to_be_bytes());
+                self.jobs
+                    .insert(SAVED_TOKEN_KEY, value)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(cause) = saved {
+            tracing::warn!(%cause, "cannot save the indexes; the next start reads every record");
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Index> {
@@ -358,9 +378,7 @@ impl Sled {
     /// paying that on every enqueue, take and ack made the server 2-3x
     /// slower. Only several records need the batch's atomicity.
     fn write(&self, writes: Vec<([u8; 8], Option<Vec<u8>>)>) -> Result<()> {
-        if self.sealed.load(Ordering::Relaxed) {
-            return Err(Error::ShuttingDown);
-        }
+        self.check_open()?;
         match <[_; 1]>::try_from(writes) {
             Ok([(key, Some(value))]) => {
                 self.jobs.insert(key, value).map_err(SledError::from)?;
@@ -392,6 +410,7 @@ impl Sled {
         events: Vec<(JobId, Event)>,
         now: SystemTime,
     ) -> Result<Vec<Result<Change>>> {
+        self.check_open()?;
         // Jobs changed by this call so far: (as loaded, latest, where the
         // payload is).
         let mut changed: HashMap<JobId, (Job, Job, Payload)> = HashMap::new();
@@ -449,6 +468,7 @@ impl Sled {
 
     fn insert_locked(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
         let mut index = self.lock();
+        self.check_open()?;
         let mut out: Vec<Enqueued> = Vec::with_capacity(batch.len());
         let mut writes = Vec::with_capacity(batch.len());
         for new in batch {
@@ -844,9 +864,13 @@ impl Backend for Sled {
         self.flusher.request();
     }
 
-    fn close(&self) -> impl Future<Output = Result<()>> + Send + 'static {
-        self.seal_and_save();
-        self.flusher.durable()
+    async fn close(&self) -> Result<()> {
+        self.seal();
+        // Indexes saved past a write that did not reach the disk would show
+        // a job the records do not have.
+        self.flusher.durable().await?;
+        self.save();
+        self.flusher.durable().await
     }
 }
 
@@ -860,26 +884,32 @@ fn scan(jobs: &sled::Tree) -> Result<Index> {
     Ok(index)
 }
 
-/// The indexes the last clean stop saved, if any. Their token is removed
-/// from the store (durably) before they are returned: a write after this
-/// start must never be missing from indexes that a later start would read.
-fn take_saved(db: &sled::Db, meta: &sled::Tree, file: &Path) -> Result<Option<Index>> {
-    let token = meta.get(SAVED_TOKEN).map_err(SledError::from)?;
+/// The indexes the last clean stop saved in the folder `data`, if any.
+/// Their token is removed from the store (durably) before they are
+/// returned: a write after this start must never be missing from indexes
+/// that a later start would read.
+fn take_saved(db: &sled::Db, jobs: &sled::Tree, data: &Path) -> Result<Option<Index>> {
+    let file = data.join(SAVED_FILE);
+    let token = jobs.get(SAVED_TOKEN_KEY).map_err(SledError::from)?;
     if token.is_some() {
-        meta.remove(SAVED_TOKEN).map_err(SledError::from)?;
-        db.flush().map_err(SledError::from)?;
+        jobs.remove(SAVED_TOKEN_KEY).map_err(SledError::from)?;
+        flusher::sync_once(db, data)?;
     }
-    let read = match token.as_deref().map(<[u8; 8]>::try_from) {
+    let token = token.map(|value| match value.split_first_chunk::<2>() {
+        Some((&SAVED_TOKEN_TAG, token)) => <[u8; 8]>::try_from(token).ok(),
+        _ => None,
+    });
+    let read = match token {
         None => Err("the last stop was not clean".to_owned()),
-        Some(Err(_)) => Err("a malformed token".to_owned()),
-        Some(Ok(token)) => std::fs::read(file)
+        Some(None) => Err("a malformed token".to_owned()),
+        Some(Some(token)) => std::fs::read(&file)
             .map_err(|e| format!("{}: {e}", file.display()))
             .and_then(|bytes| {
                 Index::load(&bytes, u64::from_be_bytes(token)).map_err(|e| e.to_string())
             }),
     };
     // Used once, or stale: either way of no more use.
-    if let Err(err) = std::fs::remove_file(file) {
+    if let Err(err) = std::fs::remove_file(&file) {
         if err.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(cause = %err, file = %file.display(), "cannot remove the saved indexes");
         }
@@ -1042,6 +1072,11 @@ mod tests {
             store.cancel(pending[0], "x".into(), now).await.unwrap();
             store.set_paused("other", true).await.unwrap();
             store.close().await.unwrap();
+            let token = store.backend().jobs.get(SAVED_TOKEN_KEY).unwrap();
+            assert!(
+                record::decode(&token.expect("a token")).is_err(),
+                "no build reads the token as a record"
+            );
             let refused = store.enqueue(new_job(vec![]), now).await;
             assert!(matches!(refused, Err(Error::ShuttingDown)), "{refused:?}");
             let refused = store.delete(pending[0]).await;
@@ -1054,7 +1089,7 @@ mod tests {
         from_records.set_paused("other", true);
         assert_eq!(*sled.lock(), from_records);
         assert_eq!(sled.lock().len(), 40);
-        assert_eq!(sled.meta.get(SAVED_TOKEN).unwrap(), None, "read once");
+        assert_eq!(sled.jobs.get(SAVED_TOKEN_KEY).unwrap(), None, "read once");
         assert!(!sled.saved_file.exists(), "and gone");
         // The store works on; then it stops without a close.
         let leased = store
