@@ -176,21 +176,37 @@ impl Sled {
     pub fn open(config: &Config) -> Result<Sled> {
         std::fs::create_dir_all(&config.data)
             .map_err(|e| Error::Corrupt(format!("cannot create {}: {e}", config.data.display())))?;
-        let db = sled::Config::new()
-            .path(&config.data)
-            .cache_capacity(config.cache_bytes)
-            // Our flusher makes every acknowledged write durable; sled's own
-            // periodic fsync would only compete with it.
-            .flush_every_ms(None)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(SledError::from)?;
-        let jobs = db.open_tree("jobs").map_err(SledError::from)?;
+        let open = || {
+            sled::Config::new()
+                .path(&config.data)
+                .cache_capacity(config.cache_bytes)
+                // Our flusher makes every acknowledged write durable; sled's
+                // own periodic fsync would only compete with it.
+                .flush_every_ms(None)
+                .mode(sled::Mode::HighThroughput)
+                .open()
+                .map_err(SledError::from)
+        };
+        let mut db = open()?;
+        let mut jobs = db.open_tree("jobs").map_err(SledError::from)?;
         let saved_file = config.data.join(SAVED_FILE);
         let started = Instant::now();
         let (mut index, rebuilt) = match take_saved(&db, &jobs, &config.data)? {
             Some(index) => (index, Rebuilt::FromSaved),
-            None => (scan(&jobs)?, Rebuilt::FromRecords),
+            None => {
+                let mut index = scan(&jobs)?;
+                index.compact();
+                if index.len() > 0 {
+                    // The scan pulled every record through sled's page
+                    // cache, which keeps far more than `cache_bytes` of it
+                    // (1M jobs: ~60 MiB); a fresh handle starts empty.
+                    drop(jobs);
+                    drop(db);
+                    db = open()?;
+                    jobs = db.open_tree("jobs").map_err(SledError::from)?;
+                }
+                (index, Rebuilt::FromRecords)
+            }
         };
         tracing::info!(jobs = index.len(), from = ?rebuilt, elapsed = ?started.elapsed(), "sled indexes ready");
         let payloads = db.open_tree("payloads").map_err(SledError::from)?;
