@@ -136,7 +136,9 @@ pub struct Announcement {
 
 #[cfg(unix)]
 impl Announcement {
-    /// A new close-on-exec pipe.
+    /// A new close-on-exec pipe, non-blocking (the read happens once the
+    /// child is gone, and must not wait for other forks' copies of the
+    /// write end).
     ///
     /// # Errors
     /// When the pipe cannot be made.
@@ -145,7 +147,7 @@ impl Announcement {
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into `fds`, which we then
         // own.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: both are fresh descriptors nothing else owns.
@@ -169,12 +171,15 @@ impl Announcement {
     pub fn pid(self) -> Option<u32> {
         use std::io::Read;
         drop(self.write);
-        let mut line = String::new();
-        std::fs::File::from(self.read)
-            .take(64)
-            .read_to_string(&mut line)
-            .ok()?;
-        line.trim().strip_prefix('+')?.parse().ok()
+        // One short write, so one read has all of it.
+        let mut line = [0u8; 32];
+        let n = std::fs::File::from(self.read).read(&mut line).ok()?;
+        std::str::from_utf8(&line[..n])
+            .ok()?
+            .trim()
+            .strip_prefix('+')?
+            .parse()
+            .ok()
     }
 }
 
