@@ -105,6 +105,69 @@ async fn sigterm_drains_flushes_and_exits_zero() {
     );
 }
 
+/// A SIGTERM saves the indexes (`index.saved`); the next start serves
+/// from them (and removes the file): counts, keys and the priority order
+/// are as before, and so after a later `kill -9`, whose start reads every
+/// record instead.
+#[tokio::test]
+async fn a_clean_stop_saves_the_indexes_and_a_crash_after_it_reads_the_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let saved = data.join("index.saved");
+    let mut server = ServerProcess::start(&data, &[]);
+    let c = server.client().await;
+    let (mut by_priority, mut ids) = (Vec::new(), Vec::new());
+    for (i, priority) in [0, 5, -5, 5].into_iter().enumerate() {
+        let (job, _) = c
+            .enqueue(
+                "q",
+                "k",
+                format!("{i}"),
+                EnqueueOptions::new()
+                    .key(format!("order-{i}"))
+                    .priority(priority),
+            )
+            .await
+            .expect("enqueue");
+        by_priority.push((-priority, job.id.clone()));
+        ids.push(job.id);
+    }
+    by_priority.sort();
+    let acked = take(&c, "q", secs(60)).await.expect("a job");
+    c.ack(acked.job.clone().expect("job").id, acked.lease_id)
+        .await
+        .expect("ack");
+    assert!(server.terminate().success());
+    assert!(saved.exists(), "a clean stop saves the indexes");
+
+    for restart in ["after a clean stop", "after a crash"] {
+        let mut server = ServerProcess::start(&data, &[]);
+        let c = server.client().await;
+        assert!(
+            !saved.exists(),
+            "{restart}: the saved indexes serve one start"
+        );
+        let stats = c.stats(Some("q")).await.expect("stats");
+        assert_eq!((stats[0].pending, stats[0].done), (3, 1), "{restart}");
+        let (again, created) = c
+            .enqueue("q", "k", "dup", EnqueueOptions::new().key("order-2"))
+            .await
+            .expect("enqueue");
+        assert!(!created, "{restart}: the key is still held");
+        assert_eq!(again.id, ids[2], "{restart}");
+        if restart == "after a clean stop" {
+            server.kill9();
+            continue;
+        }
+        let mut order = Vec::new();
+        while let Some(l) = take(&c, "q", secs(60)).await {
+            order.push(l.job.expect("job").id);
+        }
+        let expected: Vec<_> = by_priority[1..].iter().map(|(_, id)| id.clone()).collect();
+        assert_eq!(order, expected, "{restart}: priority order");
+    }
+}
+
 #[tokio::test]
 async fn a_running_lease_survives_a_server_restart_and_still_acks() {
     let dir = tempfile::tempdir().expect("tempdir");
