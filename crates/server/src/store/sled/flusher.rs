@@ -353,6 +353,15 @@ impl Blobs {
         for entry in entries {
             let entry = entry.map_err(|e| format!("cannot list sled's blobs: {e}"))?;
             let name = entry.file_name();
+            // A blob synced before at the length it still has needs nothing:
+            // one stat, not an open, a stat and a close (this runs every
+            // round, over every blob of the store).
+            if let (Some(&len), Ok(meta)) = (self.synced.get(&name), entry.metadata()) {
+                if meta.len() == len {
+                    present.insert(name, len);
+                    continue;
+                }
+            }
             // The length is read from the open file *before* the sync, so a
             // blob still growing is recorded short and synced again later.
             let result = File::open(entry.path()).and_then(|f| {
