@@ -142,6 +142,33 @@ impl Index {
         }
     }
 
+    /// Adds the jobs of `other`, which indexes jobs this one does not
+    /// (another part of the records).
+    pub(crate) fn merge(&mut self, other: Index) {
+        let Index {
+            queues,
+            leases: mut other_leases,
+            by_status,
+            paused,
+            ..
+        } = other;
+        self.leases.append(&mut other_leases);
+        for (mine, theirs) in self.by_status.iter_mut().zip(by_status) {
+            *mine |= theirs;
+        }
+        self.paused.extend(paused);
+        for q in queues {
+            let queue = self.queue_mut(&q.name);
+            for (priority, mut set) in q.pending {
+                queue.pending.entry(priority).or_default().append(&mut set);
+            }
+            queue.keys.extend(q.keys);
+            for (count, more) in queue.counts.iter_mut().zip(q.counts) {
+                *count += more;
+            }
+        }
+    }
+
     /// Adds a job that was not indexed before (a new or loaded record).
     pub(crate) fn insert(&mut self, job: &Job) {
         if let Some(key) = &job.key {

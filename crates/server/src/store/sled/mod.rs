@@ -917,10 +917,78 @@ fn reopen(open: impl Fn() -> std::result::Result<sled::Db, SledError>) -> Result
     }
 }
 
-/// Builds the indexes from every record.
+/// Builds the indexes from every record: the id range split among up to
+/// [`SCAN_THREADS`] threads (one per core), each indexing its part, then
+/// merged. Walking sled's tree is most of a start after a crash, and it
+/// runs on one core per walk.
 fn scan(jobs: &sled::Tree) -> Result<Index> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(SCAN_THREADS));
+    scan_parts(jobs, threads, SCAN_SPLIT_MIN)
+}
+
+/// [`scan`] on up to `threads` threads, if the ids span `split_min` or
+/// more.
+fn scan_parts(jobs: &sled::Tree, threads: usize, split_min: u64) -> Result<Index> {
+    let id = |entry: Option<(sled::IVec, sled::IVec)>| {
+        entry.and_then(|(key, _)| {
+            <[u8; 8]>::try_from(key.as_ref())
+                .ok()
+                .map(u64::from_be_bytes)
+        })
+    };
+    let first = id(jobs.first().map_err(SledError::from)?);
+    let last = id(jobs.last().map_err(SledError::from)?);
+    let (Some(first), Some(last)) = (first, last) else {
+        return scan_range(jobs, 0, None);
+    };
+    let span = last - first;
+    if threads < 2 || span < split_min.max(threads as u64) {
+        return scan_range(jobs, 0, None);
+    }
+    // Ids are handed out in sequence, so equal id ranges hold about equal
+    // numbers of records. The last part runs to the end of the tree.
+    let step = span / threads as u64;
+    let bounds: Vec<(u64, Option<u64>)> = (0..threads as u64)
+        .map(|k| {
+            let start = if k == 0 { 0 } else { first + k * step };
+            let end = (k + 1 < threads as u64).then(|| first + (k + 1) * step);
+            (start, end)
+        })
+        .collect();
+    let parts: Vec<Result<Index>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bounds
+            .iter()
+            .map(|&(start, end)| scope.spawn(move || scan_range(jobs, start, end)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Corrupt("a scan thread panicked".into())))
+            })
+            .collect()
+    });
     let mut index = Index::default();
-    for record in jobs.iter() {
+    for part in parts {
+        index.merge(part?);
+    }
+    Ok(index)
+}
+
+/// Threads a startup scan uses at most.
+const SCAN_THREADS: usize = 4;
+
+/// Id ranges smaller than this are scanned on one thread.
+const SCAN_SPLIT_MIN: u64 = 100_000;
+
+/// Indexes the records with ids in `start..end` (`None`: to the end).
+fn scan_range(jobs: &sled::Tree, start: u64, end: Option<u64>) -> Result<Index> {
+    let mut index = Index::default();
+    let records = match end {
+        Some(end) => jobs.range(start.to_be_bytes()..end.to_be_bytes()),
+        None => jobs.range(start.to_be_bytes()..),
+    };
+    for record in records {
         let (key, value) = record.map_err(SledError::from)?;
         index.insert(&decode(&key, &value)?.0);
     }
@@ -1170,6 +1238,53 @@ mod tests {
         let store = SledStore::open(&config).unwrap();
         assert_eq!(store.backend().rebuilt(), Rebuilt::FromRecords);
         assert!(!store.backend().saved_file.exists());
+    }
+
+    /// The startup scan split among threads gives the indexes one thread
+    /// gives.
+    #[tokio::test]
+    async fn a_scan_in_parts_indexes_like_one_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&Config::with_data(dir.path())).unwrap();
+        let now = SystemTime::now();
+        for n in 0..60 {
+            let mut new = new_job(vec![b'p'; 10]);
+            new.queue = ["a", "b", "c"][n % 3].into();
+            new.key = (n % 4 == 0).then(|| format!("k{n}"));
+            new.priority = (n % 3) as i32;
+            new.delay = Duration::from_secs((n % 5) as u64 * 60);
+            store.enqueue(new, now).await.unwrap();
+        }
+        // Some RUNNING (leases) and DONE too.
+        for queue in ["a", "b"] {
+            let leased = store
+                .take(
+                    &[queue.to_string()],
+                    "w",
+                    None,
+                    Duration::from_secs(30),
+                    now,
+                )
+                .await
+                .unwrap()
+                .expect("a due job");
+            if queue == "a" {
+                store
+                    .ack(leased.job.id, leased.lease_id, now)
+                    .await
+                    .unwrap();
+            }
+        }
+        let jobs = &store.backend().jobs;
+        let whole = scan_range(jobs, 0, None).unwrap();
+        for threads in [2, 3, 7] {
+            assert_eq!(
+                scan_parts(jobs, threads, 0).unwrap(),
+                whole,
+                "{threads} parts"
+            );
+        }
+        assert_eq!(whole.len(), 60);
     }
 
     /// A small payload stays in the record (nothing in the payloads tree);
