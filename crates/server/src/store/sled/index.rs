@@ -147,10 +147,10 @@ impl Index {
     pub(crate) fn merge(&mut self, other: Index) {
         let Index {
             queues,
+            by_name: _,
             leases: mut other_leases,
             by_status,
             paused,
-            ..
         } = other;
         self.leases.append(&mut other_leases);
         for (mine, theirs) in self.by_status.iter_mut().zip(by_status) {

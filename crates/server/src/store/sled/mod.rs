@@ -939,18 +939,18 @@ fn scan_parts(jobs: &sled::Tree, threads: usize, split_min: u64) -> Result<Index
     let first = id(jobs.first().map_err(SledError::from)?);
     let last = id(jobs.last().map_err(SledError::from)?);
     let (Some(first), Some(last)) = (first, last) else {
-        return scan_range(jobs, 0, None);
+        return scan_range(jobs, None, None);
     };
     let span = last - first;
     if threads < 2 || span < split_min.max(threads as u64) {
-        return scan_range(jobs, 0, None);
+        return scan_range(jobs, None, None);
     }
     // Ids are handed out in sequence, so equal id ranges hold about equal
     // numbers of records. The last part runs to the end of the tree.
     let step = span / threads as u64;
-    let bounds: Vec<(u64, Option<u64>)> = (0..threads as u64)
+    let bounds: Vec<(Option<u64>, Option<u64>)> = (0..threads as u64)
         .map(|k| {
-            let start = if k == 0 { 0 } else { first + k * step };
+            let start = (k > 0).then(|| first + k * step);
             let end = (k + 1 < threads as u64).then(|| first + (k + 1) * step);
             (start, end)
         })
@@ -964,7 +964,7 @@ fn scan_parts(jobs: &sled::Tree, threads: usize, split_min: u64) -> Result<Index
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(Error::Corrupt("a scan thread panicked".into())))
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             })
             .collect()
     });
@@ -981,12 +981,15 @@ const SCAN_THREADS: usize = 4;
 /// Id ranges smaller than this are scanned on one thread.
 const SCAN_SPLIT_MIN: u64 = 100_000;
 
-/// Indexes the records with ids in `start..end` (`None`: to the end).
-fn scan_range(jobs: &sled::Tree, start: u64, end: Option<u64>) -> Result<Index> {
+/// Indexes the records with ids in `start..end` (`None`: from the first
+/// key, to the last; a key that is no record's is then an error).
+fn scan_range(jobs: &sled::Tree, start: Option<u64>, end: Option<u64>) -> Result<Index> {
     let mut index = Index::default();
-    let records = match end {
-        Some(end) => jobs.range(start.to_be_bytes()..end.to_be_bytes()),
-        None => jobs.range(start.to_be_bytes()..),
+    let records = match (start, end) {
+        (Some(start), Some(end)) => jobs.range(start.to_be_bytes()..end.to_be_bytes()),
+        (Some(start), None) => jobs.range(start.to_be_bytes()..),
+        (None, Some(end)) => jobs.range(..end.to_be_bytes()),
+        (None, None) => jobs.iter(),
     };
     for record in records {
         let (key, value) = record.map_err(SledError::from)?;
@@ -1276,7 +1279,7 @@ mod tests {
             }
         }
         let jobs = &store.backend().jobs;
-        let whole = scan_range(jobs, 0, None).unwrap();
+        let whole = scan_range(jobs, None, None).unwrap();
         for threads in [2, 3, 7] {
             assert_eq!(
                 scan_parts(jobs, threads, 0).unwrap(),
