@@ -178,6 +178,22 @@ async fn buffers(client: &tokio_postgres::Client, sql: &str) -> i64 {
     blocks("Shared Hit Blocks") + blocks("Shared Read Blocks")
 }
 
+/// Inserts `n` PENDING jobs of queue `q` in one statement, due in
+/// `due_in` seconds, at `priority`.
+async fn fill_pending(client: &tokio_postgres::Client, n: i64, due_in: f64, priority: i32) {
+    client
+        .execute(
+            "INSERT INTO jobq_jobs (id, queue, kind, payload, status, attempts, max_attempts, \
+             enqueued_at, run_at, priority) \
+             SELECT nextval('jobq_job_ids'), 'q', 'k', '\\x7b7d', 'pending', 0, 3, \
+             now(), now() + make_interval(secs => $2::double precision), $3::integer \
+             FROM generate_series(1, $1::bigint)",
+            &[&n, &due_in, &priority],
+        )
+        .await
+        .expect("fill pending jobs");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_take_skips_over_higher_priority_jobs_that_are_not_due() {
     const DELAYED: i64 = 100_000;
@@ -186,16 +202,7 @@ async fn pg_take_skips_over_higher_priority_jobs_that_are_not_due() {
     let client = store.backend().pool().get().await.expect("client");
     // A bulk import scheduled an hour ahead at priority 10, and three
     // ordinary jobs due now at priority 0.
-    client
-        .execute(
-            "INSERT INTO jobq_jobs (id, queue, kind, payload, status, attempts, max_attempts, \
-             enqueued_at, run_at, priority) \
-             SELECT nextval('jobq_job_ids'), 'q', 'k', '\\x7b7d', 'pending', 0, 3, \
-             now(), now() + interval '1 hour', 10 FROM generate_series(1, $1::bigint)",
-            &[&DELAYED],
-        )
-        .await
-        .expect("fill delayed jobs");
+    fill_pending(&client, DELAYED, 3600.0, 10).await;
     let mut due = Vec::new();
     for _ in 0..3 {
         due.push(
@@ -288,16 +295,7 @@ async fn pg_list_by_status_reads_its_page_from_the_status_index() {
     let url = testing::fresh_database("jobq_plan").await;
     let store = store(&url).await;
     let client = store.backend().pool().get().await.expect("client");
-    client
-        .execute(
-            "INSERT INTO jobq_jobs (id, queue, kind, payload, status, attempts, max_attempts, \
-             enqueued_at, run_at, priority) \
-             SELECT nextval('jobq_job_ids'), 'q', 'k', '\\x7b7d', 'pending', 0, 3, \
-             now(), now(), 0 FROM generate_series(1, $1::bigint)",
-            &[&PENDING],
-        )
-        .await
-        .expect("fill pending jobs");
+    fill_pending(&client, PENDING, 0.0, 0).await;
     let mut failed = Vec::new();
     for _ in 0..3 {
         let id = store

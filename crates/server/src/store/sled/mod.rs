@@ -191,7 +191,7 @@ impl Sled {
         let mut jobs = db.open_tree("jobs").map_err(SledError::from)?;
         let saved_file = config.data.join(SAVED_FILE);
         let started = Instant::now();
-        let (mut index, rebuilt) = match take_saved(&db, &jobs, &config.data)? {
+        let (mut index, rebuilt) = match take_saved(&db, &jobs, &config.data, &saved_file)? {
             Some(index) => (index, Rebuilt::FromSaved),
             None => {
                 let mut index = scan(&jobs)?;
@@ -998,12 +998,12 @@ fn scan_range(jobs: &sled::Tree, start: Option<u64>, end: Option<u64>) -> Result
     Ok(index)
 }
 
-/// The indexes the last clean stop saved in the folder `data`, if any.
+/// The indexes the last clean stop saved to `file` (in sled's folder
+/// `data`), if any.
 /// Their token is removed from the store (durably) before they are
 /// returned: a write after this start must never be missing from indexes
 /// that a later start would read.
-fn take_saved(db: &sled::Db, jobs: &sled::Tree, data: &Path) -> Result<Option<Index>> {
-    let file = data.join(SAVED_FILE);
+fn take_saved(db: &sled::Db, jobs: &sled::Tree, data: &Path, file: &Path) -> Result<Option<Index>> {
     let token = jobs.get(SAVED_TOKEN_KEY).map_err(SledError::from)?;
     if token.is_some() {
         jobs.remove(SAVED_TOKEN_KEY).map_err(SledError::from)?;
@@ -1016,14 +1016,14 @@ fn take_saved(db: &sled::Db, jobs: &sled::Tree, data: &Path) -> Result<Option<In
     let read = match token {
         None => Err("the last stop was not clean".to_owned()),
         Some(None) => Err("a malformed token".to_owned()),
-        Some(Some(token)) => std::fs::read(&file)
+        Some(Some(token)) => std::fs::read(file)
             .map_err(|e| format!("{}: {e}", file.display()))
             .and_then(|bytes| {
                 Index::load(&bytes, u64::from_be_bytes(token)).map_err(|e| e.to_string())
             }),
     };
     // Used once, or stale: either way of no more use.
-    if let Err(err) = std::fs::remove_file(&file) {
+    if let Err(err) = std::fs::remove_file(file) {
         if err.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(cause = %err, file = %file.display(), "cannot remove the saved indexes");
         }
