@@ -160,6 +160,13 @@ pub struct Config {
     #[arg(long, env = "JOBQ_CACHE_BYTES", default_value_t = 32 * 1024 * 1024)]
     pub cache_bytes: u64,
 
+    /// Payloads of this many bytes or more are stored each in a file of
+    /// its own (`<data-dir>/payloads/`), outside sled's page cache, which
+    /// would otherwise hold them in memory. Smaller ones stay in sled, and
+    /// those of up to 512 bytes in the job's record whatever this says.
+    #[arg(long, env = "JOBQ_PAYLOAD_FILE_BYTES", default_value_t = 16 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub payload_file_bytes: u64,
+
     /// How long shutdown waits for in-flight RPCs before giving up.
     #[arg(long, env = "JOBQ_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,

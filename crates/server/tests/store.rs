@@ -1,5 +1,6 @@
 //! sled-only store tests: what the contract suite (`tests/contract.rs`)
-//! cannot say for every backend: group-commit flush rounds, blob files,
+//! cannot say for every backend: group-commit flush rounds, payload and
+//! blob files,
 //! and a throughput measurement.
 
 // The shared helpers are included whole; this file uses some of them.
@@ -22,10 +23,15 @@ use tonic::Code;
 include!("contract/helpers.rs");
 
 fn open(dir: &TempDir) -> SledStore {
+    open_with(dir, |_| {})
+}
+
+fn open_with(dir: &TempDir, set: impl FnOnce(&mut Config)) -> SledStore {
     let mut config = Config::with_data(dir.path());
     config.backoff_base = BACKOFF.base;
     config.backoff_cap = BACKOFF.cap;
     config.cache_bytes = 8 * 1024 * 1024;
+    set(&mut config);
     SledStore::open(&config).expect("open the store")
 }
 
@@ -61,12 +67,31 @@ async fn concurrent_writers_share_flush_rounds() {
 
 #[tokio::test]
 async fn a_large_payload_survives_a_restart() {
-    // Over a quarter of sled's 512 KiB segment, a record goes to a blob
-    // file of its own, which the flusher syncs separately.
-    let dir = TempDir::new().unwrap();
     let payload: Vec<u8> = (0..300 * 1024).map(|i| (i % 251) as u8).collect();
+    // Over `--payload-file-bytes` it goes to a payload file of its own,
+    // synced before its record is written.
+    let dir = TempDir::new().unwrap();
+    let in_file = |c: &mut Config| c.payload_file_bytes = 16 * 1024;
     let job = {
-        let store = open(&dir);
+        let store = open_with(&dir, in_file);
+        let new = NewJob {
+            payload: payload.clone(),
+            ..new_job("q", None, 0)
+        };
+        store.enqueue(new, at(0)).await.unwrap().job
+    };
+    let file = dir.path().join("payloads").join(job.id.0.to_string());
+    assert_eq!(std::fs::read(&file).unwrap().len(), payload.len());
+    let store = open_with(&dir, in_file);
+    assert!(store.get(job.id).await.unwrap().payload == payload);
+
+    // Kept in sled (`--payload-file-bytes` above its size), over a quarter
+    // of sled's 512 KiB segment a record goes to a blob file of its own,
+    // which the flusher syncs separately.
+    let dir = TempDir::new().unwrap();
+    let in_sled = |c: &mut Config| c.payload_file_bytes = 1 << 30;
+    let job = {
+        let store = open_with(&dir, in_sled);
         let new = NewJob {
             payload: payload.clone(),
             ..new_job("q", None, 0)
@@ -82,8 +107,8 @@ async fn a_large_payload_survives_a_restart() {
             .is_some(),
         "stored as a blob"
     );
-    let store = open(&dir);
-    assert_eq!(store.get(job.id).await.unwrap().payload, payload);
+    let store = open_with(&dir, in_sled);
+    assert!(store.get(job.id).await.unwrap().payload == payload);
 }
 
 /// Rough numbers for the report: `cargo test -p jobq-server --release

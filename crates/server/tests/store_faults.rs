@@ -168,6 +168,38 @@ async fn a_cancelled_enqueue_still_wakes_the_waiters_once_durable() {
         .unwrap();
 }
 
+/// A payload big enough for a file of its own makes the enqueue wait for
+/// that file's fsync before it writes anything else: a caller who leaves
+/// meanwhile still gets the job enqueued and the waiters woken.
+#[tokio::test]
+async fn a_cancelled_enqueue_of_a_big_payload_still_completes() {
+    let dir = TempDir::new().unwrap();
+    let mut config = config(&dir);
+    config.payload_file_bytes = 16 * 1024;
+    let store = SledStore::open(&config).unwrap();
+    let mut changes = store.changes();
+    changes.borrow_and_update();
+    let big = NewJob {
+        payload: vec![b'p'; 64 * 1024],
+        ..new_job(None)
+    };
+    cancel_after_first_poll(store.enqueue(big, SystemTime::now())).await;
+    tokio::time::timeout(Duration::from_secs(5), changes.changed())
+        .await
+        .expect("the waiters are woken although the enqueue's caller left")
+        .unwrap();
+    let leased = store
+        .take(&queues(), "w", None, LEASE, SystemTime::now())
+        .await
+        .unwrap()
+        .expect("the job was enqueued");
+    assert!(leased.job.payload == vec![b'p'; 64 * 1024]);
+    let files = std::fs::read_dir(dir.path().join("payloads"))
+        .unwrap()
+        .count();
+    assert_eq!(files, 1);
+}
+
 #[tokio::test]
 async fn a_given_back_job_spends_no_attempt_and_keeps_its_place() {
     let dir = TempDir::new().unwrap();

@@ -38,6 +38,16 @@ pub trait Backend: Send + Sync + 'static {
         now: SystemTime,
     ) -> impl Future<Output = Result<Vec<Enqueued>>> + Send;
 
+    /// Whether [`Backend::insert`] of `batch` may wait (for a disk) before
+    /// it makes its change, rather than make it on its first poll. [`super::Jobs`]
+    /// then runs the enqueue in a task of its own, so that a caller who
+    /// gives up (a client's deadline) does not cut it short: an enqueue
+    /// still completes on the server. Default: no.
+    fn insert_waits(&self, batch: &[NewJob]) -> bool {
+        let _ = batch;
+        false
+    }
+
     /// Finds the first due job of the first unpaused queue that has one and applies
     /// `take` (an [`Event::Take`]) to it, atomically: two callers never
     /// take the same job. `streamed`: the lease goes to a Lease stream of

@@ -59,6 +59,18 @@ pub struct Jobs<B> {
     stop: Arc<Stop>,
 }
 
+impl<B> Clone for Jobs<B> {
+    /// Another handle on the same store (for a task of its own).
+    fn clone(&self) -> Jobs<B> {
+        Jobs {
+            backend: Arc::clone(&self.backend),
+            backoff: self.backoff,
+            signals: Arc::clone(&self.signals),
+            stop: Arc::clone(&self.stop),
+        }
+    }
+}
+
 impl<B: Backend> Jobs<B> {
     /// The store over `backend`, failing jobs back off by `backoff`.
     pub fn new(backend: B, backoff: Backoff) -> Jobs<B> {
@@ -70,6 +82,41 @@ impl<B: Backend> Jobs<B> {
             signals,
             stop: Arc::new(Stop::default()),
         }
+    }
+
+    /// Inserts de-duplicated jobs, publishes them and waits until they are
+    /// durable; one result per job of the caller's batch.
+    async fn insert_deduped(
+        &self,
+        deduped: rules::Deduped,
+        now: SystemTime,
+    ) -> Result<Vec<Enqueued>> {
+        let rules::Deduped { unique, slots } = deduped;
+        let mut stored = self.written(self.backend.insert(unique, now).await)?;
+        let created = stored.iter().any(|e| e.created);
+        self.signals.facts(
+            stored
+                .iter()
+                .filter(|e| e.created)
+                .map(|e| Fact::Created(&e.job)),
+        );
+        for e in &mut stored {
+            e.job.payload = Vec::new();
+        }
+        // Also for an existing job: its own enqueue may still be in flight.
+        self.commit(&[], created).await?;
+        slots
+            .into_iter()
+            .map(|(at, first)| {
+                let e = stored.get(at).ok_or_else(|| {
+                    Error::Corrupt("the store returned too few enqueue results".into())
+                })?;
+                Ok(Enqueued {
+                    job: e.job.clone(),
+                    created: first && e.created,
+                })
+            })
+            .collect()
     }
 
     /// Takes a due job; `streamed` as in [`Backend::take`].
@@ -297,32 +344,15 @@ impl<B: Backend> Store for Jobs<B> {
         for new in &batch {
             rules::later(now, new.delay, "delay")?;
         }
-        let rules::Deduped { unique, slots } = rules::dedupe(batch);
-        let mut stored = self.written(self.backend.insert(unique, now).await)?;
-        let created = stored.iter().any(|e| e.created);
-        self.signals.facts(
-            stored
-                .iter()
-                .filter(|e| e.created)
-                .map(|e| Fact::Created(&e.job)),
-        );
-        for e in &mut stored {
-            e.job.payload = Vec::new();
+        let deduped = rules::dedupe(batch);
+        if self.backend.insert_waits(&deduped.unique) {
+            // Run to the end even if this caller is dropped meanwhile.
+            let this = self.clone();
+            return tokio::spawn(async move { this.insert_deduped(deduped, now).await })
+                .await
+                .map_err(|e| Error::Io(format!("an enqueue task failed: {e}")))?;
         }
-        // Also for an existing job: its own enqueue may still be in flight.
-        self.commit(&[], created).await?;
-        slots
-            .into_iter()
-            .map(|(at, first)| {
-                let e = stored.get(at).ok_or_else(|| {
-                    Error::Corrupt("the store returned too few enqueue results".into())
-                })?;
-                Ok(Enqueued {
-                    job: e.job.clone(),
-                    created: first && e.created,
-                })
-            })
-            .collect()
+        self.insert_deduped(deduped, now).await
     }
 
     async fn take(

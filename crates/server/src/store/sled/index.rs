@@ -128,6 +128,11 @@ impl Index {
         self.by_status.iter().map(RoaringTreemap::len).sum()
     }
 
+    /// Whether a job with this id is indexed.
+    pub(crate) fn contains(&self, id: JobId) -> bool {
+        self.by_status.iter().any(|ids| ids.contains(id.0))
+    }
+
     /// Rebuilds the ordered sets packed: a B-tree grown by inserts in
     /// order keeps its nodes about half full, one built from sorted
     /// entries fills them (1M pending jobs: ~17 MiB instead of ~32).

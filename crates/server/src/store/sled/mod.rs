@@ -4,13 +4,15 @@
 //! Records live in the `jobs` tree, keyed by the job id as a big-endian
 //! `u64` (so a range scan is id order, which is enqueue order), valued by
 //! the `Job` in postcard ([`record`]). A payload over
-//! [`record::INLINE_MAX`] bytes lives apart, in the `payloads` tree under
-//! the same key, written once at enqueue and read only to hand the job out
-//! (take, get, list): a transition rewrites a record of a few hundred bytes
-//! whatever the payload's size, and the startup scan never reads payloads.
-//! A payload is written before its record and removed after it, so a
-//! crash in between leaves at most an orphan payload, never a record
-//! without one. Job ids and lease ids both come from sled's
+//! [`record::INLINE_MAX`] bytes lives apart, written once at enqueue and
+//! read only to hand the job out (take, get, list): a transition rewrites
+//! a record of a few hundred bytes whatever the payload's size, and the
+//! startup scan never reads payloads. Apart is the `payloads` tree under
+//! the same key, or from `--payload-file-bytes` on a file of its own
+//! ([`payload_files`], out of sled's page cache). A payload is written
+//! (a file: durably) before its record and removed after it (a file: once
+//! the removal is durable), so a crash in between leaves at most an
+//! orphan payload, never a record without one. Job ids and lease ids both come from sled's
 //! persistent id generator, which never repeats across restarts; 0 is never
 //! issued.
 //!
@@ -40,11 +42,12 @@
 mod error;
 pub mod flusher;
 mod index;
+mod payload_files;
 mod record;
 mod schedules;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     future::Future,
     path::{Path, PathBuf},
     sync::{
@@ -57,7 +60,7 @@ use std::{
 pub use error::SledError;
 use flusher::Flusher;
 use index::Index;
-
+use payload_files::PayloadFiles;
 use record::Payload;
 
 use super::{
@@ -109,6 +112,8 @@ pub struct Sled {
     jobs: sled::Tree,
     /// Payloads by job id (see the module docs).
     payloads: sled::Tree,
+    /// Big payloads, each in a file ([`payload_files`]).
+    files: PayloadFiles,
     /// Paused queues: the queue name as key, an empty value.
     paused_tree: sled::Tree,
     /// Schedules by name ([`schedules`]).
@@ -187,7 +192,7 @@ impl Sled {
                 .open()
                 .map_err(SledError::from)
         };
-        let mut db = open()?;
+        let mut db = reopen(open)?;
         let mut jobs = db.open_tree("jobs").map_err(SledError::from)?;
         let saved_file = config.data.join(SAVED_FILE);
         let started = Instant::now();
@@ -210,6 +215,18 @@ impl Sled {
         };
         tracing::info!(jobs = index.len(), from = ?rebuilt, elapsed = ?started.elapsed(), "sled indexes ready");
         let payloads = db.open_tree("payloads").map_err(SledError::from)?;
+        // A payload small enough for the record stays in it.
+        let file_min = usize::try_from(config.payload_file_bytes)
+            .unwrap_or(usize::MAX)
+            .max(record::INLINE_MAX + 1);
+        let files = PayloadFiles::open(&config.data, file_min)?;
+        let orphans = files.collect(|id| index.contains(id))?;
+        if orphans > 0 {
+            tracing::info!(
+                orphans,
+                "removed payload files of enqueues cut short by a crash"
+            );
+        }
         let paused_tree = db.open_tree("paused").map_err(SledError::from)?;
         for record in paused_tree.iter() {
             let (key, _) = record.map_err(SledError::from)?;
@@ -224,6 +241,7 @@ impl Sled {
             db,
             jobs,
             payloads,
+            files,
             paused_tree,
             schedules_tree,
             saved_file,
@@ -319,21 +337,22 @@ impl Sled {
         Ok(job)
     }
 
-    /// Reads a job's payload in, if it is apart.
+    /// Reads a job's payload in, if it is apart or in a file.
     fn fill(&self, job: &mut Job, payload: Payload) -> Result<()> {
-        let Payload::Apart(len) = payload else {
-            return Ok(());
+        let (stored, len) = match payload {
+            Payload::Inline | Payload::Apart(0) | Payload::File(0) => return Ok(()),
+            Payload::Apart(len) => (
+                self.payloads
+                    .get(record_key(job.id))
+                    .map_err(SledError::from)?
+                    .map(|bytes| bytes.to_vec()),
+                len,
+            ),
+            Payload::File(len) => (self.files.read(job.id)?, len),
         };
-        if len == 0 {
-            return Ok(());
-        }
-        match self
-            .payloads
-            .get(record_key(job.id))
-            .map_err(SledError::from)?
-        {
+        match stored {
             Some(bytes) if bytes.len() as u64 == len => {
-                job.payload = bytes.to_vec();
+                job.payload = bytes;
                 Ok(())
             }
             Some(bytes) => Err(Error::Corrupt(format!(
@@ -466,6 +485,7 @@ impl Sled {
         for (id, (_, new, payload)) in &mut changed {
             let placed = match *payload {
                 Payload::Apart(len) => Payload::Apart(len),
+                Payload::File(len) => Payload::File(len),
                 // An older record may hold a big payload inline: it moves
                 // apart now, once.
                 Payload::Inline => Payload::for_len(new.payload.len()),
@@ -482,12 +502,68 @@ impl Sled {
         Ok(out)
     }
 
-    fn insert_locked(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
+    /// Writes the payloads of `batch` that go to files, durably, each
+    /// under a job id taken now (the job's id if it is created); returns
+    /// the ids, `None` for a job whose payload stays in sled (empty if
+    /// every one does). Skips a job whose key is already taken, which
+    /// will not be created.
+    async fn write_files(&self, batch: &mut Vec<NewJob>) -> Result<Vec<Option<JobId>>> {
+        if !batch.iter().any(|new| self.files.wants(new.payload.len())) {
+            return Ok(Vec::new());
+        }
+        self.check_open()?;
+        let taken: Vec<bool> = {
+            let index = self.lock();
+            batch
+                .iter()
+                .map(|new| {
+                    new.key
+                        .as_deref()
+                        .is_some_and(|k| index.key(&new.queue, k).is_some())
+                })
+                .collect()
+        };
+        let mut ids = Vec::with_capacity(batch.len());
+        for (new, taken) in batch.iter().zip(taken) {
+            ids.push(match !taken && self.files.wants(new.payload.len()) {
+                true => Some(JobId(self.next_id()?)),
+                false => None,
+            });
+        }
+        let files = self.files.clone();
+        let jobs = std::mem::take(batch);
+        let reserved = ids.clone();
+        let (jobs, written) = tokio::task::spawn_blocking(move || {
+            let written = files.write(
+                jobs.iter()
+                    .zip(&reserved)
+                    .filter_map(|(new, id)| id.map(|id| (id, new.payload.as_slice()))),
+            );
+            (jobs, written)
+        })
+        .await
+        .map_err(|e| Error::Io(format!("payload writer: {e}")))?;
+        *batch = jobs;
+        if written.is_err() {
+            // No record was written: the files of this batch are nobody's.
+            self.files.remove(ids.iter().flatten().copied());
+        }
+        written.map(|()| ids)
+    }
+
+    /// Inserts `batch`; `files[i]`, if set, is the id of job `i`, whose
+    /// payload is in its file already ([`Sled::write_files`]).
+    fn insert_locked(
+        &self,
+        batch: Vec<NewJob>,
+        files: &[Option<JobId>],
+        now: SystemTime,
+    ) -> Result<Vec<Enqueued>> {
         let mut index = self.lock();
         self.check_open()?;
         let mut out: Vec<Enqueued> = Vec::with_capacity(batch.len());
         let mut writes = Vec::with_capacity(batch.len());
-        for new in batch {
+        for (i, new) in batch.into_iter().enumerate() {
             if let Some(existing) = new.key.as_deref().and_then(|k| index.key(&new.queue, k)) {
                 out.push(Enqueued {
                     job: self.load_indexed(existing)?,
@@ -495,9 +571,17 @@ impl Sled {
                 });
                 continue;
             }
-            let mut job = machine::create(JobId(self.next_id()?), new, now);
-            let placed = Payload::for_len(job.payload.len());
-            if placed != Payload::Inline {
+            let file = files.get(i).copied().flatten();
+            let id = match file {
+                Some(id) => id,
+                None => JobId(self.next_id()?),
+            };
+            let mut job = machine::create(id, new, now);
+            let placed = match file {
+                Some(_) => Payload::File(job.payload.len() as u64),
+                None => Payload::for_len(job.payload.len()),
+            };
+            if let Payload::Apart(_) = placed {
                 self.put_payload(job.id, &job.payload)?;
             }
             writes.push((record_key(job.id), Some(encode(&mut job, placed)?)));
@@ -525,11 +609,18 @@ impl Sled {
             return Ok(None);
         };
         let mut results = self.apply_locked(&mut index, vec![(id, take)], now)?;
+        drop(index);
         match results.pop() {
             Some(Ok(mut change)) => {
-                // The worker needs the payload, which the change left apart.
+                // The worker needs the payload, which the change left apart;
+                // read without the lock (a payload file may be big).
                 if change.new.payload.is_empty() {
-                    change.new.payload = self.load_full(id)?.payload;
+                    match self.load_full(id) {
+                        Ok(job) => change.new.payload = job.payload,
+                        // Cancelled and deleted since: the lease is void.
+                        Err(Error::NotFound(_)) => {}
+                        Err(e) => return Err(e),
+                    }
                 }
                 Ok(Some(change))
             }
@@ -569,9 +660,9 @@ impl Sled {
         &self,
         after: Option<JobId>,
         retention: Retention,
-    ) -> Result<(u64, Option<JobId>)> {
+    ) -> Result<(u64, Option<JobId>, Vec<JobId>)> {
         let Some(start) = after.map_or(Some(0), |id| id.0.checked_add(1)) else {
-            return Ok((0, None));
+            return Ok((0, None, Vec::new()));
         };
         let ids = {
             let index = self.lock();
@@ -582,7 +673,7 @@ impl Sled {
             ids
         };
         let Some(&last) = ids.last() else {
-            return Ok((0, None));
+            return Ok((0, None, Vec::new()));
         };
         let mut candidates = Vec::new();
         for id in ids {
@@ -593,17 +684,19 @@ impl Sled {
             }
         }
         if candidates.is_empty() {
-            return Ok((0, Some(last)));
+            return Ok((0, Some(last), Vec::new()));
         }
         let mut index = self.lock();
         let mut writes = Vec::new();
-        let (mut gone, mut apart) = (Vec::new(), Vec::new());
+        let (mut gone, mut apart, mut files) = (Vec::new(), Vec::new(), Vec::new());
         for id in candidates {
             match self.load_record(id) {
                 Ok((job, payload)) if retention.purgeable(&job) => {
                     writes.push((record_key(id), None));
-                    if payload != Payload::Inline {
-                        apart.push(id);
+                    match payload {
+                        Payload::Inline => {}
+                        Payload::Apart(_) => apart.push(id),
+                        Payload::File(_) => files.push(id),
                     }
                     gone.push(job);
                 }
@@ -616,7 +709,7 @@ impl Sled {
         for job in &gone {
             index.remove(job);
         }
-        Ok((gone.len() as u64, Some(last)))
+        Ok((gone.len() as u64, Some(last), files))
     }
 
     fn list_scan(&self, filter: &ListFilter) -> Result<Page> {
@@ -689,7 +782,7 @@ impl Sled {
             if filter.omit_payload {
                 size = size.saturating_sub(job.payload.len());
                 job.payload = Vec::new();
-            } else if let Payload::Apart(len) = payload {
+            } else if let Payload::Apart(len) | Payload::File(len) = payload {
                 size = size.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
             }
             if !jobs.is_empty() && bytes.saturating_add(size) > filter.max_bytes {
@@ -768,8 +861,30 @@ impl Iterator for WithStatus<'_> {
 }
 
 impl Backend for Sled {
-    async fn insert(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
-        self.insert_locked(batch, now)
+    fn insert_waits(&self, batch: &[NewJob]) -> bool {
+        batch.iter().any(|new| self.files.wants(new.payload.len()))
+    }
+
+    async fn insert(&self, mut batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
+        let files = self.write_files(&mut batch).await?;
+        let enqueued = self.insert_locked(batch, &files, now)?;
+        // A file whose job was not created (its key was taken meanwhile)
+        // has no record: remove it now. (After an error the files stay:
+        // orphans, removed by the next start.)
+        if files.iter().any(Option::is_some) {
+            let created: HashSet<JobId> = enqueued
+                .iter()
+                .filter(|e| e.created)
+                .map(|e| e.job.id)
+                .collect();
+            self.files.remove(
+                files
+                    .into_iter()
+                    .flatten()
+                    .filter(|id| !created.contains(id)),
+            );
+        }
+        Ok(enqueued)
     }
 
     async fn take(
@@ -819,18 +934,26 @@ impl Backend for Sled {
         after: Option<JobId>,
         retention: Retention,
     ) -> Result<(u64, Option<JobId>)> {
-        self.purge_chunk_locked(after, retention)
+        let (purged, next, files) = self.purge_chunk_locked(after, retention)?;
+        self.remove_files_when_durable(files);
+        Ok((purged, next))
     }
 
     async fn delete(&self, id: JobId) -> Result<()> {
-        let mut index = self.lock();
-        let (job, payload) = self.load_record(id)?;
-        machine::deletable(&job)?;
-        self.write(vec![(record_key(id), None)])?;
-        if payload != Payload::Inline {
-            self.remove_payloads([id])?;
+        let payload = {
+            let mut index = self.lock();
+            let (job, payload) = self.load_record(id)?;
+            machine::deletable(&job)?;
+            self.write(vec![(record_key(id), None)])?;
+            if let Payload::Apart(_) = payload {
+                self.remove_payloads([id])?;
+            }
+            index.remove(&job);
+            payload
+        };
+        if let Payload::File(_) = payload {
+            self.remove_files_when_durable(vec![id]);
         }
-        index.remove(&job);
         Ok(())
     }
 
@@ -895,10 +1018,31 @@ impl Backend for Sled {
     }
 }
 
-/// Opens sled again right after its last handle was dropped. sled's I/O
+impl Sled {
+    /// Removes the payload files of removed records once the removals are
+    /// durable (before, a crash could bring a record back without its
+    /// file), in a task of its own: neither the caller's reply nor its
+    /// cancellation waits for it. Files the task does not get to (a failed
+    /// round, a stop) are orphans, which the next start removes.
+    fn remove_files_when_durable(&self, ids: Vec<JobId>) {
+        if ids.is_empty() {
+            return;
+        }
+        let durable = self.flusher.durable();
+        let files = self.files.clone();
+        tokio::spawn(async move {
+            if durable.await.is_ok() {
+                let _ = tokio::task::spawn_blocking(move || files.remove(ids)).await;
+            }
+        });
+    }
+}
+
+/// Opens sled, also right after its last handle was dropped (by this
+/// process: a restart in place, or the reopen after a scan). sled's I/O
 /// threads may still hold its lock file for a moment (a log write of the
-/// scan's page consolidations), and sled only tries the lock once: retry
-/// for up to about two seconds.
+/// last page consolidations), and sled only tries the lock once: retry for
+/// up to about two seconds.
 fn reopen(open: impl Fn() -> std::result::Result<sled::Db, SledError>) -> Result<sled::Db> {
     let mut wait = std::time::Duration::from_millis(10);
     let mut waited = std::time::Duration::ZERO;
@@ -1295,20 +1439,118 @@ mod tests {
     #[tokio::test]
     async fn small_payloads_stay_inline_and_big_ones_go_apart() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(&Config::with_data(dir.path())).unwrap();
+        let config = Config::with_data(dir.path());
+        let store = SledStore::open(&config).unwrap();
         let now = SystemTime::now();
+        let file_min = usize::try_from(config.payload_file_bytes).unwrap();
         let mut ids = Vec::new();
-        for len in [0, 100, record::INLINE_MAX, record::INLINE_MAX + 1, 1 << 20] {
+        for len in [
+            0,
+            100,
+            record::INLINE_MAX,
+            record::INLINE_MAX + 1,
+            file_min - 1,
+            file_min,
+            1 << 20,
+        ] {
             let new = new_job(vec![b'p'; len]);
             ids.push((store.enqueue(new, now).await.unwrap().job.id, len));
         }
         let sled = store.backend();
         for (id, len) in ids {
             let (_, placed) = sled.load_record(id).unwrap();
-            assert_eq!(placed, record::Payload::for_len(len), "{len} bytes");
+            let in_file = dir.path().join("payloads").join(id.0.to_string());
+            if len >= file_min {
+                assert_eq!(placed, record::Payload::File(len as u64), "{len} bytes");
+                assert_eq!(std::fs::read(&in_file).unwrap().len(), len);
+            } else {
+                assert_eq!(placed, record::Payload::for_len(len), "{len} bytes");
+                assert!(!in_file.exists());
+            }
             let stored = sled.payloads.get(record_key(id)).unwrap();
-            assert_eq!(stored.is_some(), len > record::INLINE_MAX, "{len} bytes");
+            assert_eq!(
+                stored.is_some(),
+                len > record::INLINE_MAX && len < file_min,
+                "{len} bytes"
+            );
             assert_eq!(store.get(id).await.unwrap().payload, vec![b'p'; len]);
+        }
+    }
+
+    /// A payload file lives as long as its record: a keyed enqueue that
+    /// finds its job leaves none behind (also when two race), a deleted
+    /// job's goes once the delete is durable, and a file no record refers
+    /// to (a crash between the two writes) is removed at the next start.
+    #[tokio::test]
+    async fn payload_files_go_with_their_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("payloads");
+        let count = || std::fs::read_dir(&folder).unwrap().count();
+        let mut config = Config::with_data(dir.path());
+        config.payload_file_bytes = 16 * 1024;
+        let big = vec![b'b'; 16 * 1024];
+        let now = SystemTime::now();
+        {
+            let store = SledStore::open(&config).unwrap();
+            let mut keyed = new_job(big.clone());
+            keyed.key = Some("order-4711".into());
+            // Both find the key free before either inserts: both write a
+            // file, and the one that finds the key taken removes its own.
+            let (a, b) = tokio::join!(
+                store.enqueue(keyed.clone(), now),
+                store.enqueue(keyed.clone(), now)
+            );
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert!(a.created != b.created && a.job.id == b.job.id);
+            assert_eq!(count(), 1, "one file for the one job");
+            let again = store.enqueue(keyed, now).await.unwrap();
+            assert!(!again.created);
+            assert_eq!(count(), 1, "a later enqueue of the key wrote no file");
+            let other = store.enqueue(new_job(big.clone()), now).await.unwrap();
+            assert_eq!(count(), 2);
+            let taken = store
+                .take(&["q".to_string()], "w", None, Duration::from_secs(30), now)
+                .await
+                .unwrap()
+                .expect("a job");
+            assert!(
+                taken.job.payload == big,
+                "a take hands the file's bytes out"
+            );
+            store
+                .cancel(other.job.id, "test".into(), now)
+                .await
+                .unwrap();
+            store.delete(other.job.id).await.unwrap();
+            assert!(matches!(
+                store.get(other.job.id).await,
+                Err(Error::NotFound(_))
+            ));
+            // Removed by a task of its own once the delete is durable.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while count() != 1 {
+                assert!(std::time::Instant::now() < deadline, "the file stays");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            store.close().await.unwrap();
+        }
+        for rebuilt in [Rebuilt::FromSaved, Rebuilt::FromRecords] {
+            std::fs::write(folder.join("999999"), b"an orphan").unwrap();
+            let store = SledStore::open(&config).unwrap();
+            assert_eq!(store.backend().rebuilt(), rebuilt);
+            assert_eq!(
+                count(),
+                1,
+                "{rebuilt:?}: the orphan is gone, the live file stays"
+            );
+            let page = store
+                .list(ListFilter {
+                    limit: 10,
+                    ..ListFilter::default()
+                })
+                .await
+                .unwrap();
+            assert!(page.jobs.iter().any(|j| j.payload == big));
         }
     }
 

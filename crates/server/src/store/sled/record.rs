@@ -14,7 +14,12 @@
 //! - 3 (versioned): the current `Job`, payload inline;
 //! - 4 (versioned, [`VERSION`]): `(length apart, Job)`: 0 and the payload
 //!   in the `Job` ([`Payload::Inline`]), or the payload's length and an
-//!   empty `Job::payload` ([`Payload::Apart`]).
+//!   empty `Job::payload` ([`Payload::Apart`]);
+//! - 5 (versioned, [`FILE_VERSION`]): the same body, the payload's length
+//!   never 0 and its bytes in a file of their own ([`Payload::File`],
+//!   [`super::payload_files`]). A record of layout 4 stays 4 on its
+//!   changes, one of layout 5 stays 5; a build before layout 5 refuses
+//!   the record rather than hand the job out without its payload.
 //!
 //! An unversioned record begins with the job's id as a postcard varint, and
 //! ids are never 0, so its first byte is never 0: a leading 0 marks a
@@ -38,8 +43,12 @@ use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Metadata, Status};
 /// The first byte of a versioned record.
 const MARKER: u8 = 0;
 
-/// The layout [`encode`] writes.
+/// The layout [`encode`] writes for a payload inline or in the
+/// `payloads` tree.
 pub const VERSION: u8 = 4;
+
+/// The layout [`encode`] writes for a payload in a file.
+pub const FILE_VERSION: u8 = 5;
 
 /// The last layout with the payload inline.
 const INLINE_VERSION: u8 = 3;
@@ -54,6 +63,9 @@ pub enum Payload {
     Inline,
     /// Apart, this many bytes of it (never 0): `Job::payload` is empty.
     Apart(u64),
+    /// In the job's payload file, this many bytes (never 0):
+    /// `Job::payload` is empty.
+    File(u64),
 }
 
 impl Payload {
@@ -68,18 +80,21 @@ impl Payload {
 }
 
 /// Encodes a job in the current layout, its payload where `payload` says:
-/// with [`Payload::Apart`] only the length goes in, and whatever
-/// `job.payload` holds is left out (and back in place on return).
+/// with [`Payload::Apart`] or [`Payload::File`] only the length goes in,
+/// and whatever `job.payload` holds is left out (and back in place on
+/// return).
 pub fn encode(job: &mut Job, payload: Payload) -> Result<Vec<u8>, postcard::Error> {
-    match payload {
-        Payload::Inline => postcard::to_extend(&(0u64, &*job), vec![MARKER, VERSION]),
-        Payload::Apart(len) => {
-            let bytes = std::mem::take(&mut job.payload);
-            let record = postcard::to_extend(&(len, &*job), vec![MARKER, VERSION]);
-            job.payload = bytes;
-            record
+    let (version, len) = match payload {
+        Payload::Inline => {
+            return postcard::to_extend(&(0u64, &*job), vec![MARKER, VERSION]);
         }
-    }
+        Payload::Apart(len) => (VERSION, len),
+        Payload::File(len) => (FILE_VERSION, len),
+    };
+    let bytes = std::mem::take(&mut job.payload);
+    let record = postcard::to_extend(&(len, &*job), vec![MARKER, version]);
+    job.payload = bytes;
+    record
 }
 
 /// Decodes a record of any layout, and says where its payload is.
@@ -88,6 +103,10 @@ pub fn decode(value: &[u8]) -> Result<(Job, Payload), postcard::Error> {
         [MARKER, VERSION, body @ ..] => match whole::<(u64, Job)>(body)? {
             (0, job) => Ok((job, Payload::Inline)),
             (len, job) if job.payload.is_empty() => Ok((job, Payload::Apart(len))),
+            _ => Err(postcard::Error::DeserializeBadEncoding),
+        },
+        [MARKER, FILE_VERSION, body @ ..] => match whole::<(u64, Job)>(body)? {
+            (len, job) if len > 0 && job.payload.is_empty() => Ok((job, Payload::File(len))),
             _ => Err(postcard::Error::DeserializeBadEncoding),
         },
         [MARKER, INLINE_VERSION, body @ ..] => Ok((whole::<Job>(body)?, Payload::Inline)),
@@ -449,13 +468,26 @@ mod tests {
             read,
             Job {
                 payload: Vec::new(),
-                ..job
+                ..job.clone()
             }
         );
         // A version this build does not know is an error, not a guess.
         let mut future = bytes.clone();
-        future[1] = VERSION + 1;
+        future[1] = FILE_VERSION + 1;
         assert!(decode(&future).is_err());
+        // In a file: layout 5, the same body.
+        let in_file = encode(&mut job, Payload::File(10_000)).expect("encode");
+        assert_eq!(&in_file[..2], &[MARKER, FILE_VERSION]);
+        assert_eq!(&in_file[2..], &bytes[2..]);
+        assert_eq!(
+            decode(&in_file).expect("decode"),
+            (read.clone(), Payload::File(10_000))
+        );
+        // A payload in a file is never empty.
+        let mut empty = job.clone();
+        empty.payload.clear();
+        let no_len = encode(&mut empty, Payload::File(0)).expect("encode");
+        assert!(decode(&no_len).is_err());
         // Trailing bytes mean another layout: refused.
         let mut longer = bytes;
         longer.push(0);
