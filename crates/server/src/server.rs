@@ -66,12 +66,16 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let config = Arc::new(config);
+    // Everything that can refuse to start without the store comes first:
+    // a store opened and then dropped by an early return would not be
+    // closed cleanly (sled's next start would read every record).
+    let setup = Setup::load(&config).await?;
     if let Some(url) = config.store.clone() {
         let options = PgOptions::of(&config, &url);
         let store = Arc::new(PgStore::connect(&config, options).await?);
         info!(store = %postgres::redact(&url), server.id = store.backend().server_id(), "PostgreSQL store: migrated and registered");
         let label = postgres::redact(&url);
-        return serve_store(config, listener, shutdown, store, None, label).await;
+        return serve_store(config, setup, listener, shutdown, store, None, label).await;
     }
     let label = config.data.display().to_string();
     let opened = {
@@ -92,24 +96,57 @@ pub async fn serve(
             }
         }
     });
-    serve_store(config, listener, shutdown, store, Some(engine), label).await
+    serve_store(
+        config,
+        setup,
+        listener,
+        shutdown,
+        store,
+        Some(engine),
+        label,
+    )
+    .await
+}
+
+/// What the server needs from its configuration and the system before it
+/// opens the store: TLS, tokens and the HTTP listener.
+struct Setup {
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    auth: Auth,
+    http: Option<TcpListener>,
+}
+
+impl Setup {
+    async fn load(config: &Config) -> Result<Setup> {
+        let tls = crate::tls::server_config(config)?;
+        let auth = match &config.auth_tokens {
+            Some(path) => Auth::from_file(path).map_err(|e| Error::Io(e.to_string()))?,
+            None => Auth::off(),
+        };
+        let http = match config.http_listen.0 {
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
+                Error::Io(format!(
+                    "cannot listen for HTTP (/metrics, dashboard) on {addr}: {e}; set --http-listen to another address or `off`"
+                ))
+            })?),
+            None => None,
+        };
+        Ok(Setup { tls, auth, http })
+    }
 }
 
 /// Serves over an opened store: everything above the [`Store`] seam, the
 /// same for every backend. `engine` watches a backend's own failures.
 async fn serve_store<S: Store + CommitHook>(
     config: Arc<Config>,
+    setup: Setup,
     listener: TcpListener,
     shutdown: CancellationToken,
     store: Arc<S>,
     engine: Option<tokio::task::JoinHandle<()>>,
     data: String,
 ) -> Result<()> {
-    let tls = crate::tls::server_config(&config)?;
-    let auth = match &config.auth_tokens {
-        Some(path) => Auth::from_file(path).map_err(|e| Error::Io(e.to_string()))?,
-        None => Auth::off(),
-    };
+    let Setup { tls, auth, http } = setup;
     // A restart is not a worker death: leases that ran out while the
     // server was down get a grace in which their workers can come back.
     let graced = store
@@ -138,13 +175,8 @@ async fn serve_store<S: Store + CommitHook>(
         }));
         store.commit_hook(&metrics);
     }
-    let http = match config.http_listen.0 {
-        Some(addr) => {
-            let listener = TcpListener::bind(addr).await.map_err(|e| {
-                Error::Io(format!(
-                    "cannot listen for HTTP (/metrics, dashboard) on {addr}: {e}; set --http-listen to another address or `off`"
-                ))
-            })?;
+    let http = match http {
+        Some(listener) => {
             // Logged here, before the gRPC "jobq serving" line, not from the
             // spawned task: tests read this order from the log, and a loaded
             // machine may poll the task late.
