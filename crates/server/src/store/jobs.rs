@@ -348,9 +348,14 @@ impl<B: Backend> Store for Jobs<B> {
         if self.backend.insert_waits(&deduped.unique) {
             // Run to the end even if this caller is dropped meanwhile.
             let this = self.clone();
-            return tokio::spawn(async move { this.insert_deduped(deduped, now).await })
-                .await
-                .map_err(|e| Error::Io(format!("an enqueue task failed: {e}")))?;
+            return match tokio::spawn(async move { this.insert_deduped(deduped, now).await }).await
+            {
+                Ok(result) => result,
+                Err(e) => match e.try_into_panic() {
+                    Ok(panic) => std::panic::resume_unwind(panic),
+                    Err(e) => Err(Error::Io(format!("an enqueue task failed: {e}"))),
+                },
+            };
         }
         self.insert_deduped(deduped, now).await
     }

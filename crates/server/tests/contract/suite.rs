@@ -396,6 +396,29 @@ async fn fresh_jobs_are_fifo_and_due_jobs_go_by_run_at_then_id() {
     assert_eq!(order, vec![early.id, middle.id, late.id]);
 }
 
+/// A batch is FIFO whatever its payloads' sizes (the sled store keeps big
+/// payloads in files, written before the batch's records).
+#[tokio::test]
+async fn a_batch_of_small_and_big_payloads_is_taken_in_batch_order() {
+    let (_dir, store) = fresh().await;
+    let sizes = [100, 256 * 1024, 100, 600, 256 * 1024, 0];
+    let batch = sizes
+        .iter()
+        .map(|&len| NewJob {
+            payload: vec![b'p'; len],
+            ..new_job("mixed", None, 0)
+        })
+        .collect();
+    let enqueued = store.enqueue_batch(batch, at(0)).await.unwrap();
+    let ids: Vec<JobId> = enqueued.iter().map(|e| e.job.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids in batch order: {ids:?}");
+    for (id, len) in ids.iter().zip(sizes) {
+        let leased = take(&store, "mixed", at(1)).await.expect("a job");
+        assert_eq!(leased.job.id, *id);
+        assert!(leased.job.payload == vec![b'p'; len], "{len} bytes");
+    }
+}
+
 #[tokio::test]
 async fn due_jobs_go_by_priority_then_run_at_then_id() {
     let (_dir, store) = fresh().await;

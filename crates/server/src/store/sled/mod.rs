@@ -503,10 +503,9 @@ impl Sled {
     }
 
     /// Writes the payloads of `batch` that go to files, durably, each
-    /// under a job id taken now (the job's id if it is created); returns
-    /// the ids, `None` for a job whose payload stays in sled (empty if
-    /// every one does). Skips a job whose key is already taken, which
-    /// will not be created.
+    /// under a job id taken now; returns the ids taken, one per job (empty
+    /// if no payload goes to a file; `None` for a job whose key is already
+    /// taken, which will not be created).
     async fn write_files(&self, batch: &mut Vec<NewJob>) -> Result<Vec<Option<JobId>>> {
         if !batch.iter().any(|new| self.files.wants(new.payload.len())) {
             return Ok(Vec::new());
@@ -523,11 +522,14 @@ impl Sled {
                 })
                 .collect()
         };
+        // Every job to be created gets its id now, in batch order, not
+        // only those with a file: ids order jobs of one run_at, so a batch
+        // stays FIFO whatever its payloads' sizes.
         let mut ids = Vec::with_capacity(batch.len());
-        for (new, taken) in batch.iter().zip(taken) {
-            ids.push(match !taken && self.files.wants(new.payload.len()) {
-                true => Some(JobId(self.next_id()?)),
-                false => None,
+        for taken in taken {
+            ids.push(match taken {
+                false => Some(JobId(self.next_id()?)),
+                true => None,
             });
         }
         let files = self.files.clone();
@@ -537,6 +539,7 @@ impl Sled {
             let written = files.write(
                 jobs.iter()
                     .zip(&reserved)
+                    .filter(|(new, _)| files.wants(new.payload.len()))
                     .filter_map(|(new, id)| id.map(|id| (id, new.payload.as_slice()))),
             );
             (jobs, written)
@@ -551,12 +554,13 @@ impl Sled {
         written.map(|()| ids)
     }
 
-    /// Inserts `batch`; `files[i]`, if set, is the id of job `i`, whose
-    /// payload is in its file already ([`Sled::write_files`]).
+    /// Inserts `batch`; `ids[i]`, if set, is the id taken for job `i` by
+    /// [`Sled::write_files`], which wrote its payload to its file if it
+    /// goes to one.
     fn insert_locked(
         &self,
         batch: Vec<NewJob>,
-        files: &[Option<JobId>],
+        ids: &[Option<JobId>],
         now: SystemTime,
     ) -> Result<Vec<Enqueued>> {
         let mut index = self.lock();
@@ -571,15 +575,17 @@ impl Sled {
                 });
                 continue;
             }
-            let file = files.get(i).copied().flatten();
-            let id = match file {
+            let taken = ids.get(i).copied().flatten();
+            let id = match taken {
                 Some(id) => id,
                 None => JobId(self.next_id()?),
             };
             let mut job = machine::create(id, new, now);
-            let placed = match file {
-                Some(_) => Payload::File(job.payload.len() as u64),
-                None => Payload::for_len(job.payload.len()),
+            // (A key taken at `write_files` but freed since leaves a big
+            // payload without a file: it goes to the tree.)
+            let placed = match taken.is_some() && self.files.wants(job.payload.len()) {
+                true => Payload::File(job.payload.len() as u64),
+                false => Payload::for_len(job.payload.len()),
             };
             if let Payload::Apart(_) = placed {
                 self.put_payload(job.id, &job.payload)?;
@@ -609,17 +615,19 @@ impl Sled {
             return Ok(None);
         };
         let mut results = self.apply_locked(&mut index, vec![(id, take)], now)?;
-        drop(index);
         match results.pop() {
             Some(Ok(mut change)) => {
-                // The worker needs the payload, which the change left apart;
-                // read without the lock (a payload file may be big).
+                // The worker needs the payload, which the change left apart.
+                // A file is opened under the lock (so a delete right after
+                // cannot take it away) and read without it (it may be big).
                 if change.new.payload.is_empty() {
-                    match self.load_full(id) {
-                        Ok(job) => change.new.payload = job.payload,
-                        // Cancelled and deleted since: the lease is void.
-                        Err(Error::NotFound(_)) => {}
-                        Err(e) => return Err(e),
+                    let (_, placed) = self.load_record(id)?;
+                    if let Payload::File(len) = placed {
+                        let file = self.files.open_payload(id, len)?;
+                        drop(index);
+                        change.new.payload = self.files.read_open(id, file, len)?;
+                    } else {
+                        self.fill(&mut change.new, placed)?;
                     }
                 }
                 Ok(Some(change))

@@ -138,6 +138,33 @@ impl PayloadFiles {
         }
     }
 
+    /// Opens a job's payload file, which its record says holds `len`
+    /// bytes: its bytes stay readable through the handle even if the file
+    /// is removed meanwhile.
+    pub(crate) fn open_payload(&self, id: JobId, len: u64) -> Result<File> {
+        let path = self.path(id);
+        File::open(&path).map_err(|e| match e.kind() {
+            ErrorKind::NotFound => crate::Error::Corrupt(format!(
+                "job {id} has no payload file, its record says {len} bytes"
+            )),
+            _ => failed(&path, "open", e),
+        })
+    }
+
+    /// Reads all of a payload file opened by [`PayloadFiles::open_payload`].
+    pub(crate) fn read_open(&self, id: JobId, mut file: File, len: u64) -> Result<Vec<u8>> {
+        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        std::io::Read::read_to_end(&mut file, &mut bytes)
+            .map_err(|e| failed(&self.path(id), "read", e))?;
+        if bytes.len() as u64 != len {
+            return Err(crate::Error::Corrupt(format!(
+                "job {id} has a payload file of {} bytes, its record says {len}",
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
     /// Removes the files of jobs whose records are gone (durably). A file
     /// that cannot be removed is only logged: it is an orphan, which the
     /// next start removes.
