@@ -70,16 +70,18 @@ async fn a_large_payload_survives_a_restart() {
     let payload: Vec<u8> = (0..300 * 1024).map(|i| (i % 251) as u8).collect();
     // Over `--payload-file-bytes` it goes to a payload file of its own,
     // synced before its record is written.
-    let dir = TempDir::new().unwrap();
-    let in_file = |c: &mut Config| c.payload_file_bytes = 16 * 1024;
-    let job = {
-        let store = open_with(&dir, in_file);
+    // Enqueues the payload into a fresh store, stopped after.
+    let enqueue = |dir: &TempDir, set: fn(&mut Config)| {
+        let store = open_with(dir, set);
         let new = NewJob {
             payload: payload.clone(),
             ..new_job("q", None, 0)
         };
-        store.enqueue(new, at(0)).await.unwrap().job
+        async move { store.enqueue(new, at(0)).await.unwrap().job }
     };
+    let dir = TempDir::new().unwrap();
+    let in_file = |c: &mut Config| c.payload_file_bytes = 16 * 1024;
+    let job = enqueue(&dir, in_file).await;
     let file = dir.path().join("payloads").join(job.id.0.to_string());
     assert_eq!(std::fs::read(&file).unwrap().len(), payload.len());
     let store = open_with(&dir, in_file);
@@ -90,14 +92,7 @@ async fn a_large_payload_survives_a_restart() {
     // which the flusher syncs separately.
     let dir = TempDir::new().unwrap();
     let in_sled = |c: &mut Config| c.payload_file_bytes = 1 << 30;
-    let job = {
-        let store = open_with(&dir, in_sled);
-        let new = NewJob {
-            payload: payload.clone(),
-            ..new_job("q", None, 0)
-        };
-        store.enqueue(new, at(0)).await.unwrap().job
-    };
+    let job = enqueue(&dir, in_sled).await;
     assert!(
         dir.path()
             .join("blobs")

@@ -348,8 +348,17 @@ impl Sled {
                     .map(|bytes| bytes.to_vec()),
                 len,
             ),
-            Payload::File(len) => (self.files.read(job.id)?, len),
+            Payload::File(len) => {
+                let file = self.files.open_file(job.id)?;
+                (file.map(|f| self.files.read(job.id, f)).transpose()?, len)
+            }
         };
+        self.place(job, stored, len)
+    }
+
+    /// Puts a payload read from apart (`None`: not found) into its job,
+    /// whose record says it has `len` bytes.
+    fn place(&self, job: &mut Job, stored: Option<Vec<u8>>, len: u64) -> Result<()> {
         match stored {
             Some(bytes) if bytes.len() as u64 == len => {
                 job.payload = bytes;
@@ -623,9 +632,10 @@ impl Sled {
                 if change.new.payload.is_empty() {
                     let (_, placed) = self.load_record(id)?;
                     if let Payload::File(len) = placed {
-                        let file = self.files.open_payload(id, len)?;
+                        let file = self.files.open_file(id)?;
                         drop(index);
-                        change.new.payload = self.files.read_open(id, file, len)?;
+                        let stored = file.map(|f| self.files.read(id, f)).transpose()?;
+                        self.place(&mut change.new, stored, len)?;
                     } else {
                         self.fill(&mut change.new, placed)?;
                     }

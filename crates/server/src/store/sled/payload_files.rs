@@ -128,40 +128,23 @@ impl PayloadFiles {
         Ok(())
     }
 
-    /// A job's payload, if its file exists.
-    pub(crate) fn read(&self, id: JobId) -> Result<Option<Vec<u8>>> {
+    /// Opens a job's payload file, if it exists. Its bytes stay readable
+    /// through the handle even if the file is removed meanwhile.
+    pub(crate) fn open_file(&self, id: JobId) -> Result<Option<File>> {
         let path = self.path(id);
-        match std::fs::read(&path) {
-            Ok(bytes) => Ok(Some(bytes)),
+        match File::open(&path) {
+            Ok(file) => Ok(Some(file)),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(failed(&path, "read", e)),
+            Err(e) => Err(failed(&path, "open", e)),
         }
     }
 
-    /// Opens a job's payload file, which its record says holds `len`
-    /// bytes: its bytes stay readable through the handle even if the file
-    /// is removed meanwhile.
-    pub(crate) fn open_payload(&self, id: JobId, len: u64) -> Result<File> {
-        let path = self.path(id);
-        File::open(&path).map_err(|e| match e.kind() {
-            ErrorKind::NotFound => crate::Error::Corrupt(format!(
-                "job {id} has no payload file, its record says {len} bytes"
-            )),
-            _ => failed(&path, "open", e),
-        })
-    }
-
-    /// Reads all of a payload file opened by [`PayloadFiles::open_payload`].
-    pub(crate) fn read_open(&self, id: JobId, mut file: File, len: u64) -> Result<Vec<u8>> {
-        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    /// Reads all of job `id`'s payload file, opened by
+    /// [`PayloadFiles::open_file`].
+    pub(crate) fn read(&self, id: JobId, mut file: File) -> Result<Vec<u8>> {
+        let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut file, &mut bytes)
             .map_err(|e| failed(&self.path(id), "read", e))?;
-        if bytes.len() as u64 != len {
-            return Err(crate::Error::Corrupt(format!(
-                "job {id} has a payload file of {} bytes, its record says {len}",
-                bytes.len()
-            )));
-        }
         Ok(bytes)
     }
 
@@ -226,24 +209,25 @@ mod tests {
         files
             .write([(JobId(1), &b"one!"[..]), (JobId(2), &b"two!!"[..])])
             .expect("write");
-        assert_eq!(files.read(JobId(1)).unwrap().as_deref(), Some(&b"one!"[..]));
-        assert_eq!(files.read(JobId(3)).unwrap(), None);
+        let read = |id| {
+            let file = files.open_file(id).unwrap();
+            file.map(|f| files.read(id, f).unwrap())
+        };
+        assert_eq!(read(JobId(1)).as_deref(), Some(&b"one!"[..]));
+        assert_eq!(read(JobId(3)), None);
         let stray = dir.path().join("payloads").join("stray");
         std::fs::write(&stray, b"x").unwrap();
         std::fs::create_dir(dir.path().join("payloads").join("7")).unwrap();
         assert_eq!(files.collect(|id| id == JobId(2)).expect("collect"), 1);
-        assert_eq!(files.read(JobId(1)).unwrap(), None, "an orphan goes");
+        assert_eq!(read(JobId(1)), None, "an orphan goes");
         assert!(stray.exists(), "what is not a payload file stays");
         assert!(
             files.write([(JobId(2), &b"again"[..])]).is_err(),
             "never overwritten"
         );
-        assert_eq!(
-            files.read(JobId(2)).unwrap().as_deref(),
-            Some(&b"two!!"[..])
-        );
+        assert_eq!(read(JobId(2)).as_deref(), Some(&b"two!!"[..]));
         files.remove([JobId(2), JobId(9)]);
-        assert_eq!(files.read(JobId(2)).unwrap(), None);
+        assert_eq!(read(JobId(2)), None);
         let again = PayloadFiles::open(dir.path(), 4).expect("reopen");
         assert_eq!(again.collect(|_| true).expect("collect"), 0);
     }
