@@ -168,6 +168,46 @@ async fn a_cancelled_enqueue_still_wakes_the_waiters_once_durable() {
         .unwrap();
 }
 
+/// `--deliver-before-fsync`: the waiters are woken, and the job can be
+/// taken, while its enqueue still waits for its round; the enqueue's reply
+/// still waits for durability.
+#[tokio::test]
+async fn with_deliver_before_fsync_a_job_is_taken_before_its_enqueue_is_durable() {
+    let dir = TempDir::new().unwrap();
+    let mut config = config(&dir);
+    config.deliver_before_fsync = true;
+    // Long enough that the round cannot finish before the take below.
+    config.fault_sync_delay = Some(Duration::from_secs(3));
+    let store = Arc::new(SledStore::open(&config).unwrap());
+    let mut changes = store.changes();
+    changes.borrow_and_update();
+    let rounds = store.flush_rounds();
+    let enqueue = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.enqueue(new_job(None), SystemTime::now()).await }
+    });
+    tokio::time::timeout(Duration::from_secs(2), changes.changed())
+        .await
+        .expect("woken before the round (3 s) completes")
+        .unwrap();
+    let leased = store
+        .take(&queues(), "w", None, LEASE, SystemTime::now())
+        .await
+        .unwrap()
+        .expect("the job is due before it is durable");
+    assert_eq!(
+        store.flush_rounds(),
+        rounds,
+        "no round has completed: the job was handed out before its fsync"
+    );
+    assert!(
+        !enqueue.is_finished(),
+        "the enqueue's reply waits for its round"
+    );
+    let enqueued = enqueue.await.unwrap().unwrap();
+    assert_eq!(enqueued.job.id, leased.job.id);
+}
+
 /// A payload big enough for a file of its own makes the enqueue wait for
 /// that file's fsync before it writes anything else: a caller who leaves
 /// meanwhile still gets the job enqueued and the waiters woken.

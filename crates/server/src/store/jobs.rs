@@ -57,6 +57,9 @@ pub struct Jobs<B> {
     backoff: Backoff,
     signals: Arc<Signals>,
     stop: Arc<Stop>,
+    /// Wake waiters when a change that makes a job due is applied, not
+    /// once it is durable (`--deliver-before-fsync`).
+    early_wake: bool,
 }
 
 impl<B> Clone for Jobs<B> {
@@ -67,6 +70,7 @@ impl<B> Clone for Jobs<B> {
             backoff: self.backoff,
             signals: Arc::clone(&self.signals),
             stop: Arc::clone(&self.stop),
+            early_wake: self.early_wake,
         }
     }
 }
@@ -81,7 +85,18 @@ impl<B: Backend> Jobs<B> {
             backoff,
             signals,
             stop: Arc::new(Stop::default()),
+            early_wake: false,
         }
+    }
+
+    /// With `on`, waiters are woken as soon as a change that makes a job
+    /// due is applied, before it is durable: a worker may then run a job
+    /// whose enqueue (or retry) a crash undoes. Without, only once durable
+    /// (DESIGN.md §5, notify-after-durable), the default.
+    #[must_use]
+    pub fn deliver_before_durable(mut self, on: bool) -> Jobs<B> {
+        self.early_wake = on;
+        self
     }
 
     /// Inserts de-duplicated jobs, publishes them and waits until they are
@@ -264,7 +279,8 @@ impl<B: Backend> Jobs<B> {
     /// Publishes what `changes` mean and waits until they are durable:
     /// lease-ended events at once (they must not depend on the caller still
     /// waiting), wake-ups only once durable (even if the caller stopped
-    /// waiting), and fail-stop if durability failed.
+    /// waiting) unless [`Jobs::deliver_before_durable`] says at once, and
+    /// fail-stop if durability failed.
     async fn commit(&self, changes: &[Change], created: bool) -> Result<()> {
         self.signals.facts(changes.iter().map(|c| Fact::Changed {
             old: &c.old,
@@ -287,7 +303,10 @@ impl<B: Backend> Jobs<B> {
             || changes
                 .iter()
                 .any(|c| c.new.status == Status::Pending && c.old != c.new);
-        if !wake {
+        if !wake || self.early_wake {
+            if wake {
+                self.signals.bump_changes();
+            }
             return durable.await.map_err(|e| self.stop.stop(&e.to_string()));
         }
         // A cancelled RPC drops this future; the job it made due must still

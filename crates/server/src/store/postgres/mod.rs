@@ -191,7 +191,8 @@ impl Jobs<Pg> {
     /// # Errors
     /// See [`Pg::connect`].
     pub async fn connect(config: &Config, options: PgOptions) -> Result<PgStore> {
-        Ok(Jobs::new(Pg::connect(options).await?, config.backoff()))
+        Ok(Jobs::new(Pg::connect(options).await?, config.backoff())
+            .deliver_before_durable(config.deliver_before_fsync))
     }
 }
 

@@ -302,14 +302,16 @@ struct Syncer {
 
 impl Syncer {
     fn sync(&mut self) -> Result<(), String> {
+        // A slow disk (injected): before anything is written out, so that
+        // a kill during the delay loses the round's writes.
+        if let Some(delay) = self.fault.and_then(|f| f.delay) {
+            std::thread::sleep(delay);
+        }
         self.db
             .flush()
             .map_err(|e| format!("sled flush failed: {e}"))?;
         self.blobs.sync()?;
         if let Some(fault) = self.fault {
-            if let Some(delay) = fault.delay {
-                std::thread::sleep(delay);
-            }
             if fault.after.is_some_and(|after| self.synced >= after) {
                 let err = std::io::Error::from_raw_os_error(fault.errno);
                 return Err(format!("fsync of sled's log failed: {err} (injected)"));

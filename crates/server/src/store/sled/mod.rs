@@ -156,7 +156,8 @@ impl Jobs<Sled> {
     /// # Errors
     /// See [`Sled::open`].
     pub fn open(config: &Config) -> Result<SledStore> {
-        Ok(Jobs::new(Sled::open(config)?, config.backoff()))
+        Ok(Jobs::new(Sled::open(config)?, config.backoff())
+            .deliver_before_durable(config.deliver_before_fsync))
     }
 
     /// How many group-commit rounds (flush + fsync) have run; for tests and
