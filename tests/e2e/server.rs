@@ -159,6 +159,58 @@ async fn sigterm_drains_flushes_and_exits_zero() {
     );
 }
 
+/// A second SIGTERM while the graceful stop still waits (here for an
+/// enqueue stuck on a stalled disk) exits at once, with 128 + 15 as a shell
+/// reports a kill; what was acknowledged is on disk, and the next start
+/// serves.
+#[tokio::test]
+async fn a_second_signal_exits_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut server = ServerProcess::start(
+        &data,
+        &["--fault-sync-delay", "60s", "--shutdown-timeout", "120s"],
+    );
+    let c = server.client().await;
+    let stuck = tokio::spawn({
+        let c = c.clone();
+        async move { c.enqueue("q", "k", "x", EnqueueOptions::new()).await }
+    });
+    until(Duration::from_secs(10), "the enqueue is applied", || {
+        let c = c.clone();
+        async move {
+            let page = c.list_jobs(pb::ListJobsRequest::default()).await.ok()?;
+            (!page.jobs.is_empty()).then_some(())
+        }
+    })
+    .await;
+    crate::harness::signal(&server.child, libc::SIGTERM);
+    until(Duration::from_secs(10), "the first signal is seen", || {
+        std::future::ready(
+            server
+                .logged("signal received; shutting down")
+                .then_some(()),
+        )
+    })
+    .await;
+    crate::harness::signal(&server.child, libc::SIGTERM);
+    let status = until(
+        Duration::from_secs(20),
+        "the server exits, not after the stall",
+        || std::future::ready(server.child.try_wait().expect("try_wait")),
+    )
+    .await;
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert!(server.logged("second signal received; exiting without waiting"));
+    assert!(
+        stuck.await.expect("join").is_err(),
+        "the enqueue got no reply"
+    );
+    let server = ServerProcess::start(&data, &[]);
+    let c = server.client().await;
+    c.stats(None).await.expect("the next start serves");
+}
+
 /// A SIGTERM saves the indexes (`index.saved`); the next start serves
 /// from them (and removes the file): counts, keys and the priority order
 /// are as before, and so after a later `kill -9`, whose start reads every

@@ -51,11 +51,21 @@ pub(crate) struct EmailWorker {
 
 impl EmailWorker {
     pub(crate) fn start(server: &str, mailbox: &Path, extra: &[&str]) -> EmailWorker {
+        EmailWorker::start_logging(server, mailbox, extra, "warn")
+    }
+
+    /// Like [`start`](Self::start), with the worker's logs at `level`.
+    pub(crate) fn start_logging(
+        server: &str,
+        mailbox: &Path,
+        extra: &[&str],
+        level: &str,
+    ) -> EmailWorker {
         let mut child = Command::new(email_worker_bin())
             .args(["--server", server, "--queue", "emails", "--mailbox"])
             .arg(mailbox)
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -927,4 +937,58 @@ async fn sigterm_with_handle_signals_finishes_and_acks_the_running_job() {
     assert_eq!(job.history.len(), 1, "acked, not reclaimed: {job:?}");
     assert_eq!(job.history[0].outcome, jobq_client::Outcome::Acked);
     assert_eq!(emails_for(&mailbox, "order-9"), 1);
+}
+
+/// A second signal during the drain cuts it short: the process exits at
+/// once with 128 + the signal, the handler never finishes, and the server
+/// takes the job back when the stream drops.
+#[tokio::test]
+async fn a_second_sigterm_with_handle_signals_exits_at_once() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mailbox = dir.path().join("mailbox");
+    let mut w = EmailWorker::start_logging(
+        &server.url(),
+        &mailbox,
+        &["--send-delay", "60s", "--drain-timeout", "120s"],
+        "info",
+    );
+    w.expect_line("READY").await;
+    let added = c
+        .submit_json(
+            "emails",
+            "send-email",
+            &serde_json::json!({ "order": "order-10", "to": "ada@example.com" }),
+            EnqueueOptions::new().key("order-10"),
+        )
+        .await
+        .expect("submit");
+    until(Duration::from_secs(20), "the job to be running", || {
+        let c = c.clone();
+        let id = added.job.id.clone();
+        async move {
+            (c.job(id).await.expect("get").status == jobq_client::Status::Running).then_some(())
+        }
+    })
+    .await;
+    crate::harness::signal(&w.child, libc::SIGTERM);
+    w.expect_containing("send it again to exit at once").await;
+    crate::harness::signal(&w.child, libc::SIGTERM);
+    let status = until(
+        Duration::from_secs(20),
+        "the worker to exit, not after 60 s",
+        || std::future::ready(w.child.try_wait().expect("try_wait")),
+    )
+    .await;
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    until(Duration::from_secs(20), "the job to come back", || {
+        let c = c.clone();
+        let id = added.job.id.clone();
+        async move {
+            (c.job(id).await.expect("get").status == jobq_client::Status::Pending).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(emails_for(&mailbox, "order-10"), 0);
 }

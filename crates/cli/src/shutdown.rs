@@ -1,38 +1,89 @@
 //! One `CancellationToken` for the whole process, cancelled on Ctrl-C or
-//! SIGTERM.
+//! SIGTERM. A second signal exits at once.
 
 use tokio_util::sync::CancellationToken;
 
 /// A token that is cancelled when the process receives SIGINT or SIGTERM.
+///
+/// The first signal starts a graceful stop (the token); a second one, while
+/// that stop still waits (for in-flight calls, running handlers, a slow
+/// disk), exits the process at once with 128 + the signal's number, as a
+/// shell reports a process killed by it. Nothing acknowledged is lost by
+/// that: every acknowledged change is already on disk. A server's next
+/// start then reads every record instead of its saved indexes.
 pub fn on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let trigger = token.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("signal received; shutting down");
+        let Some(mut signals) = Signals::install() else {
+            return;
+        };
+        let first = signals.next().await;
+        tracing::info!(
+            signal = first,
+            "signal received; shutting down (send it again to exit at once)"
+        );
         trigger.cancel();
+        let second = signals.next().await;
+        tracing::warn!(
+            signal = second,
+            "second signal received; exiting without waiting"
+        );
+        std::process::exit(128 + second);
     });
     token
 }
 
+/// The signals that stop the process.
+struct Signals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
 #[cfg(unix)]
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+impl Signals {
+    fn install() -> Option<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let int = match signal(SignalKind::interrupt()) {
+            Ok(int) => int,
+            Err(err) => {
+                tracing::warn!(cause = %err, "cannot watch SIGINT or SIGTERM; only SIGKILL stops this process");
+                return None;
             }
-        }
-        Err(err) => {
-            tracing::warn!(cause = %err, "cannot watch SIGTERM; only Ctrl-C stops the server");
-            let _ = tokio::signal::ctrl_c().await;
+        };
+        let term = signal(SignalKind::terminate())
+            .inspect_err(|err| {
+                tracing::warn!(cause = %err, "cannot watch SIGTERM; only Ctrl-C stops this process");
+            })
+            .ok();
+        Some(Signals { term, int })
+    }
+
+    /// Waits for the next SIGINT or SIGTERM; returns its number.
+    async fn next(&mut self) -> i32 {
+        let term = async {
+            match self.term.as_mut() {
+                Some(term) => term.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = self.int.recv() => libc::SIGINT,
+            _ = term => libc::SIGTERM,
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signal() {
-    let _ = tokio::signal::ctrl_c().await;
+impl Signals {
+    fn install() -> Option<Signals> {
+        Some(Signals {})
+    }
+
+    async fn next(&mut self) -> i32 {
+        let _ = tokio::signal::ctrl_c().await;
+        2
+    }
 }

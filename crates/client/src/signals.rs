@@ -5,9 +5,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// Cancels `shutdown` on the first SIGINT or SIGTERM. The handlers are
-/// installed before this returns, so a signal that arrives right after is
-/// not lost (nor does it kill the process).
+/// Cancels `shutdown` on the first SIGINT or SIGTERM; once it is
+/// cancelled (by a signal or by its owner), the next signal exits the
+/// process at once (status 128 + the signal), unless `run` has returned and
+/// aborted this task. The handlers are installed before this returns, so a signal
+/// that arrives right after is not lost (nor does it kill the process).
 pub(crate) fn watch(shutdown: CancellationToken) -> JoinHandle<()> {
     #[cfg(unix)]
     let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
@@ -24,16 +26,28 @@ pub(crate) fn watch(shutdown: CancellationToken) -> JoinHandle<()> {
                 }
             };
             tokio::select! {
-                _ = terminate.recv() => info!(signal = "SIGTERM", "draining"),
-                _ = interrupt.recv() => info!(signal = "SIGINT", "draining"),
-                _ = shutdown.cancelled() => return,
+                _ = terminate.recv() => info!(signal = "SIGTERM", "draining (send it again to exit at once)"),
+                _ = interrupt.recv() => info!(signal = "SIGINT", "draining (send it again to exit at once)"),
+                _ = shutdown.cancelled() => {}
             }
+            shutdown.cancel();
+            // The handlers stay installed, so without this a signal during
+            // the drain would do nothing until it ends. `run` aborts this
+            // task when it returns.
+            let signal = tokio::select! {
+                _ = terminate.recv() => 15,
+                _ = interrupt.recv() => 2,
+            };
+            warn!(signal, "signal during the drain; exiting at once");
+            std::process::exit(128 + signal);
         }
         #[cfg(not(unix))]
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => info!(signal = "Ctrl-C", "draining"),
-            _ = shutdown.cancelled() => return,
+        {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => info!(signal = "Ctrl-C", "draining"),
+                _ = shutdown.cancelled() => return,
+            }
+            shutdown.cancel();
         }
-        shutdown.cancel();
     })
 }
