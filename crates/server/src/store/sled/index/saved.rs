@@ -20,7 +20,7 @@ use std::{
 use roaring::RoaringTreemap;
 use serde::{Deserialize, Serialize};
 
-use super::{At, Index, QueueIndex};
+use super::{At, Index, PackedSet, QueueIndex};
 use crate::job::JobId;
 
 /// The layout [`Index::save`] writes; anything else is not read.
@@ -48,7 +48,7 @@ pub(crate) enum SavedError {
 #[derive(Serialize)]
 struct QueueOut<'a> {
     name: &'a str,
-    pending: Vec<(i32, &'a BTreeSet<(At, JobId)>)>,
+    pending: Vec<(i32, &'a PackedSet<(At, JobId)>)>,
     keys: &'a HashMap<Box<str>, JobId>,
     counts: [u64; 4],
 }
