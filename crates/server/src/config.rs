@@ -156,8 +156,11 @@ pub struct Config {
     #[arg(long, env = "JOBQ_IDLE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
 
-    /// sled's page cache, in bytes.
-    #[arg(long, env = "JOBQ_CACHE_BYTES", default_value_t = 32 * 1024 * 1024)]
+    /// sled's page cache, in bytes. sled holds about 1.4 times this in
+    /// memory once it is full. Records it does not hold are read back from
+    /// the kernel's page cache; a drain of 150k jobs ran as fast with 16
+    /// MiB as with 32.
+    #[arg(long, env = "JOBQ_CACHE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub cache_bytes: u64,
 
     /// Payloads of this many bytes or more are stored each in a file of
