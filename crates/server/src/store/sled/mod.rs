@@ -48,6 +48,7 @@ mod schedules;
 
 use std::{
     collections::{HashMap, HashSet},
+    fs::File,
     future::Future,
     path::{Path, PathBuf},
     sync::{
@@ -332,10 +333,31 @@ impl Sled {
     }
 
     /// A job with its payload, to hand out.
-    fn load_full(&self, id: JobId) -> Result<Job> {
+    async fn load_full(&self, id: JobId) -> Result<Job> {
         let (mut job, payload) = self.load_record(id)?;
-        self.fill(&mut job, payload)?;
+        match payload {
+            Payload::File(len) => {
+                let file = self.files.open_file(id)?;
+                let stored = self.read_file(id, file).await?;
+                self.place(&mut job, stored, len)?;
+            }
+            payload => self.fill(&mut job, payload)?,
+        }
         Ok(job)
+    }
+
+    /// Reads an opened payload file (`None`: there was none) on tokio's
+    /// blocking pool, not on a runtime thread: it is at least
+    /// `--payload-file-bytes` long and may have left the page cache.
+    async fn read_file(&self, id: JobId, file: Option<File>) -> Result<Option<Vec<u8>>> {
+        let Some(file) = file else {
+            return Ok(None);
+        };
+        let files = self.files.clone();
+        tokio::task::spawn_blocking(move || files.read(id, file))
+            .await
+            .map_err(|e| Error::Io(format!("reading a payload file failed: {e}")))?
+            .map(Some)
     }
 
     /// Reads a job's payload in, if it is apart or in a file.
@@ -610,12 +632,14 @@ impl Sled {
         Ok(out)
     }
 
+    /// Takes the first due job under the lock; a payload in a file comes
+    /// back opened, for the caller to read without it.
     fn take_locked(
         &self,
         queues: &[String],
         take: Event,
         now: SystemTime,
-    ) -> Result<Option<Change>> {
+    ) -> Result<Option<(Change, Option<Unread>)>> {
         let mut index = self.lock();
         let Some(id) = queues
             .iter()
@@ -629,19 +653,17 @@ impl Sled {
             Some(Ok(mut change)) => {
                 // The worker needs the payload, which the change left apart.
                 // A file is opened under the lock (so a delete right after
-                // cannot take it away) and read without it (it may be big).
+                // cannot take it away) and read by the caller without it
+                // (it may be big).
                 if change.new.payload.is_empty() {
                     let (_, placed) = self.load_record(id)?;
                     if let Payload::File(len) = placed {
                         let file = self.files.open_file(id)?;
-                        drop(index);
-                        let stored = file.map(|f| self.files.read(id, f)).transpose()?;
-                        self.place(&mut change.new, stored, len)?;
-                    } else {
-                        self.fill(&mut change.new, placed)?;
+                        return Ok(Some((change, Some(Unread { file, len }))));
                     }
+                    self.fill(&mut change.new, placed)?;
                 }
-                Ok(Some(change))
+                Ok(Some((change, None)))
             }
             Some(Err(Error::NotFound(id))) => Err(Error::Corrupt(format!(
                 "job {id} is indexed but has no record"
@@ -833,6 +855,13 @@ impl Sled {
     }
 }
 
+/// A taken job's payload file, opened under the store's lock (`None`: it
+/// was missing) and not read yet, and the length its record gives.
+struct Unread {
+    file: Option<File>,
+    len: u64,
+}
+
 /// The records of jobs with one status, in id order, from the index's id
 /// set of that status: fetched a chunk of ids at a time under the lock,
 /// each record read without it (so a job may have changed since; the
@@ -913,7 +942,15 @@ impl Backend for Sled {
         _streamed: bool,
         now: SystemTime,
     ) -> Result<Option<Change>> {
-        self.take_locked(queues, take, now)
+        match self.take_locked(queues, take, now)? {
+            Some((mut change, Some(Unread { file, len }))) => {
+                let stored = self.read_file(change.new.id, file).await?;
+                self.place(&mut change.new, stored, len)?;
+                Ok(Some(change))
+            }
+            Some((change, None)) => Ok(Some(change)),
+            None => Ok(None),
+        }
     }
 
     async fn apply(
@@ -996,7 +1033,7 @@ impl Backend for Sled {
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
-        self.load_full(id)
+        self.load_full(id).await
     }
 
     async fn peek(&self, id: JobId) -> Result<Job> {
