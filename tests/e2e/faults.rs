@@ -311,28 +311,20 @@ async fn a_failed_fsync_stops_the_server_and_it_exits_non_zero() {
     }
 }
 
-/// What a worker saw of a job whose enqueue a SIGKILL overtook, and what
-/// the restarted server says of it.
-struct Overtaken {
-    /// The job as pushed to the worker before the kill, if it was.
-    pushed: Option<pb::LeasedJob>,
-    /// The enqueue's outcome, as its caller saw it.
-    enqueue: Result<String, Code>,
-    /// Jobs in the queue after the restart.
-    after_restart: usize,
-}
-
-/// Enqueues one job while a worker waits on a Lease stream and every flush
-/// round first stalls (`--fault-sync-delay`), so the enqueue is applied but
-/// not yet written out; SIGKILLs the server once the job is visible (pushed
-/// with `--deliver-before-fsync`, listed otherwise); restarts it.
-async fn kill_before_the_enqueue_is_durable(deliver_before_fsync: bool) -> Overtaken {
+/// `--deliver-before-fsync`, as the README says: a worker can be handed a
+/// job whose enqueue a crash then undoes. Every flush round stalls
+/// (`--fault-sync-delay`) before it writes anything out; the job is pushed
+/// to a waiting worker while its enqueue waits for its round; a SIGKILL
+/// then loses the round. The producer got no reply (and retries, with a
+/// key if it must not run twice), and after the restart the job does not
+/// exist, in no state.
+#[tokio::test]
+async fn with_deliver_before_fsync_a_pushed_job_vanishes_with_its_unacknowledged_enqueue() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut args = vec!["--fault-sync-delay", "60s"];
-    if deliver_before_fsync {
-        args.push("--deliver-before-fsync");
-    }
-    let mut server = ServerProcess::start(dir.path(), &args);
+    let mut server = ServerProcess::start(
+        dir.path(),
+        &["--fault-sync-delay", "60s", "--deliver-before-fsync"],
+    );
     let c = server.client().await;
     let (mut stream, _) = open(&c, "w1", 1, Duration::from_secs(60), vec![]).await;
     let enqueue = tokio::spawn({
@@ -340,76 +332,25 @@ async fn kill_before_the_enqueue_is_durable(deliver_before_fsync: bool) -> Overt
         async move {
             c.enqueue("q", "k", b"order-4711".to_vec(), EnqueueOptions::new())
                 .await
-                .map(|(job, _)| job.id)
-                .map_err(|e| e.code().unwrap_or(Code::Unknown))
         }
     });
-    let pushed = if deliver_before_fsync {
-        Some(next_leased(&mut stream).await)
-    } else {
-        until(Duration::from_secs(10), "the enqueue is applied", || {
-            let c = c.clone();
-            async move {
-                let page = c.list_jobs(pb::ListJobsRequest::default()).await.ok()?;
-                (!page.jobs.is_empty()).then_some(())
-            }
-        })
-        .await;
-        None
-    };
+    let pushed = next_leased(&mut stream).await;
+    assert_eq!(pushed.job.expect("job").payload, b"order-4711");
     server.kill9();
-    let mut leased_after = Vec::new();
-    while let Ok(Some(event)) = stream.message().await {
-        if let Some(Event::Leased(l)) = event.event {
-            leased_after.push(l);
-        }
-    }
-    if !deliver_before_fsync {
-        assert!(
-            leased_after.is_empty(),
-            "a job is pushed only once its enqueue is durable: {leased_after:?}"
-        );
-    }
-    let enqueue = enqueue.await.expect("join");
+    assert!(
+        enqueue.await.expect("join").is_err(),
+        "the enqueue got no reply"
+    );
     let server = ServerProcess::start(dir.path(), &[]);
-    let after_restart = server
+    let left = server
         .client()
         .await
         .list_jobs(pb::ListJobsRequest::default())
         .await
         .expect("list")
-        .jobs
-        .len();
-    Overtaken {
-        pushed,
-        enqueue,
-        after_restart,
-    }
-}
-
-/// Notify-after-durable (the default): a SIGKILL between an enqueue and its
-/// fsync loses a job that nobody has seen but a listing, and whose enqueue
-/// got no reply.
-#[tokio::test]
-async fn by_default_a_job_whose_enqueue_a_crash_undid_was_never_pushed() {
-    let seen = kill_before_the_enqueue_is_durable(false).await;
-    assert!(seen.pushed.is_none());
-    assert!(seen.enqueue.is_err(), "the enqueue got no reply");
-    assert_eq!(seen.after_restart, 0, "the unacknowledged enqueue is gone");
-}
-
-/// `--deliver-before-fsync`, as the README says: a worker can be handed a
-/// job whose enqueue a crash then undoes. Its producer got no reply (and
-/// retries, with a key if it must not run twice), and after the restart the
-/// job does not exist, in no state.
-#[tokio::test]
-async fn with_deliver_before_fsync_a_pushed_job_can_vanish_with_its_unacknowledged_enqueue() {
-    let seen = kill_before_the_enqueue_is_durable(true).await;
-    let pushed = seen.pushed.expect("pushed before the fsync");
-    assert_eq!(pushed.job.expect("job").payload, b"order-4711");
-    assert!(seen.enqueue.is_err(), "the enqueue got no reply");
-    assert_eq!(
-        seen.after_restart, 0,
-        "neither the enqueue nor the take survived"
+        .jobs;
+    assert!(
+        left.is_empty(),
+        "neither the enqueue nor the take survived: {left:?}"
     );
 }

@@ -14,10 +14,12 @@ use tokio_util::sync::CancellationToken;
 pub fn on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let trigger = token.clone();
+    // Installed before the task is spawned, so that a signal that arrives
+    // before the task first runs is not lost (nor kills the process).
+    let Some(mut signals) = Signals::install() else {
+        return token;
+    };
     tokio::spawn(async move {
-        let Some(mut signals) = Signals::install() else {
-            return;
-        };
         let first = signals.next().await;
         tracing::info!(
             signal = first,
@@ -37,41 +39,39 @@ pub fn on_signal() -> CancellationToken {
 /// The signals that stop the process.
 struct Signals {
     #[cfg(unix)]
-    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
     #[cfg(unix)]
-    int: tokio::signal::unix::Signal,
+    term: Option<tokio::signal::unix::Signal>,
 }
 
 #[cfg(unix)]
 impl Signals {
+    /// Watches SIGINT and SIGTERM, each if it can; `None` if neither.
     fn install() -> Option<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        let int = match signal(SignalKind::interrupt()) {
-            Ok(int) => int,
-            Err(err) => {
-                tracing::warn!(cause = %err, "cannot watch SIGINT or SIGTERM; only SIGKILL stops this process");
-                return None;
-            }
+        let watch = |kind: SignalKind, name: &str| {
+            signal(kind)
+                .inspect_err(|err| tracing::warn!(cause = %err, signal = name, "cannot watch this signal; it keeps its default action"))
+                .ok()
         };
-        let term = signal(SignalKind::terminate())
-            .inspect_err(|err| {
-                tracing::warn!(cause = %err, "cannot watch SIGTERM; only Ctrl-C stops this process");
-            })
-            .ok();
-        Some(Signals { term, int })
+        let int = watch(SignalKind::interrupt(), "SIGINT");
+        let term = watch(SignalKind::terminate(), "SIGTERM");
+        (int.is_some() || term.is_some()).then_some(Signals { int, term })
     }
 
     /// Waits for the next SIGINT or SIGTERM; returns its number.
     async fn next(&mut self) -> i32 {
-        let term = async {
-            match self.term.as_mut() {
-                Some(term) => term.recv().await,
+        async fn recv(signal: Option<&mut tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
                 None => std::future::pending().await,
             }
-        };
+        }
         tokio::select! {
-            _ = self.int.recv() => libc::SIGINT,
-            _ = term => libc::SIGTERM,
+            () = recv(self.int.as_mut()) => libc::SIGINT,
+            () = recv(self.term.as_mut()) => libc::SIGTERM,
         }
     }
 }

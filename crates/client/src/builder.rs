@@ -203,8 +203,9 @@ impl WorkerBuilder {
     /// signal cancels. Off by default, since a library should not take over
     /// a process's signals unasked. The handlers are installed when
     /// [`Worker::run`] starts and stay for the life of the process (a
-    /// later Ctrl-C no longer kills it by default). A second signal during
-    /// the drain (or any signal once the token was cancelled) exits the
+    /// later Ctrl-C no longer kills it by default). On Unix, a second
+    /// signal during the drain (or any signal once the token was
+    /// cancelled) exits the
     /// process at once with status 128 + the signal: running handlers are
     /// cut off, and their jobs come back to the queue when the stream
     /// drops.

@@ -155,10 +155,12 @@ impl Worker {
             worker.id = %shared.cfg.worker_id,
             server = shared.cfg.server.as_deref(),
         );
-        let signals = shared
+        // Aborted however `run` ends (returns, is dropped, panics): a
+        // watcher left behind would exit the process on a later signal.
+        let _signals = shared
             .cfg
             .handle_signals
-            .then(|| crate::signals::watch(shared.cfg.shutdown.clone()));
+            .then(|| AbortOnDrop(crate::signals::watch(shared.cfg.shutdown.clone())));
         async move {
             let stop_heartbeats = CancellationToken::new();
             let heartbeats = tokio::spawn(
@@ -171,14 +173,20 @@ impl Worker {
             if let Err(err) = heartbeats.await {
                 error!(cause = %err, "heartbeat task failed");
             }
-            if let Some(signals) = signals {
-                signals.abort();
-            }
             info!("worker stopped");
             Ok(())
         }
         .instrument(span)
         .await
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

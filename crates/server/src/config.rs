@@ -170,13 +170,14 @@ pub struct Config {
     #[arg(long, env = "JOBQ_PAYLOAD_FILE_BYTES", default_value_t = 16 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
     pub payload_file_bytes: u64,
 
-    /// Hand a job that became due (a new job, a retry, a lease that ran
-    /// out) to waiting workers as soon as the change is applied, before
-    /// the fsync that makes it durable, instead of after it. Halves
+    /// Wake waiting workers for a job that became due (a new job, a
+    /// retry, a lease that ran out) as soon as the change is applied,
+    /// before the fsync that makes it durable, instead of after it. Halves
     /// enqueue → delivered latency on sled; but a crash inside that window
-    /// (about one fsync) can lose a change that a worker has already run:
-    /// its caller got no reply and retries. No effect on PostgreSQL, whose
-    /// changes are committed before anyone is woken.
+    /// (about one fsync) can undo a job a worker already runs: its caller
+    /// got no reply and retries. (A take made for another reason can meet
+    /// such a job without the flag too; see the README.) No effect on
+    /// PostgreSQL, whose changes are committed before a take can see them.
     #[arg(long, env = "JOBQ_DELIVER_BEFORE_FSYNC")]
     pub deliver_before_fsync: bool,
 

@@ -7,8 +7,10 @@
 //! input. Here entries live in sorted chunks of up to [`CHUNK`], keyed by
 //! a lower bound; an entry past the end of a full last chunk starts a new
 //! one, so a set grown in order is as packed as one built at once (~17
-//! bytes per entry). Inserts in the middle split a full chunk in two; a
-//! nearly empty chunk takes in its successor when both fit in one.
+//! bytes per entry), also ahead of a later entry (a delayed job): a full
+//! chunk splits where the new entry goes when that is in its back half,
+//! in the middle otherwise. A nearly empty chunk joins a neighbour when
+//! both fit in one.
 
 use std::{
     collections::BTreeMap,
@@ -92,14 +94,17 @@ impl<T: Ord + Copy> PackedSet<T> {
             let mut next = Vec::with_capacity(CHUNK);
             next.push(entry);
             self.chunks.insert(entry, next);
+        } else if at > CHUNK / 2 {
+            // In the back half, as when jobs arrive in order ahead of a
+            // delayed one: split where the entry goes, so the front chunk
+            // ends full instead of half full for good.
+            let right = chunk.split_off(at);
+            chunk.push(entry);
+            self.chunks.insert(right[0], right);
         } else {
             let mut right = chunk.split_off(CHUNK / 2);
             right.reserve_exact(CHUNK - right.len());
-            if at <= CHUNK / 2 {
-                chunk.insert(at, entry);
-            } else {
-                right.insert(at - CHUNK / 2, entry);
-            }
+            chunk.insert(at, entry);
             self.chunks.insert(right[0], right);
         }
         true
@@ -121,21 +126,44 @@ impl<T: Ord + Copy> PackedSet<T> {
         if len == 0 {
             self.chunks.remove(&key);
         } else if len <= CHUNK / 4 {
-            // Nearly empty: take in the next chunk if both fit in one, so
-            // that removals in the middle cannot leave a chunk per entry.
-            let next = self
-                .chunks
-                .range((Excluded(key), Unbounded))
-                .next()
-                .filter(|(_, next)| len + next.len() <= CHUNK)
-                .map(|(next_key, _)| *next_key);
-            if let Some(next) = next.and_then(|next| self.chunks.remove(&next)) {
-                if let Some(chunk) = self.chunks.get_mut(&key) {
-                    chunk.extend(next);
+            self.merge_small(key, len);
+        }
+        true
+    }
+
+    /// A chunk (`key`) left with `len` entries, a quarter or less: joins
+    /// its successor or its predecessor if the two fit in one, so that
+    /// removals in the middle cannot leave a chunk (and its allocation)
+    /// per entry. Otherwise both neighbours are over three quarters full.
+    fn merge_small(&mut self, key: T, len: usize) {
+        let fits = |other: &Vec<T>| len + other.len() <= CHUNK;
+        let next = self
+            .chunks
+            .range((Excluded(key), Unbounded))
+            .next()
+            .filter(|(_, next)| fits(next))
+            .map(|(next_key, _)| *next_key);
+        if let Some(next) = next.and_then(|next| self.chunks.remove(&next)) {
+            if let Some(chunk) = self.chunks.get_mut(&key) {
+                chunk.extend(next);
+            }
+            return;
+        }
+        let before = self
+            .chunks
+            .range(..key)
+            .next_back()
+            .filter(|(_, before)| fits(before))
+            .map(|(before_key, _)| *before_key);
+        if let Some(before) = before {
+            // Its entries are below this chunk's key, so they stay in
+            // order; its key stays the lower bound of the joined chunk.
+            if let Some(chunk) = self.chunks.remove(&key) {
+                if let Some(before) = self.chunks.get_mut(&before) {
+                    before.extend(chunk);
                 }
             }
         }
-        true
     }
 
     /// Moves every entry of `other` into this set.
@@ -306,6 +334,40 @@ mod tests {
             let model: BTreeSet<u16> = a.into_iter().chain(b).collect();
             prop_assert!(set.iter().copied().eq(model.iter().copied()));
         }
+    }
+
+    /// Jobs arriving in order ahead of a delayed one (the last entry)
+    /// still fill their chunks.
+    #[test]
+    fn entries_added_in_order_ahead_of_a_later_one_fill_whole_chunks() {
+        let mut set = PackedSet::default();
+        set.insert(u32::MAX);
+        for i in 0..10 * CHUNK as u32 {
+            set.insert(i);
+        }
+        let lens: Vec<usize> = set.chunks.values().map(Vec::len).collect();
+        assert_eq!(lens.len(), 11, "{lens:?}");
+        assert!(lens[..10].iter().all(|&n| n == CHUNK), "{lens:?}");
+        assert_eq!(set.iter().last(), Some(&u32::MAX));
+    }
+
+    /// Removing most entries in order, where each chunk's successor is
+    /// still full, does not leave a chunk per entry.
+    #[test]
+    fn removals_in_order_through_full_chunks_merge_backwards() {
+        let mut set: PackedSet<u32> = (0..20 * CHUNK as u32).collect();
+        for i in 0..20 * CHUNK as u32 {
+            if i % 8 != 0 {
+                set.remove(&i);
+            }
+        }
+        let left = 20 * CHUNK / 8;
+        assert_eq!(set.iter().count(), left);
+        assert!(
+            set.chunks.len() <= left.div_ceil(CHUNK / 4),
+            "{} chunks for {left} entries",
+            set.chunks.len()
+        );
     }
 
     #[test]
