@@ -7,10 +7,10 @@ use tokio_util::sync::CancellationToken;
 ///
 /// The first signal starts a graceful stop (the token); a second one, while
 /// that stop still waits (for in-flight calls, running handlers, a slow
-/// disk), exits the process at once with 128 + the signal's number, as a
-/// shell reports a process killed by it. Nothing acknowledged is lost by
-/// that: every acknowledged change is already on disk. A server's next
-/// start then reads every record instead of its saved indexes.
+/// disk), ends the process at once, killed by that signal. Nothing
+/// acknowledged is lost by that: every acknowledged change is already on
+/// disk. A server's next start then reads every record instead of its
+/// saved indexes.
 pub fn on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let trigger = token.clone();
@@ -31,9 +31,23 @@ pub fn on_signal() -> CancellationToken {
             signal = second,
             "second signal received; exiting without waiting"
         );
-        std::process::exit(128 + second);
+        die_of(second);
     });
     token
+}
+
+/// Ends the process as `signal`'s default action does, so that a shell or
+/// supervisor sees it killed by that signal (a shell loop around `jobq
+/// work` stops on Ctrl-C); with status 128 + the signal if it survives.
+fn die_of(signal: i32) -> ! {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default and raising
+    // it touch no memory of this process.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
+    std::process::exit(128 + signal)
 }
 
 /// The signals that stop the process.

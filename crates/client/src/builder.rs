@@ -205,10 +205,9 @@ impl WorkerBuilder {
     /// [`Worker::run`] starts and stay for the life of the process (a
     /// later Ctrl-C no longer kills it by default). On Unix, a second
     /// signal during the drain (or any signal once the token was
-    /// cancelled) exits the
-    /// process at once with status 128 + the signal: running handlers are
-    /// cut off, and their jobs come back to the queue when the stream
-    /// drops.
+    /// cancelled) ends the process at once, killed by that signal (as
+    /// without handlers): running handlers are cut off, and their jobs come
+    /// back to the queue when the stream drops.
     pub fn handle_signals(mut self, on: bool) -> Self {
         self.handle_signals = on;
         self

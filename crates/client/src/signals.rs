@@ -6,8 +6,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// Cancels `shutdown` on the first SIGINT or SIGTERM; once it is
-/// cancelled (by a signal or by its owner), the next signal exits the
-/// process at once (status 128 + the signal), unless `run` has returned and
+/// cancelled (by a signal or by its owner), the next signal ends the
+/// process at once, killed by that signal, unless `run` has returned and
 /// aborted this task. The handlers are installed before this returns, so a signal
 /// that arrives right after is not lost (nor does it kill the process).
 pub(crate) fn watch(shutdown: CancellationToken) -> JoinHandle<()> {
@@ -35,10 +35,18 @@ pub(crate) fn watch(shutdown: CancellationToken) -> JoinHandle<()> {
             // the drain would do nothing until it ends. `run` aborts this
             // task when it returns.
             let signal = tokio::select! {
-                _ = terminate.recv() => 15,
-                _ = interrupt.recv() => 2,
+                _ = terminate.recv() => libc::SIGTERM,
+                _ = interrupt.recv() => libc::SIGINT,
             };
             warn!(signal, "signal during the drain; exiting at once");
+            // As the signal's default action would have: a shell sees the
+            // process killed by it (status 128 + the signal otherwise).
+            // SAFETY: setting a signal's disposition to its default and
+            // raising it touch no memory of this process.
+            unsafe {
+                libc::signal(signal, libc::SIG_DFL);
+                libc::raise(signal);
+            }
             std::process::exit(128 + signal);
         }
         #[cfg(not(unix))]
