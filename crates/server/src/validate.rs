@@ -191,10 +191,21 @@ fn metadata(
             config.max_metadata_bytes
         )));
     }
-    for key in map.keys() {
+    for (key, value) in &map {
         name("metadata key", key)?;
+        no_nul(&format!("metadata value of {key:?}"), value)?;
     }
     Ok(map.into_iter().collect())
+}
+
+/// Refuses a NUL character in free text a store keeps: PostgreSQL's `text`
+/// and `jsonb` cannot hold one, and sled and PostgreSQL must accept the
+/// same requests.
+pub(crate) fn no_nul(field: &str, value: &str) -> Result<()> {
+    match value.contains('\0') {
+        true => Err(invalid(format!("{field} contains a NUL character"))),
+        false => Ok(()),
+    }
 }
 
 /// An enqueue batch: its size is bounded by `--max-batch`; each entry is
@@ -327,12 +338,18 @@ pub fn ack(req: pb::AckRequest) -> Result<(JobId, LeaseId)> {
 /// A Fail: which job, under which lease, why and when to retry. The error
 /// text is cut to `--max-error-bytes` rather than refused: a handler's
 /// error should never be lost for being long. The cut text ends in "…",
-/// which counts against the limit.
+/// which counts against the limit. For the same reason a NUL character in
+/// it (a program's stderr may hold one) becomes U+FFFD rather than
+/// refusing the Fail: no store's text column can hold a NUL.
 pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)> {
     let id = job_id("job_id", &req.job_id)?;
     let lease_id = lease_id(&req.lease_id)?;
     let retry_delay = delay("retry_delay", req.retry_delay, config)?;
-    let mut error = cut_error(req.error, config.max_error_bytes);
+    let error = match req.error.contains('\0') {
+        true => req.error.replace('\0', "\u{fffd}"),
+        false => req.error,
+    };
+    let mut error = cut_error(error, config.max_error_bytes);
     if error.is_empty() {
         error = "failed (no error given)".to_owned();
     }
@@ -498,6 +515,36 @@ mod tests {
         let huge = "v".repeat(c.max_metadata_bytes);
         let err = new_job(with(&[("k", huge)]), &c).expect_err("over the limit");
         assert!(err.to_string().contains("--max-metadata-bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_nul_in_a_metadata_value_is_refused_and_in_a_fail_error_replaced() {
+        let c = config();
+        let req = pb::EnqueueRequest {
+            queue: "q".into(),
+            kind: "k".into(),
+            metadata: [("tenant".to_owned(), "a\0b".to_owned())].into(),
+            ..Default::default()
+        };
+        let err = new_job(req, &c).expect_err("a NUL in a value");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.to_string().contains("NUL"), "{err}");
+        let req = pb::FailRequest {
+            job_id: "1".into(),
+            lease_id: "2".into(),
+            error: "exit 1\0\0: bad".into(),
+            ..Default::default()
+        };
+        let (_, report) = fail(req, &c).expect("a Fail is never refused for its text");
+        assert_eq!(report.error, "exit 1\u{fffd}\u{fffd}: bad");
+        let req = pb::FailRequest {
+            job_id: "1".into(),
+            lease_id: "2".into(),
+            error: "\0".repeat(5000),
+            ..Default::default()
+        };
+        let (_, report) = fail(req, &c).expect("valid");
+        assert!(report.error.len() <= c.max_error_bytes && !report.error.contains('\0'));
     }
 
     #[test]

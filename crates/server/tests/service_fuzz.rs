@@ -469,6 +469,7 @@ impl EnqGen {
             dur_v(&self.delay, DurKind::Delay),
             bad_if(!(-100..=100).contains(&self.priority)),
             all(self.metadata.keys().map(|k| name_v(k))),
+            bad_if(self.metadata.values().any(|v| v.contains('\0'))),
             bad_if(
                 self.metadata
                     .iter()
@@ -553,6 +554,7 @@ fn metadata() -> BoxedStrategy<std::collections::HashMap<String, String>> {
     prop_oneof![
         3 => Just(std::collections::HashMap::new()),
         2 => prop::collection::hash_map(name(), "[ -~]{0,40}", 1..4),
+        1 => prop::collection::hash_map(name(), "[a-z]{0,4}\0[ -~]{0,4}", 1..3),
         1 => prop::collection::hash_map(name(), "[a-z]{100,200}", 1..4),
     ]
     .boxed()
@@ -686,6 +688,9 @@ fn finished_before() -> BoxedStrategy<Option<prost_types::Timestamp>> {
         1 => Just(Some(prost_types::Timestamp { seconds: 4_000_000_000, nanos: 5 })),
         1 => Just(Some(prost_types::Timestamp { seconds: 1_700_000_000, nanos: -1 })),
         1 => Just(Some(prost_types::Timestamp { seconds: 0, nanos: 1_000_000_000 })),
+        1 => Just(Some(prost_types::Timestamp { seconds: i64::MAX, nanos: 0 })),
+        1 => Just(Some(prost_types::Timestamp { seconds: -62_135_596_801, nanos: 0 })),
+        1 => Just(Some(prost_types::Timestamp { seconds: 253_402_300_799, nanos: 999_999_999 })),
     ]
     .boxed()
 }
@@ -1123,6 +1128,7 @@ impl Harness {
                     );
                     prop_assert!(!job.last_error.is_empty());
                     prop_assert!(job.last_error.len() <= LIMITS.max_error_bytes);
+                    prop_assert!(!job.last_error.contains('\0'), "a NUL is stored");
                 }
                 ("Fail", SETTLE, v, code)
             }
@@ -1366,7 +1372,11 @@ impl Harness {
             }
             Op::Cancel { id, reason } => {
                 let id = self.id(id);
-                let v = all([id_v(&id), bad_if(reason.len() > LIMITS.max_error_bytes)]);
+                let v = all([
+                    id_v(&id),
+                    bad_if(reason.len() > LIMITS.max_error_bytes),
+                    bad_if(reason.contains('\0')),
+                ]);
                 let req = pb::CancelJobRequest {
                     id,
                     reason: reason.clone(),
@@ -1415,10 +1425,14 @@ impl Harness {
                 finished_before,
             } => {
                 let nanos_ok = finished_before.is_none_or(|t| (0..=999_999_999).contains(&t.nanos));
+                // timestamp.proto's range: 0001-01-01 to 9999-12-31.
+                let seconds_ok = finished_before
+                    .is_none_or(|t| (-62_135_596_800..=253_402_300_799).contains(&t.seconds));
                 let v = all([
                     name_v(queue),
                     bad_if(![0, 3, 4].contains(status)),
                     bad_if(!nanos_ok),
+                    bad_if(!seconds_ok),
                 ]);
                 let req = pb::PurgeJobsRequest {
                     queue: queue.clone(),

@@ -6,12 +6,18 @@ use std::time::SystemTime;
 
 use jobq::pb;
 
-use super::{invalid, job_id, name, status_filter};
+use super::{invalid, job_id, name, no_nul, status_filter};
 use crate::{
     config::Config,
     error::Result,
     job::{JobId, Status},
 };
+
+/// 0001-01-01T00:00:00Z, the first second google/protobuf/timestamp.proto
+/// allows.
+const TIMESTAMP_MIN_SECONDS: i64 = -62_135_596_800;
+/// 9999-12-31T23:59:59Z, the last.
+const TIMESTAMP_MAX_SECONDS: i64 = 253_402_300_799;
 
 /// A checked PurgeJobs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,8 +31,9 @@ pub struct Purge {
 }
 
 /// A CancelJob: which job, and why. The reason is operator input, so an
-/// over-long one is refused (not cut, as a handler's error is): the
-/// operator sees the limit and nothing changes.
+/// over-long one, or one with a NUL character, is refused (not cut or
+/// mended, as a handler's error is): the operator sees the rule and
+/// nothing changes.
 pub fn cancel(req: pb::CancelJobRequest, config: &Config) -> Result<(JobId, String)> {
     let id = job_id("id", &req.id)?;
     if req.reason.len() > config.max_error_bytes {
@@ -36,6 +43,7 @@ pub fn cancel(req: pb::CancelJobRequest, config: &Config) -> Result<(JobId, Stri
             config.max_error_bytes
         )));
     }
+    no_nul("reason", &req.reason)?;
     Ok((id, req.reason))
 }
 
@@ -67,6 +75,14 @@ pub fn purge(req: pb::PurgeJobsRequest, now: SystemTime) -> Result<Purge> {
             return Err(invalid(format!(
                 "finished_before.nanos {} is out of range 0..=999999999",
                 t.nanos
+            )))
+        }
+        // timestamp.proto's range; a store must be able to hold the time
+        // (PostgreSQL's encoding overflows far outside it).
+        Some(t) if !(TIMESTAMP_MIN_SECONDS..=TIMESTAMP_MAX_SECONDS).contains(&t.seconds) => {
+            return Err(invalid(format!(
+                "finished_before.seconds {} is outside 0001-01-01T00:00:00Z..=9999-12-31T23:59:59Z",
+                t.seconds
             )))
         }
         Some(t) => SystemTime::try_from(t)
@@ -134,6 +150,22 @@ mod tests {
                     nanos: -5,
                 }),
             ),
+            req(
+                "q",
+                pb::JobStatus::Done,
+                Some(prost_types::Timestamp {
+                    seconds: i64::MAX,
+                    nanos: 0,
+                }),
+            ),
+            req(
+                "q",
+                pb::JobStatus::Failed,
+                Some(prost_types::Timestamp {
+                    seconds: TIMESTAMP_MIN_SECONDS - 1,
+                    nanos: 0,
+                }),
+            ),
         ] {
             assert!(purge(bad.clone(), now).is_err(), "{bad:?}");
         }
@@ -142,6 +174,24 @@ mod tests {
             ..req("q", pb::JobStatus::Done, None)
         };
         assert!(purge(unknown, now).is_err());
+        for seconds in [TIMESTAMP_MIN_SECONDS, TIMESTAMP_MAX_SECONDS] {
+            let at = prost_types::Timestamp { seconds, nanos: 0 };
+            assert!(purge(req("q", pb::JobStatus::Done, Some(at)), now).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_cancel_reason_with_a_nul_is_refused() {
+        let req = |reason: &str| pb::CancelJobRequest {
+            id: "7".into(),
+            reason: reason.into(),
+        };
+        assert_eq!(
+            cancel(req("wrong order"), &config()).unwrap().1,
+            "wrong order"
+        );
+        let err = cancel(req("a\0b"), &config()).unwrap_err().to_string();
+        assert!(err.contains("reason") && err.contains("NUL"), "{err}");
     }
 
     #[test]
