@@ -45,14 +45,23 @@ restart() {
 
 kill -TERM "$server"; wait "$server" || true
 restart "a clean stop"
-# ListJobs by status, first page of 50, over the pending jobs (the time
-# includes starting the CLI, a few ms).
-for status in pending running failed done; do
+# ListJobs by status, by queue, by both and by key, first page of 50, over
+# the pending jobs (the time includes starting the CLI, a few ms). The
+# `idle` queue and the key have no jobs: a listing that scanned records
+# would read all of them to find that out.
+list() {
+  local t0 t1
   t0=$(date +%s%N)
-  "$bin" list --server "http://127.0.0.1:$port" --status "$status" --limit 50 --json >/dev/null
+  "$bin" list --server "http://127.0.0.1:$port" "$@" --limit 50 --json >/dev/null
   t1=$(date +%s%N)
-  echo "jobq list --status $status --limit 50: $(( (t1 - t0) / 1000000 )) ms"
+  echo "jobq list $* --limit 50: $(( (t1 - t0) / 1000000 )) ms"
+}
+for status in pending running failed done; do
+  list --status "$status"
 done
+list --queue idle
+list --queue idle --status pending
+list --key order-4711
 kill -KILL "$server"; wait "$server" || true
 restart "a crash"
 kill -TERM "$server"; wait "$server" || true

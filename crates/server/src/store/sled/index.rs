@@ -6,8 +6,9 @@
 //! them, and changed only together with a record under the store's mutex.
 //! Per job they keep ids and times, never payloads: a PENDING job costs one
 //! `(run_at, id)` set entry in its priority's set (plus its key, if it has
-//! one), and every job about a bit in its status's id bitmap (ListJobs by
-//! status).
+//! one), and every job about a bit in its status's id bitmap and another
+//! in its queue's bitmap of that status (ListJobs by status, by queue, or
+//! both, reads only the records they name).
 //!
 //! Delivery order (DESIGN.md §1 rule 5) is priority, then `run_at`, then
 //! id, among *due* jobs. A queue keeps one `(run_at, id)` set per priority
@@ -66,6 +67,9 @@ struct QueueIndex {
     keys: HashMap<Box<str>, JobId>,
     /// Jobs per status, indexed like [`Status::ALL`].
     counts: [u64; 4],
+    /// Ids of the queue's jobs per status, indexed like [`Status::ALL`]
+    /// (ListJobs by queue).
+    by_status: [RoaringTreemap; 4],
 }
 
 impl QueueIndex {
@@ -94,6 +98,20 @@ pub(crate) struct Index {
     by_status: [RoaringTreemap; 4],
     /// Paused queues (persisted in the `paused` tree).
     paused: BTreeSet<String>,
+}
+
+/// Up to `n` ids of `set` from `from` on, in order.
+///
+/// By rank and select, not `Iter::advance_to`: in roaring 0.10 that skips
+/// ids of the next 2^32 block whose low half is below `from`'s when
+/// `from`'s own block has nothing left.
+fn first_from(set: &RoaringTreemap, from: JobId, n: usize) -> Vec<JobId> {
+    let first = from.0.checked_sub(1).map_or(0, |before| set.rank(before));
+    (first..)
+        .map_while(|rank| set.select(rank))
+        .take(n)
+        .map(JobId)
+        .collect()
 }
 
 fn slot(status: Status) -> usize {
@@ -172,6 +190,9 @@ impl Index {
             for (count, more) in queue.counts.iter_mut().zip(q.counts) {
                 *count += more;
             }
+            for (mine, theirs) in queue.by_status.iter_mut().zip(q.by_status) {
+                *mine |= theirs;
+            }
         }
     }
 
@@ -213,6 +234,7 @@ impl Index {
         self.by_status[slot(job.status)].insert(job.id.0);
         let queue = self.queue_mut(&job.queue);
         queue.counts[slot(job.status)] += 1;
+        queue.by_status[slot(job.status)].insert(job.id.0);
         if job.status == Status::Pending {
             queue
                 .pending
@@ -233,6 +255,7 @@ impl Index {
         let queue = self.queue_mut(&job.queue);
         let count = &mut queue.counts[slot(job.status)];
         *count = count.saturating_sub(1);
+        queue.by_status[slot(job.status)].remove(job.id.0);
         if job.status == Status::Pending {
             if let Some(set) = queue.pending.get_mut(&Reverse(job.priority)) {
                 set.remove(&(At::of(job.run_at), job.id));
@@ -244,18 +267,48 @@ impl Index {
     }
 
     /// Up to `n` ids of jobs with `status`, from id `from` on, in id order.
-    ///
-    /// By rank and select, not `Iter::advance_to`: in roaring 0.10 that
-    /// skips ids of the next 2^32 block whose low half is below `from`'s
-    /// when `from`'s own block has nothing left.
     pub(crate) fn with_status(&self, status: Status, from: JobId, n: usize) -> Vec<JobId> {
-        let set = &self.by_status[slot(status)];
-        let first = from.0.checked_sub(1).map_or(0, |before| set.rank(before));
-        (first..)
-            .map_while(|rank| set.select(rank))
-            .take(n)
-            .map(JobId)
-            .collect()
+        first_from(&self.by_status[slot(status)], from, n)
+    }
+
+    /// Up to `n` ids of jobs of `queue`, with `status` if given, from id
+    /// `from` on, in id order.
+    pub(crate) fn in_queue(
+        &self,
+        queue: &str,
+        status: Option<Status>,
+        from: JobId,
+        n: usize,
+    ) -> Vec<JobId> {
+        let Some(q) = self.queue(queue) else {
+            return Vec::new();
+        };
+        match status {
+            Some(status) => first_from(&q.by_status[slot(status)], from, n),
+            // The first `n` of each status hold the first `n` of all.
+            None => {
+                let mut ids: Vec<JobId> = q
+                    .by_status
+                    .iter()
+                    .flat_map(|set| first_from(set, from, n))
+                    .collect();
+                ids.sort_unstable();
+                ids.truncate(n);
+                ids
+            }
+        }
+    }
+
+    /// The retained jobs holding `key`, in any queue (at most one per
+    /// queue), in id order.
+    pub(crate) fn keyed(&self, key: &str) -> Vec<JobId> {
+        let mut ids: Vec<JobId> = self
+            .queues
+            .iter()
+            .filter_map(|q| q.keys.get(key).copied())
+            .collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// The retained job holding `key` in `queue`.
@@ -474,5 +527,42 @@ mod tests {
         assert_eq!(ids((1 << 32) + 4, 1), vec![(1 << 32) + 9]);
         assert_eq!(ids(u64::MAX, 10), vec![u64::MAX]);
         assert!(index.with_status(Status::Done, JobId(0), 10).is_empty());
+    }
+
+    #[test]
+    fn ids_by_queue_and_key_follow_their_jobs() {
+        let mut index = Index::default();
+        for id in 1..=30u64 {
+            let queue = ["a", "b", "c"][id as usize % 3];
+            index.insert(&job(id, queue, Some(&format!("k{}", id % 10)), 1));
+        }
+        let ids = |index: &Index, queue, status, from: u64, n| -> Vec<u64> {
+            index
+                .in_queue(queue, status, JobId(from), n)
+                .into_iter()
+                .map(|id| id.0)
+                .collect()
+        };
+        assert_eq!(ids(&index, "a", None, 0, 4), [3, 6, 9, 12]);
+        assert_eq!(ids(&index, "a", Some(Status::Pending), 10, 3), [12, 15, 18]);
+        assert!(ids(&index, "a", Some(Status::Done), 0, 10).is_empty());
+        assert!(ids(&index, "nosuch", None, 0, 10).is_empty());
+        // A job that moves on is listed under its new status only, and
+        // in id order among the queue's others.
+        let old = job(6, "a", Some("k6"), 1);
+        let mut done = old.clone();
+        done.status = Status::Done;
+        index.update(&old, &done);
+        assert_eq!(ids(&index, "a", Some(Status::Done), 0, 10), [6]);
+        assert_eq!(ids(&index, "a", Some(Status::Pending), 0, 3), [3, 9, 12]);
+        assert_eq!(ids(&index, "a", None, 0, 3), [3, 6, 9]);
+        assert_eq!(ids(&index, "a", None, 7, 2), [9, 12]);
+        // Keys: one per queue, so k1 names 11 (queue c), 21 (a) and 1 (b).
+        let keyed: Vec<u64> = index.keyed("k1").into_iter().map(|id| id.0).collect();
+        assert_eq!(keyed, [1, 11, 21]);
+        index.remove(&done);
+        assert!(ids(&index, "a", Some(Status::Done), 0, 10).is_empty());
+        // Removing job 6 frees its key in queue a alone.
+        assert_eq!(index.keyed("k6"), [JobId(16), JobId(26)]);
     }
 }

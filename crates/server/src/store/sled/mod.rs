@@ -796,19 +796,34 @@ impl Sled {
         // page, so paging always moves on.
         let mut jobs = Vec::new();
         let (mut bytes, mut full) = (0usize, false);
-        // By status: only the records the index has for it; otherwise every
-        // record from `start` on.
+        // By queue, status or key: only the records the index names for
+        // them (a queue with few jobs among many is not a scan); with no
+        // filter every record from `start` on, all of which match.
+        let indexed = |select, ids: Vec<JobId>, from| Indexed {
+            sled: self,
+            select,
+            from,
+            ids: ids.into_iter(),
+        };
         let mut records: Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>> + '_> =
-            match filter.status {
-                Some(status) => Box::new(WithStatus {
-                    sled: self,
-                    status,
-                    from: Some(start),
-                    ids: Vec::new().into_iter(),
-                }),
+            match (&filter.queue, filter.status, &filter.key) {
+                (Some(queue), status, _) => Box::new(indexed(
+                    Select::Queue(queue, status),
+                    Vec::new(),
+                    Some(start),
+                )),
+                (None, Some(status), None) => {
+                    Box::new(indexed(Select::Status(status), Vec::new(), Some(start)))
+                }
+                // At most one job per queue holds a key.
+                (None, _, Some(key)) => {
+                    let mut ids = self.lock().keyed(key);
+                    ids.retain(|id| id.0 >= start);
+                    Box::new(indexed(Select::Named, ids, None))
+                }
                 // Records only: the saved-index token (written at a clean
                 // stop) sorts after every record's key.
-                None => Box::new(
+                (None, None, None) => Box::new(
                     self.jobs
                         .range(start.to_be_bytes()..=record_key(JobId(u64::MAX))),
                 ),
@@ -862,22 +877,31 @@ struct Unread {
     len: u64,
 }
 
-/// The records of jobs with one status, in id order, from the index's id
-/// set of that status: fetched a chunk of ids at a time under the lock,
-/// each record read without it (so a job may have changed since; the
-/// caller's filter checks it again).
-struct WithStatus<'a> {
+/// Which of the index's id sets a listing walks.
+enum Select<'f> {
+    /// Jobs with one status.
+    Status(crate::job::Status),
+    /// One queue's jobs, of one status or all.
+    Queue(&'f str, Option<crate::job::Status>),
+    /// The ids given at the start, and no more.
+    Named,
+}
+
+/// The records of the jobs an index set names, in id order: fetched a
+/// chunk of ids at a time under the lock, each record read without it (so
+/// a job may have changed since; the caller's filter checks it again).
+struct Indexed<'a, 'f> {
     sled: &'a Sled,
-    status: crate::job::Status,
+    select: Select<'f>,
     /// The next id to look from; `None` once the set is exhausted.
     from: Option<u64>,
     ids: std::vec::IntoIter<JobId>,
 }
 
-/// Ids fetched under the lock per step of [`WithStatus`].
+/// Ids fetched under the lock per step of [`Indexed`].
 const LIST_CHUNK: usize = 256;
 
-impl Iterator for WithStatus<'_> {
+impl Iterator for Indexed<'_, '_> {
     type Item = sled::Result<(sled::IVec, sled::IVec)>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -891,11 +915,14 @@ impl Iterator for WithStatus<'_> {
                     Err(e) => return Some(Err(e)),
                 }
             }
-            let from = self.from?;
-            let ids = self
-                .sled
-                .lock()
-                .with_status(self.status, JobId(from), LIST_CHUNK);
+            let from = JobId(self.from?);
+            let ids = match self.select {
+                Select::Status(status) => self.sled.lock().with_status(status, from, LIST_CHUNK),
+                Select::Queue(queue, status) => {
+                    self.sled.lock().in_queue(queue, status, from, LIST_CHUNK)
+                }
+                Select::Named => Vec::new(),
+            };
             self.from = match ids.last() {
                 Some(last) if ids.len() == LIST_CHUNK => last.0.checked_add(1),
                 _ => None,
@@ -1657,6 +1684,106 @@ mod tests {
             .unwrap();
         assert_eq!(pending.jobs.len(), jobs.len() - failed.len());
         assert_eq!(pending.next, None);
+    }
+
+    /// Every page of a listing, followed by its `next`.
+    async fn list_all(store: &SledStore, filter: ListFilter) -> Vec<JobId> {
+        let (mut seen, mut after) = (Vec::new(), None);
+        loop {
+            let page = store
+                .list(ListFilter {
+                    after,
+                    ..filter.clone()
+                })
+                .await
+                .unwrap();
+            seen.extend(page.jobs.iter().map(|j| j.id));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return seen,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn list_by_queue_or_key_pages_through_the_queue_index_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::with_data(dir.path());
+        let now = SystemTime::now();
+        let queue_of = |n: usize| ["a", "b", "c"][n % 3];
+        let mut expected: HashMap<(&str, Option<Status>), Vec<JobId>> = HashMap::new();
+        let mut keyed = Vec::new();
+        {
+            let store = SledStore::open(&config).unwrap();
+            let batch = (0..3 * LIST_CHUNK + 7)
+                .map(|n| NewJob {
+                    queue: queue_of(n).into(),
+                    key: (n % 100 == 1).then(|| "order-4711".to_owned()),
+                    ..new_job(b"{}".to_vec())
+                })
+                .collect();
+            let jobs = store.enqueue_batch(batch, now).await.unwrap();
+            // (An entry whose key is taken returns the existing job.)
+            for (n, e) in jobs.iter().enumerate().filter(|(_, e)| e.created) {
+                let status = match n % 4 == 0 {
+                    true => {
+                        store.cancel(e.job.id, "x".into(), now).await.unwrap();
+                        Status::Failed
+                    }
+                    false => Status::Pending,
+                };
+                expected
+                    .entry((queue_of(n), None))
+                    .or_default()
+                    .push(e.job.id);
+                expected
+                    .entry((queue_of(n), Some(status)))
+                    .or_default()
+                    .push(e.job.id);
+                if e.job.key.is_some() {
+                    keyed.push(e.job.id);
+                }
+            }
+            store.close().await.unwrap();
+        }
+        // One job per queue holds the key: the first of each queue's.
+        assert_eq!(keyed.len(), 3);
+        for reopened in [false, true] {
+            let store = SledStore::open(&config).unwrap();
+            assert_eq!(
+                store.backend().rebuilt() == Rebuilt::FromSaved,
+                !reopened,
+                "the first open reads the saved indexes"
+            );
+            for queue in ["a", "b", "c"] {
+                for status in [None, Some(Status::Pending), Some(Status::Failed)] {
+                    let filter = ListFilter {
+                        queue: Some(queue.into()),
+                        status,
+                        limit: 100,
+                        ..ListFilter::default()
+                    };
+                    assert_eq!(
+                        list_all(&store, filter).await,
+                        expected[&(queue, status)],
+                        "{queue} {status:?}"
+                    );
+                }
+            }
+            let nothing = ListFilter {
+                queue: Some("nosuch".into()),
+                ..ListFilter::default()
+            };
+            assert!(list_all(&store, nothing).await.is_empty());
+            let by_key = ListFilter {
+                key: Some("order-4711".into()),
+                limit: 2,
+                ..ListFilter::default()
+            };
+            assert_eq!(list_all(&store, by_key).await, keyed);
+            // No clean stop the second time: the indexes come from records.
+            drop(store);
+        }
     }
 
     /// A read that loaded a record just before the job was deleted (reads

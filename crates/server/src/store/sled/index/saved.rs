@@ -5,7 +5,8 @@
 //! The layout: a version byte, the token that ties the file to the store
 //! that wrote it (see `Sled::close`), the CRC-32 of the rest, then the
 //! indexes in postcard: per queue its name, its PENDING `(run_at, id)`
-//! entries per priority, its keys and counts; the RUNNING jobs' lease
+//! entries per priority, its keys, counts and per-status id bitmaps; the
+//! RUNNING jobs' lease
 //! expiries; and the per-status id bitmaps in roaring's portable format.
 //! Paused queues are not in it: they have a tree of their own, read at
 //! every start. Whether the saved indexes still match the records is the
@@ -23,8 +24,10 @@ use serde::{Deserialize, Serialize};
 use super::{At, Index, PackedSet, QueueIndex};
 use crate::job::JobId;
 
-/// The layout [`Index::save`] writes; anything else is not read.
-const VERSION: u8 = 1;
+/// The layout [`Index::save`] writes; anything else is not read (a file
+/// of layout 1, without the queues' id bitmaps, makes the start read every
+/// record once, as after a crash).
+const VERSION: u8 = 2;
 
 /// Version, token, CRC.
 const HEADER: usize = 1 + 8 + 4;
@@ -51,6 +54,7 @@ struct QueueOut<'a> {
     pending: Vec<(i32, &'a PackedSet<(At, JobId)>)>,
     keys: &'a HashMap<Box<str>, JobId>,
     counts: [u64; 4],
+    by_status: [Vec<u8>; 4],
 }
 
 /// One queue, as read.
@@ -61,6 +65,7 @@ struct QueueIn {
     pending: Vec<(i32, Vec<(At, JobId)>)>,
     keys: HashMap<Box<str>, JobId>,
     counts: [u64; 4],
+    by_status: [Vec<u8>; 4],
 }
 
 #[derive(Serialize)]
@@ -80,23 +85,22 @@ struct IndexIn {
 impl Index {
     /// The indexes, paused queues left out, as one value tied to `token`.
     pub(crate) fn save(&self, token: u64) -> Result<Vec<u8>, SavedError> {
-        let mut by_status: [Vec<u8>; 4] = Default::default();
-        for (bytes, set) in by_status.iter_mut().zip(&self.by_status) {
-            set.serialize_into(bytes)?;
-        }
         let out = IndexOut {
             queues: self
                 .queues
                 .iter()
-                .map(|q| QueueOut {
-                    name: &q.name,
-                    pending: q.pending.iter().map(|(p, set)| (p.0, set)).collect(),
-                    keys: &q.keys,
-                    counts: q.counts,
+                .map(|q| {
+                    Ok(QueueOut {
+                        name: &q.name,
+                        pending: q.pending.iter().map(|(p, set)| (p.0, set)).collect(),
+                        keys: &q.keys,
+                        counts: q.counts,
+                        by_status: portable(&q.by_status)?,
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, SavedError>>()?,
             leases: &self.leases,
-            by_status,
+            by_status: portable(&self.by_status)?,
         };
         let mut bytes = vec![0; HEADER];
         bytes[0] = VERSION;
@@ -133,9 +137,7 @@ impl Index {
             leases: saved.leases.into_iter().collect(),
             ..Index::default()
         };
-        for (slot, bytes) in saved.by_status.iter().enumerate() {
-            index.by_status[slot] = RoaringTreemap::deserialize_from(bytes.as_slice())?;
-        }
+        index.by_status = bitmaps(&saved.by_status)?;
         for q in saved.queues {
             index.by_name.insert(q.name.clone(), index.queues.len());
             index.queues.push(QueueIndex {
@@ -147,10 +149,29 @@ impl Index {
                     .collect(),
                 keys: q.keys,
                 counts: q.counts,
+                by_status: bitmaps(&q.by_status)?,
             });
         }
         Ok(index)
     }
+}
+
+/// Per-status id bitmaps in roaring's portable format.
+fn portable(sets: &[RoaringTreemap; 4]) -> Result<[Vec<u8>; 4], SavedError> {
+    let mut out: [Vec<u8>; 4] = Default::default();
+    for (bytes, set) in out.iter_mut().zip(sets) {
+        set.serialize_into(bytes)?;
+    }
+    Ok(out)
+}
+
+/// What [`portable`] wrote.
+fn bitmaps(saved: &[Vec<u8>; 4]) -> Result<[RoaringTreemap; 4], SavedError> {
+    let mut out: [RoaringTreemap; 4] = Default::default();
+    for (set, bytes) in out.iter_mut().zip(saved) {
+        *set = RoaringTreemap::deserialize_from(bytes.as_slice())?;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
