@@ -290,3 +290,57 @@ async fn heartbeats_are_bounded_per_call_not_by_max_capacity() {
         "{err}"
     );
 }
+
+/// Limits that contradict each other, or that would put a job's times
+/// beyond what a store can hold (PostgreSQL's driver overflows, sled's
+/// index saturates), are refused at start, naming the flags, before the
+/// data folder is touched.
+#[test]
+fn serve_refuses_contradicting_or_unreachable_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(crate::harness::JOBQ)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "off",
+                "--data",
+            ])
+            .arg(&data)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run jobq serve")
+    };
+    for (flags, says) in [
+        (
+            &["--max-delay", "1000years"][..],
+            "--max-delay 1000years is over the longest jobq accepts",
+        ),
+        (
+            &["--backoff-cap", "200years"][..],
+            "--backoff-cap 200years is over",
+        ),
+        (
+            &["--default-lease", "1h", "--max-lease", "30m"][..],
+            "--default-lease 1h is longer than --max-lease 30m",
+        ),
+        (
+            &["--min-lease", "0s"][..],
+            "--min-lease must be longer than 0s",
+        ),
+        (
+            &["--backoff-base", "1h", "--backoff-cap", "1m"][..],
+            "--backoff-base 1h is longer than --backoff-cap 1m",
+        ),
+    ] {
+        let out = run(flags);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} started");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+        assert!(!data.exists(), "{flags:?} created the data folder");
+    }
+}

@@ -336,6 +336,66 @@ impl Config {
         Ok(())
     }
 
+    /// Refuses limits that contradict each other, or that would put a
+    /// job's times out of every store's reach (PostgreSQL's timestamps end
+    /// in 294276, the encoding of its driver overflows long before; sled's
+    /// index saturates in 2554): a lease, delay or backoff of at most
+    /// [`MAX_LIMIT_DURATION`], and `--min-lease` ≤ `--default-lease` ≤
+    /// `--max-lease`, `--backoff-base` ≤ `--backoff-cap`.
+    ///
+    /// # Errors
+    /// The first contradiction, naming its flags.
+    pub fn check_limits(&self) -> Result<(), String> {
+        let longest = [
+            ("--max-lease", self.max_lease),
+            ("--default-lease", self.default_lease),
+            ("--max-delay", self.max_delay),
+            ("--backoff-cap", self.backoff_cap),
+        ];
+        for (flag, value) in longest {
+            if value > MAX_LIMIT_DURATION {
+                return Err(format!(
+                    "{flag} {} is over the longest jobq accepts, {}",
+                    humantime::format_duration(value),
+                    humantime::format_duration(MAX_LIMIT_DURATION)
+                ));
+            }
+        }
+        let ordered = [
+            (
+                "--min-lease",
+                self.min_lease,
+                "--default-lease",
+                self.default_lease,
+            ),
+            (
+                "--default-lease",
+                self.default_lease,
+                "--max-lease",
+                self.max_lease,
+            ),
+            (
+                "--backoff-base",
+                self.backoff_base,
+                "--backoff-cap",
+                self.backoff_cap,
+            ),
+        ];
+        for (low_flag, low, high_flag, high) in ordered {
+            if low > high {
+                return Err(format!(
+                    "{low_flag} {} is longer than {high_flag} {}",
+                    humantime::format_duration(low),
+                    humantime::format_duration(high)
+                ));
+            }
+        }
+        if self.min_lease.is_zero() {
+            return Err("--min-lease must be longer than 0s".into());
+        }
+        Ok(())
+    }
+
     /// The backoff policy.
     pub fn backoff(&self) -> Backoff {
         Backoff {
@@ -344,6 +404,9 @@ impl Config {
         }
     }
 }
+
+/// The longest lease, delay or backoff a flag may allow: 100 years.
+pub const MAX_LIMIT_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// EIO on Linux (and every Unix jobq runs on).
 const fn libc_eio() -> i32 {

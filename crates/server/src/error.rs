@@ -49,6 +49,10 @@ pub enum Error {
     /// tokens, and was not told `--insecure`.
     #[error("{0}")]
     Exposed(String),
+    /// The configured limits contradict each other or are out of every
+    /// store's reach ([`crate::Config::check_limits`]).
+    #[error("{0}")]
+    Limits(String),
     /// A shared database (the PostgreSQL store) failed in a way worth
     /// retrying: the connection broke, the pool is exhausted, or the
     /// transaction lost a race. Nothing was changed: a database transaction
@@ -95,7 +99,8 @@ impl Error {
             | Error::Database(_)
             | Error::Corrupt(_)
             | Error::Io(_)
-            | Error::Exposed(_) => Code::Internal,
+            | Error::Exposed(_)
+            | Error::Limits(_) => Code::Internal,
         }
     }
 }

@@ -44,9 +44,11 @@ pub const SERVICE_NAME: &str = "jobq.v1.JobQueue";
 /// When the address cannot be bound, the data folder cannot be opened, the
 /// TLS or tokens files are wrong, the transport fails, or the address is
 /// not loopback and the server is neither secured nor told `--insecure`
-/// ([`Config::check_exposure`]).
+/// ([`Config::check_exposure`]), or the limits contradict each other
+/// ([`Config::check_limits`]).
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     config.check_exposure().map_err(Error::Exposed)?;
+    config.check_limits().map_err(Error::Limits)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::Io(format!("cannot listen on {}: {e}", config.listen)))?;
