@@ -18,6 +18,26 @@ use tokio_util::sync::CancellationToken;
 /// The `jobq` binary under test.
 pub const JOBQ: &str = env!("CARGO_BIN_EXE_jobq");
 
+/// Runs `jobq serve --listen 127.0.0.1:0 --http-listen off --data DATA
+/// EXTRA...` to its end, for a start that is refused: its exit status and
+/// output.
+pub fn serve_refused(data: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(JOBQ)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "off",
+            "--data",
+        ])
+        .arg(data)
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run jobq serve")
+}
+
 /// Polls `cond` every 10 ms until it returns `Some`, failing the test after
 /// `limit`. Waits on a condition, never on a fixed sleep.
 pub async fn until<T, F, Fut>(limit: Duration, what: &str, mut cond: F) -> T

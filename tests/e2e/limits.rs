@@ -299,22 +299,6 @@ async fn heartbeats_are_bounded_per_call_not_by_max_capacity() {
 fn serve_refuses_contradicting_or_unreachable_limits() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let run = |extra: &[&str]| {
-        std::process::Command::new(crate::harness::JOBQ)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "off",
-                "--data",
-            ])
-            .arg(&data)
-            .args(extra)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("run jobq serve")
-    };
     for (flags, says) in [
         (
             &["--max-delay", "1000years"][..],
@@ -337,7 +321,7 @@ fn serve_refuses_contradicting_or_unreachable_limits() {
             "--backoff-base 1h is longer than --backoff-cap 1m",
         ),
     ] {
-        let out = run(flags);
+        let out = crate::harness::serve_refused(&data, flags);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{flags:?} started");
         assert!(stderr.contains(says), "{flags:?}: {stderr}");

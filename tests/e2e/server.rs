@@ -251,20 +251,8 @@ async fn a_clean_stop_saves_the_indexes_and_a_crash_after_it_reads_the_records()
     assert!(saved.exists(), "a clean stop saves the indexes");
     // A start that refuses its configuration does so before it opens the
     // store, so the saved indexes are still there for the next one.
-    let refused = std::process::Command::new(crate::harness::JOBQ)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "off",
-            "--data",
-        ])
-        .arg(&data)
-        .args(["--auth-tokens", "/nonexistent/tokens.toml"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run jobq serve");
+    let refused =
+        crate::harness::serve_refused(&data, &["--auth-tokens", "/nonexistent/tokens.toml"]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("tokens file"));
     assert!(saved.exists(), "a refused start leaves the saved indexes");

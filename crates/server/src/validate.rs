@@ -529,22 +529,24 @@ mod tests {
         let err = new_job(req, &c).expect_err("a NUL in a value");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.to_string().contains("NUL"), "{err}");
-        let req = pb::FailRequest {
-            job_id: "1".into(),
-            lease_id: "2".into(),
-            error: "exit 1\0\0: bad".into(),
-            ..Default::default()
+        let error = |text: String| {
+            let req = pb::FailRequest {
+                job_id: "1".into(),
+                lease_id: "2".into(),
+                error: text,
+                ..Default::default()
+            };
+            fail(req, &c)
+                .expect("a Fail is never refused for its text")
+                .1
+                .error
         };
-        let (_, report) = fail(req, &c).expect("a Fail is never refused for its text");
-        assert_eq!(report.error, "exit 1\u{fffd}\u{fffd}: bad");
-        let req = pb::FailRequest {
-            job_id: "1".into(),
-            lease_id: "2".into(),
-            error: "\0".repeat(5000),
-            ..Default::default()
-        };
-        let (_, report) = fail(req, &c).expect("valid");
-        assert!(report.error.len() <= c.max_error_bytes && !report.error.contains('\0'));
+        assert_eq!(
+            error("exit 1\0\0: bad".into()),
+            "exit 1\u{fffd}\u{fffd}: bad"
+        );
+        let cut = error("\0".repeat(5000));
+        assert!(cut.len() <= c.max_error_bytes && !cut.contains('\0'));
     }
 
     #[test]

@@ -65,10 +65,8 @@ struct QueueIndex {
     pending: BTreeMap<Reverse<i32>, PackedSet<(At, JobId)>>,
     /// Retained jobs by key: at most one per (queue, key).
     keys: HashMap<Box<str>, JobId>,
-    /// Jobs per status, indexed like [`Status::ALL`].
-    counts: [u64; 4],
-    /// Ids of the queue's jobs per status, indexed like [`Status::ALL`]
-    /// (ListJobs by queue).
+    /// Ids of the queue's jobs per status, indexed like [`Status::ALL`]:
+    /// ListJobs by queue, and the queue's counts (a bitmap's length).
     by_status: [RoaringTreemap; 4],
 }
 
@@ -187,9 +185,6 @@ impl Index {
                 queue.pending.entry(priority).or_default().append(&mut set);
             }
             queue.keys.extend(q.keys);
-            for (count, more) in queue.counts.iter_mut().zip(q.counts) {
-                *count += more;
-            }
             for (mine, theirs) in queue.by_status.iter_mut().zip(q.by_status) {
                 *mine |= theirs;
             }
@@ -233,7 +228,6 @@ impl Index {
         }
         self.by_status[slot(job.status)].insert(job.id.0);
         let queue = self.queue_mut(&job.queue);
-        queue.counts[slot(job.status)] += 1;
         queue.by_status[slot(job.status)].insert(job.id.0);
         if job.status == Status::Pending {
             queue
@@ -253,8 +247,6 @@ impl Index {
         }
         self.by_status[slot(job.status)].remove(job.id.0);
         let queue = self.queue_mut(&job.queue);
-        let count = &mut queue.counts[slot(job.status)];
-        *count = count.saturating_sub(1);
         queue.by_status[slot(job.status)].remove(job.id.0);
         if job.status == Status::Pending {
             if let Some(set) = queue.pending.get_mut(&Reverse(job.priority)) {
@@ -381,10 +373,10 @@ impl Index {
                 .map(|run_at| now.duration_since(run_at).unwrap_or(Duration::ZERO));
             QueueStats {
                 queue: q.name.to_string(),
-                pending: q.counts[0],
-                running: q.counts[1],
-                done: q.counts[2],
-                failed: q.counts[3],
+                pending: q.by_status[0].len(),
+                running: q.by_status[1].len(),
+                done: q.by_status[2].len(),
+                failed: q.by_status[3].len(),
                 oldest_pending_age,
                 paused: false,
             }
@@ -400,7 +392,7 @@ impl Index {
                 let mut all: Vec<QueueStats> = self
                     .queues
                     .iter()
-                    .filter(|q| q.counts.iter().any(|&c| c > 0))
+                    .filter(|q| q.by_status.iter().any(|ids| !ids.is_empty()))
                     .map(one)
                     .collect();
                 all.sort_by(|a, b| a.queue.cmp(&b.queue));

@@ -5,9 +5,9 @@
 //! The layout: a version byte, the token that ties the file to the store
 //! that wrote it (see `Sled::close`), the CRC-32 of the rest, then the
 //! indexes in postcard: per queue its name, its PENDING `(run_at, id)`
-//! entries per priority, its keys, counts and per-status id bitmaps; the
-//! RUNNING jobs' lease
-//! expiries; and the per-status id bitmaps in roaring's portable format.
+//! entries per priority, its keys and its per-status id bitmaps; the
+//! RUNNING jobs' lease expiries; and the overall per-status id bitmaps (all
+//! bitmaps in roaring's portable format).
 //! Paused queues are not in it: they have a tree of their own, read at
 //! every start. Whether the saved indexes still match the records is the
 //! sled backend's business: this module writes them and reads them back,
@@ -53,7 +53,6 @@ struct QueueOut<'a> {
     name: &'a str,
     pending: Vec<(i32, &'a PackedSet<(At, JobId)>)>,
     keys: &'a HashMap<Box<str>, JobId>,
-    counts: [u64; 4],
     by_status: [Vec<u8>; 4],
 }
 
@@ -64,7 +63,6 @@ struct QueueIn {
     /// Each priority's entries in order (as a sorted set writes them).
     pending: Vec<(i32, Vec<(At, JobId)>)>,
     keys: HashMap<Box<str>, JobId>,
-    counts: [u64; 4],
     by_status: [Vec<u8>; 4],
 }
 
@@ -94,7 +92,6 @@ impl Index {
                         name: &q.name,
                         pending: q.pending.iter().map(|(p, set)| (p.0, set)).collect(),
                         keys: &q.keys,
-                        counts: q.counts,
                         by_status: portable(&q.by_status)?,
                     })
                 })
@@ -148,7 +145,6 @@ impl Index {
                     .map(|(p, entries)| (Reverse(p), entries.into_iter().collect()))
                     .collect(),
                 keys: q.keys,
-                counts: q.counts,
                 by_status: bitmaps(&q.by_status)?,
             });
         }
