@@ -3,7 +3,7 @@
 //! its own: it loads, calls [`crate::machine::apply`], writes and reindexes
 //! — once, in [`Backend::apply`] — and answers queries.
 
-use std::{future::Future, sync::Arc, time::SystemTime};
+use std::{future::Future, time::SystemTime};
 
 use super::{events::Remote, rules::Retention, Enqueued, ListFilter, Page, QueueStats};
 use crate::{
@@ -126,10 +126,8 @@ pub trait Backend: Send + Sync + 'static {
     /// One job without its payload, for checks of its queue or lease.
     fn peek(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
 
-    /// A page of jobs matching the filter, by ascending id. Takes the
-    /// backend by `Arc` so that an engine whose reads block (sled's record
-    /// walk and payload files) can run them on tokio's blocking pool.
-    fn list(self: Arc<Self>, filter: ListFilter) -> impl Future<Output = Result<Page>> + Send;
+    /// A page of jobs matching the filter, by ascending id.
+    fn list(&self, filter: ListFilter) -> impl Future<Output = Result<Page>> + Send;
 
     /// Counts per queue (one queue, or all), sorted by queue name.
     fn stats(

@@ -689,7 +689,7 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn list(&self, filter: ListFilter) -> Result<Page> {
         self.check()?;
-        Arc::clone(&self.backend).list(filter).await
+        self.backend.list(filter).await
     }
 
     async fn stats(&self, queue: Option<&str>, now: SystemTime) -> Result<Vec<QueueStats>> {

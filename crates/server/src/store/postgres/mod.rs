@@ -396,8 +396,8 @@ impl Backend for Pg {
         queries::get(self, id, false).await
     }
 
-    async fn list(self: Arc<Self>, filter: ListFilter) -> Result<Page> {
-        Ok(queries::list(&self, &filter).await?)
+    async fn list(&self, filter: ListFilter) -> Result<Page> {
+        Ok(queries::list(self, &filter).await?)
     }
 
     async fn stats(&self, queue: Option<&str>, now: SystemTime) -> Result<Vec<QueueStats>> {

@@ -53,7 +53,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Mutex, MutexGuard, PoisonError,
+        Mutex, MutexGuard, PoisonError,
     },
     time::{Instant, SystemTime},
 };
@@ -1067,13 +1067,8 @@ impl Backend for Sled {
         self.load(id)
     }
 
-    /// On tokio's blocking pool: a page reads up to `limit` records, and
-    /// payload files up to `--max-page-bytes`, none of which may hold a
-    /// runtime thread that pushes jobs and answers acks.
-    async fn list(self: Arc<Self>, filter: ListFilter) -> Result<Page> {
-        tokio::task::spawn_blocking(move || self.list_scan(&filter))
-            .await
-            .map_err(|e| Error::Io(format!("listing jobs failed: {e}")))?
+    async fn list(&self, filter: ListFilter) -> Result<Page> {
+        self.list_scan(&filter)
     }
 
     async fn stats(&self, queue: Option<&str>, now: SystemTime) -> Result<Vec<QueueStats>> {
