@@ -654,6 +654,51 @@ async fn list_pages_are_bounded_by_bytes_and_can_leave_payloads_out() {
 }
 
 #[tokio::test]
+async fn list_pages_count_each_jobs_history_against_their_bound() {
+    let (_dir, store) = fresh().await;
+    let mut ids = Vec::new();
+    for i in 0..4u64 {
+        ids.push(enqueue(&store, "h", None, 0, at(i)).await.id);
+    }
+    // Each job fails twice with a 60 KiB error: about 180 KiB with its
+    // history, of which its record's own fields (the last error) are 60.
+    let error = "e".repeat(60 * 1024);
+    for round in 0..2u64 {
+        for _ in 0..ids.len() {
+            let now = at(10 + round);
+            let leased = take(&store, "h", now).await.expect("a due job");
+            let failed = FailReport {
+                error: error.clone(),
+                ..report(leased.lease_id, Some(Duration::ZERO))
+            };
+            store.fail(leased.job.id, failed, now).await.unwrap();
+        }
+    }
+    // 250 KiB pages hold one such job each, not the four their records
+    // alone would fit.
+    let (mut seen, mut after) = (Vec::new(), None);
+    loop {
+        let page = store
+            .list(ListFilter {
+                after,
+                limit: 100,
+                max_bytes: 250 * 1024,
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(page.jobs.len(), 1, "a page over its bound");
+        assert_eq!(page.jobs[0].history.len(), 2);
+        seen.push(page.jobs[0].id);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids);
+}
+
+#[tokio::test]
 async fn list_pages_by_id_and_filters() {
     let (_dir, store) = fresh().await;
     let mut all = Vec::new();

@@ -130,6 +130,12 @@ pub fn list_sizes(filters: ListFilters) -> String {
     )
 }
 
+/// The size of each listed job's history (`$1`: the job ids), as the
+/// page will carry it.
+const HISTORY_SIZES: &str = "SELECT job_id, \
+     sum(octet_length(worker_id) + coalesce(octet_length(error), 0) + 64)::bigint \
+     FROM jobq_attempts WHERE job_id = ANY($1) GROUP BY job_id";
+
 /// A listing's parameters: `$1` to `$3`, then the filters given.
 fn list_params<'a>(
     after: &'a i64,
@@ -169,10 +175,27 @@ pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
     let sizes = client.prepare_cached(&list_sizes(filters)).await?;
     let limit_plus_one = i64::try_from(limit + 1).unwrap_or(i64::MAX);
     let rows = client.query(&sizes, &params(&limit_plus_one)).await?;
+    // The page carries each job's history too (up to `--max-attempts`
+    // entries, each with an error of up to `--max-error-bytes`): sized
+    // apart, from the attempts' primary key.
+    let ids: Vec<i64> = rows
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
+    let history = client.prepare_cached(HISTORY_SIZES).await?;
+    let history: HashMap<i64, i64> = client
+        .query(&history, &[&ids])
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_, tokio_postgres::Error>>()?;
     let (mut last, mut taken, mut bytes, mut full) = (None, 0usize, 0usize, false);
     for r in &rows {
         let id: i64 = r.try_get(0)?;
-        let size = usize::try_from(r.try_get::<_, i64>(1)?).unwrap_or(usize::MAX);
+        let size = r
+            .try_get::<_, i64>(1)?
+            .saturating_add(history.get(&id).copied().unwrap_or(0));
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
         if taken == limit || (taken > 0 && bytes.saturating_add(size) > filter.max_bytes) {
             full = true;
             break;
