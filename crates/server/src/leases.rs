@@ -43,7 +43,8 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::{
     config::Config,
-    job::{JobId, LeaseId, Outcome},
+    error::Error,
+    job::{JobId, LeaseId, Outcome, Status},
     store::{LeaseEnded, Store},
     validate::TakeSpec,
     waiter::instant_at,
@@ -127,8 +128,8 @@ struct StreamEntry {
 
 #[derive(Default)]
 struct Registry {
-    /// Which stream holds each pushed lease.
-    owners: HashMap<LeaseId, StreamId>,
+    /// Which stream holds each pushed lease, and its job.
+    owners: HashMap<LeaseId, (StreamId, JobId)>,
     streams: HashMap<StreamId, StreamEntry>,
     tokens: HashMap<String, StreamId>,
     /// Leases of streams that ended, waiting out `--disconnect-grace`; a
@@ -224,8 +225,8 @@ impl<S: Store> LeaseHub<S> {
             reg.tokens.insert(token.clone(), id);
             // Owned before they are checked, so an ack that lands meanwhile
             // still finds (and frees) them.
-            for (_, lease) in &spec.held {
-                reg.owners.insert(*lease, id);
+            for (job, lease) in &spec.held {
+                reg.owners.insert(*lease, (id, *job));
                 reg.orphans.remove(lease);
             }
         }
@@ -247,7 +248,7 @@ impl<S: Store> LeaseHub<S> {
     fn lease_ended(&self, ended: &LeaseEnded) {
         let mut reg = self.registry();
         reg.orphans.remove(&ended.lease);
-        let Some(stream) = reg.owners.remove(&ended.lease) else {
+        let Some((stream, _)) = reg.owners.remove(&ended.lease) else {
             return;
         };
         let Some(entry) = reg.streams.get(&stream) else {
@@ -273,13 +274,79 @@ impl<S: Store> LeaseHub<S> {
         let _ = entry.notices.send(notice);
     }
 
+    /// Checks leases this server's streams hold against the store (all of
+    /// them, or those of `leases`), and ends, as the store would have, every
+    /// one whose job no longer holds it: its lease-ended event was missed
+    /// (a shared store's notification connection broke meanwhile), and its
+    /// stream would otherwise keep the slot for good. Returns how many.
+    pub async fn reconcile(&self, leases: Option<&[(JobId, LeaseId)]>) -> usize {
+        let owned: Vec<(JobId, LeaseId)> = {
+            let reg = self.registry();
+            match leases {
+                None => reg
+                    .owners
+                    .iter()
+                    .map(|(lease, (_, job))| (*job, *lease))
+                    .collect(),
+                Some(leases) => leases
+                    .iter()
+                    .filter(|(_, lease)| reg.owners.contains_key(lease))
+                    .copied()
+                    .collect(),
+            }
+        };
+        let mut ended = 0;
+        for (job, lease) in owned {
+            // Lease ids are never reused: a job that does not hold this one
+            // now never will again.
+            let event = match self.store.peek(job).await {
+                Ok(j) if j.lease_id() == Some(lease) => continue,
+                Ok(j) => LeaseEnded {
+                    job,
+                    lease,
+                    outcome: j
+                        .history
+                        .iter()
+                        .rev()
+                        .find(|a| a.lease_id == lease)
+                        .and_then(|a| a.outcome),
+                    queue: j.queue,
+                    status: j.status,
+                },
+                // Gone (deleted or purged once finished): taken away.
+                Err(Error::NotFound(_)) => LeaseEnded {
+                    job,
+                    lease,
+                    outcome: Some(Outcome::Revoked),
+                    queue: String::new(),
+                    status: Status::Done,
+                },
+                Err(err) => {
+                    warn!(cause = %err, job.id = %job, "could not check a stream's lease; will check again");
+                    continue;
+                }
+            };
+            if self.registry().owners.contains_key(&lease) {
+                self.lease_ended(&event);
+                ended += 1;
+            }
+        }
+        if ended > 0 {
+            info!(
+                leases = ended,
+                "freed stream slots whose lease-ended events were missed"
+            );
+        }
+        ended
+    }
+
     /// Whether a lease's job is still waiting in its stream, never pulled
     /// by the transport: its expiry is then no attempt of the worker's.
     pub fn undelivered(&self, lease: LeaseId) -> bool {
         let reg = self.registry();
         reg.owners
             .get(&lease)
-            .and_then(|stream| reg.streams.get(stream))
+            .and_then(|(stream, _)| reg.streams.get(stream))
             .is_some_and(|entry| entry.pipe.unpulled().contains(&lease))
     }
 
@@ -322,9 +389,10 @@ impl<S: Store> LeaseHub<S> {
             let holds = matches!(self.store.peek(job).await, Ok(j) if j.lease_id() == Some(lease));
             let mut reg = self.registry();
             // An event that ended the lease meanwhile removed the owner.
-            if holds && reg.owners.get(&lease) == Some(&id) {
+            let owned = reg.owners.get(&lease).is_some_and(|(s, _)| *s == id);
+            if holds && owned {
                 adopted.insert(lease, job);
-            } else if reg.owners.get(&lease) == Some(&id) {
+            } else if owned {
                 reg.owners.remove(&lease);
             }
         }
@@ -385,7 +453,7 @@ impl<S: Store> LeaseHub<S> {
                             let (job, lease) = (leased.job.id, leased.lease_id);
                             // Owned before it is sent, so an ack that races
                             // the send still finds its stream.
-                            self.registry().owners.insert(lease, id);
+                            self.registry().owners.insert(lease, (id, job));
                             pipe.unpulled().insert(lease);
                             held.insert(lease, job);
                             debug!(job.id = %job, lease.id = %lease, "pushed");
@@ -468,7 +536,7 @@ impl<S: Store> LeaseHub<S> {
             // A lease a newer stream declared (the worker reconnected) is
             // that stream's now: neither freed nor reclaimed here.
             held.retain(|lease, _| match reg.owners.get(lease) {
-                Some(owner) if *owner == id => {
+                Some((owner, _)) if *owner == id => {
                     reg.owners.remove(lease);
                     true
                 }
@@ -555,6 +623,24 @@ impl<S: Store> LeaseHub<S> {
                     warn!(job.id = %job, cause = %err, "reclaim after disconnect failed; the lease will expire")
                 }
             }
+        }
+    }
+}
+
+/// Runs [`LeaseHub::reconcile`] over every held lease whenever the store
+/// says lease-ended events may have been missed, until `shutdown`.
+pub async fn reconcile_on_resync<S: Store>(hub: Arc<LeaseHub<S>>, shutdown: CancellationToken) {
+    let mut resyncs = hub.store.resyncs();
+    resyncs.borrow_and_update();
+    loop {
+        tokio::select! {
+            changed = resyncs.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                hub.reconcile(None).await;
+            }
+            () = shutdown.cancelled() => return,
         }
     }
 }

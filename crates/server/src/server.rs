@@ -17,7 +17,7 @@ use crate::{
     config::Config,
     connections::{self, TrackCalls},
     error::{Error, Result, TransportCodes},
-    leases::LeaseHub,
+    leases::{self, LeaseHub},
     limits::RequestBudget,
     metrics::{Metrics, Rates},
     reaper,
@@ -223,6 +223,10 @@ async fn serve_store<S: Store + CommitHook>(
         shutdown.clone(),
     ));
     let scheduler = tokio::spawn(scheduler::run(Arc::clone(&store), shutdown.clone()));
+    let resync = tokio::spawn(leases::reconcile_on_resync(
+        Arc::clone(&hub),
+        shutdown.clone(),
+    ));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -320,6 +324,7 @@ async fn serve_store<S: Store + CommitHook>(
     shutdown.cancel();
     let _ = reaper.await;
     let _ = scheduler.await;
+    let _ = resync.await;
     let _ = reload.await;
     if let Some(engine) = engine {
         let _ = engine.await;

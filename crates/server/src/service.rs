@@ -15,6 +15,7 @@ use crate::{
     config::Config,
     convert,
     error::{Error, Result},
+    job::{JobId, LeaseId},
     leases::{LeaseEvents, LeaseHub},
     limits::StreamQuota,
     store::Store,
@@ -379,16 +380,25 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let (leases, extend_by) = validate::heartbeat(req, &self.config)?;
         auth::authorize(&*self.store, &who, Access::Leases(&leases)).await?;
         let results = self.store.extend(&leases, extend_by, now()).await?;
-        let lost = leases
+        let lost: Vec<(JobId, LeaseId)> = leases
             .iter()
             .zip(results)
             .filter(|(_, r)| r.is_err())
-            .map(|((job, lease), _)| pb::LeaseRef {
+            .map(|(lease, _)| *lease)
+            .collect();
+        self.hub.heartbeat(&worker_id, &leases, draining, &token);
+        if !lost.is_empty() {
+            // A lost lease that a stream here still counts: its lease-ended
+            // event was missed; free the slot now.
+            self.hub.reconcile(Some(&lost)).await;
+        }
+        let lost = lost
+            .into_iter()
+            .map(|(job, lease)| pb::LeaseRef {
                 job_id: job.to_string(),
                 lease_id: lease.to_string(),
             })
             .collect();
-        self.hub.heartbeat(&worker_id, &leases, draining, &token);
         Ok(Response::new(pb::HeartbeatResponse { lost }))
     }
 

@@ -240,6 +240,72 @@ async fn a_cancelled_enqueue_of_a_big_payload_still_completes() {
     assert_eq!(files, 1);
 }
 
+/// A take is written before its payload file is read. A Dequeue whose
+/// caller leaves during that read, or a file that cannot be read, must not
+/// strand the job RUNNING under a lease nobody holds with the reaper asleep:
+/// the lease re-arms the reaper and is made durable as soon as it is
+/// written, so the job is reclaimed when the lease runs out.
+#[tokio::test]
+async fn a_take_cut_short_while_its_payload_file_is_read_still_arms_the_reaper() {
+    for how in ["cancelled", "unreadable"] {
+        // A store of its own each: the first lease armed the reaper.
+        let dir = TempDir::new().unwrap();
+        let mut config = config(&dir);
+        config.payload_file_bytes = 16 * 1024;
+        let store = SledStore::open(&config).unwrap();
+        let big = NewJob {
+            payload: vec![b'p'; 64 * 1024],
+            ..new_job(None)
+        };
+        let t0 = SystemTime::now();
+        let job = store.enqueue(big, t0).await.unwrap().job;
+        let mut lease_changes = store.lease_changes();
+        lease_changes.borrow_and_update();
+        let rounds = store.flush_rounds();
+        if how == "cancelled" {
+            let queues = queues();
+            let take = store.take(&queues, "w", None, LEASE, t0);
+            assert!(!poll_once(take), "the take waits for its payload file");
+        } else {
+            // The file is there but cannot be read (EISDIR).
+            let file = dir.path().join("payloads").join(job.id.to_string());
+            std::fs::remove_file(&file).unwrap();
+            std::fs::create_dir(&file).unwrap();
+            let err = store
+                .take(&queues(), "w", None, LEASE, t0)
+                .await
+                .expect_err("the payload cannot be read");
+            assert!(!err.to_string().is_empty());
+        }
+        let got = store.get(job.id).await;
+        let status = got.map(|j| j.status).unwrap_or(Status::Running);
+        assert_eq!(status, Status::Running, "{how}: the take was written");
+        assert!(
+            lease_changes.has_changed().unwrap(),
+            "{how}: the reaper was told about the new lease"
+        );
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while store.flush_rounds() == rounds {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{how}: the lease was made durable without another call"));
+        let reaped = store.reclaim_expired(t0 + LEASE, &|_| false).await.unwrap();
+        assert_eq!(reaped.len(), 1, "{how}");
+        assert_eq!(reaped[0].0.id, job.id);
+        assert_eq!(reaped[0].0.status, Status::Pending);
+    }
+}
+
+/// Polls `fut` exactly once, with a waker that does nothing, and drops
+/// it; returns whether it was ready.
+fn poll_once<F: std::future::Future>(fut: F) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    fut.as_mut().poll(&mut cx).is_ready()
+}
+
 #[tokio::test]
 async fn a_given_back_job_spends_no_attempt_and_keeps_its_place() {
     let dir = TempDir::new().unwrap();

@@ -48,6 +48,17 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Whether [`Backend::apply`] may wait (for a network round trip)
+    /// before it makes its change. [`super::Jobs`] then runs an ack, fail,
+    /// cancel, retry, reclaim or give-back in a task of its own: a caller
+    /// who gives up after the change committed must not take with it the
+    /// lease-ended event that frees the stream's slot and tells its worker.
+    /// Default: no (the change is made on the first poll, and the event is
+    /// published before the next await).
+    fn apply_waits(&self) -> bool {
+        false
+    }
+
     /// Finds the first due job of the first unpaused queue that has one and applies
     /// `take` (an [`Event::Take`]) to it, atomically: two callers never
     /// take the same job. `streamed`: the lease goes to a Lease stream of

@@ -116,6 +116,24 @@ impl Remote {
         }
     }
 
+    /// A lease this server's backend just wrote expires at `at`: re-arm
+    /// the reaper if that is sooner than its timer. For a change whose
+    /// caller may not get to publish it (a take that then waits).
+    pub fn lease_expires(&self, at: std::time::SystemTime) {
+        if let Some(signals) = self.signals.upgrade() {
+            signals.lease_expires(super::rules::epoch_ms(at));
+        }
+    }
+
+    /// Lease-ended events of other servers may have been missed (the
+    /// connection that hears them broke): the lease hub checks the leases
+    /// its streams hold against the store.
+    pub fn resync(&self) {
+        if let Some(signals) = self.signals.upgrade() {
+            signals.resyncs.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
     /// A lease may now expire sooner than the reaper's timer (another
     /// server took it): the reaper re-arms.
     pub fn rearm(&self) {
@@ -131,6 +149,7 @@ impl Remote {
 pub(crate) struct Signals {
     changes: watch::Sender<u64>,
     lease_changes: watch::Sender<u64>,
+    resyncs: watch::Sender<u64>,
     listeners: RwLock<Vec<Listener>>,
     observers: RwLock<Vec<Observer>>,
     /// The earliest lease expiry the reaper may be sleeping towards, in ms
@@ -144,6 +163,7 @@ impl Default for Signals {
         Signals {
             changes: watch::Sender::new(0),
             lease_changes: watch::Sender::new(0),
+            resyncs: watch::Sender::new(0),
             listeners: RwLock::new(Vec::new()),
             observers: RwLock::new(Vec::new()),
             // Not armed yet: the first lease re-arms.
@@ -159,6 +179,10 @@ impl Signals {
 
     pub(crate) fn lease_changes(&self) -> watch::Receiver<u64> {
         self.lease_changes.subscribe()
+    }
+
+    pub(crate) fn resyncs(&self) -> watch::Receiver<u64> {
+        self.resyncs.subscribe()
     }
 
     pub(crate) fn subscribe(&self, listener: Listener) {

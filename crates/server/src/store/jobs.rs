@@ -2,6 +2,7 @@
 //! that does not depend on the engine written once.
 
 use std::{
+    future::Future,
     sync::{Arc, OnceLock},
     time::{Duration, SystemTime},
 };
@@ -276,6 +277,24 @@ impl<B: Backend> Jobs<B> {
         }
     }
 
+    /// Applies one event to one job and commits it; returns the job as
+    /// changed, without its payload. Runs to the end even if the caller is
+    /// dropped meanwhile, where the engine's apply may wait
+    /// ([`Backend::apply_waits`]).
+    async fn one_committed(&self, id: JobId, event: Event, now: SystemTime) -> Result<Job> {
+        let this = self.clone();
+        let work = async move {
+            let change = this.one(id, event, now).await?;
+            this.commit(std::slice::from_ref(&change), false).await?;
+            Ok(without_payload(change.new))
+        };
+        if self.backend.apply_waits() {
+            to_the_end(work).await
+        } else {
+            work.await
+        }
+    }
+
     /// Publishes what `changes` mean and waits until they are durable:
     /// lease-ended events at once (they must not depend on the caller still
     /// waiting), wake-ups only once durable (even if the caller stopped
@@ -345,6 +364,20 @@ pub trait Broken {
     fn broken(&self) -> impl std::future::Future<Output = String> + Send + 'static;
 }
 
+/// Runs `work` in a task of its own and waits for it: a caller dropped
+/// meanwhile does not cut it short. A panic in it is the caller's.
+async fn to_the_end<T: Send + 'static>(
+    work: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    match tokio::spawn(work).await {
+        Ok(result) => result,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Err(Error::Io(format!("a store task failed: {e}"))),
+        },
+    }
+}
+
 /// A changed job as [`Store`] returns it: without its payload.
 fn without_payload(mut job: Job) -> Job {
     job.payload = Vec::new();
@@ -367,14 +400,7 @@ impl<B: Backend> Store for Jobs<B> {
         if self.backend.insert_waits(&deduped.unique) {
             // Run to the end even if this caller is dropped meanwhile.
             let this = self.clone();
-            return match tokio::spawn(async move { this.insert_deduped(deduped, now).await }).await
-            {
-                Ok(result) => result,
-                Err(e) => match e.try_into_panic() {
-                    Ok(panic) => std::panic::resume_unwind(panic),
-                    Err(e) => Err(Error::Io(format!("an enqueue task failed: {e}"))),
-                },
-            };
+            return to_the_end(async move { this.insert_deduped(deduped, now).await }).await;
         }
         self.insert_deduped(deduped, now).await
     }
@@ -404,9 +430,7 @@ impl<B: Backend> Store for Jobs<B> {
     }
 
     async fn ack(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> Result<Job> {
-        let change = self.one(id, Event::Ack { lease_id }, now).await?;
-        self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(without_payload(change.new))
+        self.one_committed(id, Event::Ack { lease_id }, now).await
     }
 
     async fn fail(&self, id: JobId, report: FailReport, now: SystemTime) -> Result<Job> {
@@ -421,21 +445,15 @@ impl<B: Backend> Store for Jobs<B> {
             backoff: self.backoff,
             jitter: rules::jitter(),
         };
-        let change = self.one(id, event, now).await?;
-        self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(without_payload(change.new))
+        self.one_committed(id, event, now).await
     }
 
     async fn retry(&self, id: JobId, now: SystemTime) -> Result<Job> {
-        let change = self.one(id, Event::Retry, now).await?;
-        self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(without_payload(change.new))
+        self.one_committed(id, Event::Retry, now).await
     }
 
     async fn cancel(&self, id: JobId, reason: String, now: SystemTime) -> Result<Job> {
-        let change = self.one(id, Event::Cancel { reason }, now).await?;
-        self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(without_payload(change.new))
+        self.one_committed(id, Event::Cancel { reason }, now).await
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
@@ -489,11 +507,8 @@ impl<B: Backend> Store for Jobs<B> {
         outcome: Outcome,
         now: SystemTime,
     ) -> Result<Job> {
-        let change = self
-            .one(id, Event::Reclaim { lease_id, outcome }, now)
-            .await?;
-        self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(without_payload(change.new))
+        self.one_committed(id, Event::Reclaim { lease_id, outcome }, now)
+            .await
     }
 
     async fn give_back(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> Result<Job> {
@@ -501,9 +516,7 @@ impl<B: Backend> Store for Jobs<B> {
             lease_id,
             if_expired: false,
         };
-        let change = self.one(id, event, now).await?;
-        self.commit(std::slice::from_ref(&change), false).await?;
-        Ok(without_payload(change.new))
+        self.one_committed(id, event, now).await
     }
 
     async fn reclaim_expired(
@@ -719,6 +732,10 @@ impl<B: Backend> Store for Jobs<B> {
 
     fn lease_changes(&self) -> watch::Receiver<u64> {
         self.signals.lease_changes()
+    }
+
+    fn resyncs(&self) -> watch::Receiver<u64> {
+        self.signals.resyncs()
     }
 
     fn on_lease_ended(&self, listener: Listener) {

@@ -372,6 +372,11 @@ pub trait Store: Send + Sync + 'static {
     /// timer.
     fn lease_changes(&self) -> watch::Receiver<u64>;
 
+    /// Bumped when lease-ended events may have been missed (a shared
+    /// engine's notification connection broke and came back): whoever
+    /// tracks leases checks them against the store.
+    fn resyncs(&self) -> watch::Receiver<u64>;
+
     /// Registers a listener for lease-ended events (ack, fail, reclaim,
     /// expiry, give-back): called synchronously when the store applies the
     /// change, whoever asked for it and whether or not they still wait.

@@ -24,9 +24,10 @@ const ORPHAN_LIMIT: i64 = 1000;
 const FORGET_AFTER_TIMEOUTS: f64 = 10.0;
 
 /// Registers this server (again, if it was forgotten) and records that it
-/// is alive; forgets servers long dead.
+/// is alive; forgets servers long dead. On a connection of its own, not
+/// the pool's (see [`Pg`]'s `heartbeats`).
 pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
-    let client = pg.client().await?;
+    let client = pg.heartbeats.get().await?;
     let beat = client
         .prepare_cached(
             "INSERT INTO jobq_servers (id) VALUES ($1) \

@@ -11,7 +11,10 @@
 //!
 //! One dedicated connection per server listens (a pooled one would be
 //! recycled). If it breaks, the task reconnects with a backoff and then
-//! wakes everything once, since notifications sent meanwhile are lost.
+//! wakes everything once, since notifications sent meanwhile are lost: the
+//! waiters and the reaper re-check, and the lease hub checks every lease
+//! its streams hold against the database (an ack or cancel made on another
+//! server meanwhile would otherwise never free its slot).
 
 use std::time::Duration;
 
@@ -132,9 +135,11 @@ async fn listen_once(
         .batch_execute(&format!("LISTEN {DUE}; LISTEN {LEASE_ENDED}"))
         .await?;
     if !first {
-        // Whatever was notified while we were away is lost: re-check all.
+        // Whatever was notified while we were away is lost: re-check all,
+        // now that what is notified from here on is heard.
         remote.due();
         remote.rearm();
+        remote.resync();
     }
     debug!("listening for other servers' changes");
     while let Some(n) = rx.recv().await {

@@ -108,6 +108,11 @@ pub struct Pg {
     core: Arc<Core>,
     pg_config: tokio_postgres::Config,
     server_timeout: Duration,
+    /// One connection of its own for this server's heartbeat: behind a
+    /// pool that slow reads or a stuck row lock have drained, it would
+    /// wait past `--server-timeout`, and the other servers would take this
+    /// live server for dead and reclaim its streams' leases.
+    heartbeats: Pool,
     listener: Mutex<Option<AbortHandle>>,
     remote: std::sync::OnceLock<Remote>,
     /// Group commit of transitions; `None` with the caller's clock (tests
@@ -218,6 +223,18 @@ impl Pg {
             .create_timeout(Some(Duration::from_secs(10)))
             .build()
             .map_err(PgError::from)?;
+        let heartbeats = Pool::builder(Manager::from_config(
+            pg_config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        ))
+        .max_size(1)
+        .runtime(Runtime::Tokio1)
+        .create_timeout(Some(options.server_timeout))
+        .build()
+        .map_err(PgError::from)?;
         {
             let mut client = pool.get().await.map_err(PgError::from)?;
             schema::migrate(&mut client).await?;
@@ -245,6 +262,7 @@ impl Pg {
             core,
             pg_config,
             server_timeout: options.server_timeout,
+            heartbeats,
             listener: Mutex::new(None),
             remote: std::sync::OnceLock::new(),
             batcher,
@@ -320,6 +338,16 @@ impl Core {
 }
 
 impl Backend for Pg {
+    /// Every insert is a network round trip (or a wait for a group-commit
+    /// lane): run to the end even if the caller gives up.
+    fn insert_waits(&self, _batch: &[NewJob]) -> bool {
+        true
+    }
+
+    fn apply_waits(&self) -> bool {
+        true
+    }
+
     async fn insert(&self, batch: Vec<NewJob>, now: SystemTime) -> Result<Vec<Enqueued>> {
         match &self.inserter {
             Some(inserter) => Ok(inserter.run(batch, now).await?),

@@ -53,7 +53,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
-        Mutex, MutexGuard, PoisonError,
+        Mutex, MutexGuard, OnceLock, PoisonError,
     },
     time::{Instant, SystemTime},
 };
@@ -66,6 +66,7 @@ use record::Payload;
 
 use super::{
     jobs::Broken, rules::Retention, Backend, Change, Enqueued, Jobs, ListFilter, Page, QueueStats,
+    Remote,
 };
 use crate::{
     config::Config,
@@ -128,6 +129,8 @@ pub struct Sled {
     /// lock of `state`.
     sealed: AtomicBool,
     rebuilt: Rebuilt,
+    /// The store's signals, for a take that waits after it is written.
+    remote: OnceLock<Remote>,
 }
 
 fn record_key(id: JobId) -> [u8; 8] {
@@ -250,6 +253,7 @@ impl Sled {
             state: Mutex::new(index),
             sealed: AtomicBool::new(false),
             rebuilt,
+            remote: OnceLock::new(),
         })
     }
 
@@ -651,6 +655,18 @@ impl Sled {
         let mut results = self.apply_locked(&mut index, vec![(id, take)], now)?;
         match results.pop() {
             Some(Ok(mut change)) => {
+                // The take is written. What follows may fail (a payload
+                // that cannot be read) or wait (a file read, during which
+                // a Dequeue's caller may give up) before the caller
+                // publishes it, so its lease is made reapable and durable
+                // now: otherwise the job would stay RUNNING under a lease
+                // nobody holds, and nothing would wake the reaper for it.
+                if let Some(at) = change.new.lease_expires_at() {
+                    if let Some(remote) = self.remote.get() {
+                        remote.lease_expires(at);
+                    }
+                }
+                self.flusher.request();
                 // The worker needs the payload, which the change left apart.
                 // A file is opened under the lock (so a delete right after
                 // cannot take it away) and read by the caller without it
@@ -1089,6 +1105,10 @@ impl Backend for Sled {
 
     fn request_durable(&self) {
         self.flusher.request();
+    }
+
+    fn attach(&self, remote: Remote) {
+        let _ = self.remote.set(remote);
     }
 
     async fn close(&self) -> Result<()> {

@@ -1,0 +1,281 @@
+//! Lease-ended events over the PostgreSQL store, where an apply waits for
+//! the network: a caller who gives up after its Ack or CancelJob committed
+//! must not take the event with it, and an event another server sent while
+//! this one's LISTEN connection was down must not leave a stream's slot
+//! taken for good; nor may a drained pool keep a live server from
+//! heartbeating, or the others reclaim its streams' leases. Needs
+//! `JOBQ_TEST_PG` (see `scripts/pg-test.sh`).
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use jobq::pb::{self, job_queue_server::JobQueue, lease_event::Event};
+use jobq_server::{
+    job::{JobId, LeaseId, NewJob, Outcome},
+    leases::{self, LeaseHub},
+    service::JobQueueService,
+    store::{
+        postgres::{testing, Clock, PgOptions, PgStore},
+        LeaseEnded, Store,
+    },
+    Config,
+};
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::Request;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+async fn store(url: &str) -> Arc<PgStore> {
+    store_with(url, 8, 256).await
+}
+
+async fn store_with(url: &str, pool_size: usize, group_commit: usize) -> Arc<PgStore> {
+    let options = PgOptions {
+        url: url.to_owned(),
+        pool_size,
+        server_timeout: Duration::from_secs(5),
+        clock: Clock::Database,
+        group_commit,
+    };
+    Arc::new(
+        PgStore::connect(&Config::with_data("unused"), options)
+            .await
+            .expect("connect"),
+    )
+}
+
+fn job(key: &str) -> NewJob {
+    NewJob {
+        queue: "q".into(),
+        kind: "k".into(),
+        payload: vec![],
+        key: Some(key.into()),
+        max_attempts: 3,
+        delay: Duration::ZERO,
+        priority: 0,
+        metadata: Default::default(),
+    }
+}
+
+/// Polls `fut` exactly once, with a waker that does nothing, and drops
+/// it: a client whose deadline passed while its call waited for the
+/// database. Returns whether it was ready.
+fn poll_once<F: std::future::Future>(fut: F) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    fut.as_mut().poll(&mut cx).is_ready()
+}
+
+/// Waits up to 10 s for `check`, polling.
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_or_cancel_whose_caller_left_still_ends_its_lease() {
+    let url = testing::fresh_database("jobq_leases").await;
+    let store = store(&url).await;
+    let seen = Arc::new(Mutex::new(Vec::<LeaseEnded>::new()));
+    let sink = Arc::clone(&seen);
+    store.on_lease_ended(Arc::new(move |e: &LeaseEnded| {
+        sink.lock().unwrap().push(e.clone());
+    }));
+    let queues = vec!["q".to_owned()];
+    let now = SystemTime::now();
+    for key in ["acked", "cancelled"] {
+        store.enqueue(job(key), now).await.unwrap();
+    }
+    let first = store
+        .take(&queues, "w", None, LEASE, now)
+        .await
+        .unwrap()
+        .unwrap();
+    let second = store
+        .take(&queues, "w", None, LEASE, now)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let ack = store.ack(first.job.id, first.lease_id, SystemTime::now());
+    assert!(!poll_once(ack), "an ack waits for the database");
+    let cancel = store.cancel(second.job.id, "no longer wanted".into(), SystemTime::now());
+    assert!(!poll_once(cancel), "a cancel waits for the database");
+
+    let ended = |job: JobId, lease: LeaseId, outcome: Outcome| {
+        let seen = Arc::clone(&seen);
+        move || {
+            seen.lock()
+                .unwrap()
+                .iter()
+                .any(|e| e.job == job && e.lease == lease && e.outcome == Some(outcome))
+        }
+    };
+    eventually(
+        "the ack's lease-ended event",
+        ended(first.job.id, first.lease_id, Outcome::Acked),
+    )
+    .await;
+    eventually(
+        "the cancel's lease-ended event (revoked)",
+        ended(second.job.id, second.lease_id, Outcome::Revoked),
+    )
+    .await;
+}
+
+/// Server A's stream holds its one slot's lease; A's LISTEN connection is
+/// cut, and server B acks the job before A listens again, so A never hears
+/// of it. Once A listens again it checks its streams' leases against the
+/// database and frees the slot: the next job is pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_ended_elsewhere_while_listen_was_down_frees_its_slot() {
+    let url = testing::fresh_database("jobq_resync").await;
+    let (a, b) = (store(&url).await, store(&url).await);
+    let config = Arc::new(Config::with_data("unused"));
+    let shutdown = CancellationToken::new();
+    let hub = LeaseHub::new(Arc::clone(&a), Arc::clone(&config), shutdown.clone());
+    tokio::spawn(leases::reconcile_on_resync(
+        Arc::clone(&hub),
+        shutdown.clone(),
+    ));
+    let svc = JobQueueService::new(Arc::clone(&a), hub, config, shutdown.clone());
+    let now = SystemTime::now();
+    let one = b.enqueue(job("one"), now).await.unwrap().job;
+    let two = b.enqueue(job("two"), now).await.unwrap().job;
+
+    let mut stream = svc
+        .lease(Request::new(pb::LeaseRequest {
+            queues: vec!["q".into()],
+            worker_id: "w".into(),
+            capacity: 1,
+            ..Default::default()
+        }))
+        .await
+        .expect("lease")
+        .into_inner();
+    let leased = |event: Option<Result<pb::LeaseEvent, tonic::Status>>| match event {
+        Some(Ok(pb::LeaseEvent {
+            event: Some(Event::Leased(l)),
+        })) => l,
+        other => panic!("expected a leased job, got {other:?}"),
+    };
+    let first = leased(stream.next().await);
+    assert_eq!(first.job.as_ref().unwrap().id, one.id.to_string());
+
+    // Both servers listen; cut every LISTEN connection of this database.
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let listening = "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND query LIKE 'LISTEN%'";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = admin.query_one(listening, &[]).await.unwrap().get(0);
+        if n >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "both servers listen"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    // A reconnects after a backoff of 500 ms; the ack lands before.
+    let lease_id: u64 = first.lease_id.parse().unwrap();
+    b.ack(one.id, LeaseId(lease_id), SystemTime::now())
+        .await
+        .expect("ack through B");
+
+    let next = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("the slot was freed and the next job pushed");
+    let second = leased(next);
+    assert_eq!(second.job.as_ref().unwrap().id, two.id.to_string());
+    shutdown.cancel();
+}
+
+/// Every pooled connection waits on a row lock (a stuck transaction
+/// elsewhere); the server's heartbeat still goes through, on a connection
+/// of its own, well within `--server-timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_pool_does_not_stop_the_servers_heartbeat() {
+    let url = testing::fresh_database("jobq_beat").await;
+    let store = store_with(&url, 2, 1).await;
+    let now = SystemTime::now();
+    store.enqueue(job("locked"), now).await.unwrap();
+    let leased = store
+        .take(&["q".to_owned()], "w", None, LEASE, now)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let (mut admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let lock = admin.transaction().await.unwrap();
+    let id = i64::try_from(leased.job.id.0).unwrap();
+    lock.execute("SELECT 1 FROM jobq_jobs WHERE id = $1 FOR UPDATE", &[&id])
+        .await
+        .unwrap();
+    // Two heartbeats of the job's lease take both pooled connections and
+    // wait on the lock.
+    let blocked: Vec<_> = (0..2)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            let held = [(leased.job.id, leased.lease_id)];
+            tokio::spawn(async move { store.extend(&held, None, SystemTime::now()).await })
+        })
+        .collect();
+    let (waiting, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = waiting
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n >= 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "both pooled connections wait"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    tokio::time::timeout(Duration::from_secs(2), store.heartbeat())
+        .await
+        .expect("the heartbeat does not wait for the pool")
+        .expect("heartbeat");
+
+    lock.rollback().await.unwrap();
+    for call in blocked {
+        call.await
+            .unwrap()
+            .expect("the heartbeats go through once the lock is gone");
+    }
+}
