@@ -1,6 +1,7 @@
 //! The one place errors become exit codes and stderr text.
 //!
-//! - 0: success, and also a closed stdout (`jobq list | head`).
+//! - 0: success, and also a closed stdout (`jobq list | head`), but not a
+//!   call whose connection broke (also a broken pipe).
 //! - 1: a failed call. A gRPC refusal prints `error: <CODE>: <message>`
 //!   (`error: NOT_FOUND: job 42 not found`); anything else prints the
 //!   error's chain.
@@ -60,12 +61,22 @@ fn status_of(err: &anyhow::Error) -> Option<&tonic::Status> {
     })
 }
 
+/// A closed stdout (`jobq list | head`): a broken pipe that is not a
+/// call's. A connection to the server broken mid-call also ends in a
+/// broken pipe, inside the call's error: that call failed, and its caller
+/// must hear so (an enqueue that got no reply may not have happened).
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    let a_call = err.chain().any(|cause| {
+        cause.is::<jobq_client::Error>()
+            || cause.is::<tonic::Status>()
+            || cause.is::<tonic::transport::Error>()
+    });
+    !a_call
+        && err.chain().any(|cause| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        })
 }
 
 #[cfg(test)]
@@ -93,5 +104,15 @@ mod tests {
     fn broken_pipe_is_quiet() {
         let err = anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
         assert!(is_broken_pipe(&err));
+    }
+
+    #[test]
+    fn a_call_cut_by_a_broken_connection_is_an_error() {
+        let cut = tonic::Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::BrokenPipe,
+        )));
+        let err = anyhow::Error::from(jobq_client::Error::from(cut)).context("enqueue");
+        assert!(!is_broken_pipe(&err));
+        assert_eq!(report(&err), ExitCode::FAILURE);
     }
 }

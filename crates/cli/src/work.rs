@@ -54,7 +54,7 @@ pub struct Args {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     lease: Duration,
 
-    /// The id the server records on the jobs (default: worker-<pid>-<hex>).
+    /// The id the server records on the jobs (default: <hostname>-<pid>-<hex>).
     #[arg(long)]
     worker_id: Option<String>,
 

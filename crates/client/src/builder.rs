@@ -64,7 +64,7 @@ pub(crate) struct Config {
 
 /// Builds a [`Worker`]; start with [`Worker::builder`].
 ///
-/// Defaults: queue `default`, a random `worker-<pid>-<hex>` id, capacity 1,
+/// Defaults: queue `default`, a `<hostname>-<pid>-<hex>` id (64 random bits), capacity 1,
 /// 30 s leases heartbeated every lease/3, 30 s drain timeout, a shutdown
 /// token nobody cancels, and no signal handling
 /// ([`handle_signals`](Self::handle_signals)).
