@@ -18,6 +18,10 @@ const PURGE_EVERY: Duration = Duration::from_secs(600);
 /// After a store error, wait this long before trying again.
 const ERROR_BACKOFF: Duration = Duration::from_millis(500);
 
+/// How long the reaper waits before it looks again at an expired lease it
+/// could not reclaim twice in a row (its row held by another transaction).
+const MISSED_PAUSE: Duration = Duration::from_millis(100);
+
 /// Runs until `shutdown` fires. Purging runs in a task of its own, so a
 /// long scan of a large database never delays a lease reclaim.
 pub async fn run<S: Store>(
@@ -45,16 +49,19 @@ pub async fn run<S: Store>(
 /// and re-arming when a sooner one appears.
 async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &CancellationToken) {
     let mut lease_changes = store.lease_changes();
+    let mut missed_before = false;
     loop {
         lease_changes.borrow_and_update();
         // The streams that held the leases hear of it from the store's
         // lease-ended events; a job its stream never sent is given back.
         let undelivered = |lease| hub.undelivered(lease);
-        match store.reclaim_expired(SystemTime::now(), &undelivered).await {
+        let none = match store.reclaim_expired(SystemTime::now(), &undelivered).await {
             Ok(reclaimed) => {
+                let none = reclaimed.is_empty();
                 for (job, _) in reclaimed {
                     info!(job.id = %job.id, queue = %job.queue, kind = %job.kind, attempts = job.attempts, status = %job.status, "reclaimed: lease expired");
                 }
+                none
             }
             Err(err) => {
                 warn!(cause = %err, "reclaiming expired leases failed; retrying");
@@ -63,14 +70,25 @@ async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &Cancell
                     () = tokio::time::sleep(ERROR_BACKOFF) => continue,
                 }
             }
-        }
-        let wake = match store.next_lease_expiry().await {
+        };
+        let mut wake = match store.next_lease_expiry().await {
             Ok(next) => next.map(instant_at),
             Err(err) => {
                 warn!(cause = %err, "finding the next lease expiry failed; retrying");
                 Some(tokio::time::Instant::now() + ERROR_BACKOFF)
             }
         };
+        // A lease already expired that the pass did not reclaim: its row is
+        // held by another transaction (another server's reaper, which is
+        // reclaiming it, or one that is stuck), which the pass skips. Once
+        // is a race with that transaction; twice in a row, look again after
+        // a pause rather than at once, over and over, until it lets go.
+        let now = tokio::time::Instant::now();
+        let missed = none && wake.is_some_and(|at| at <= now);
+        if missed && missed_before {
+            wake = Some(now + MISSED_PAUSE);
+        }
+        missed_before = missed;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = lease_changes.changed() => {}

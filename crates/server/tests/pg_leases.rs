@@ -279,3 +279,86 @@ async fn a_drained_pool_does_not_stop_the_servers_heartbeat() {
             .expect("the heartbeats go through once the lock is gone");
     }
 }
+
+/// An expired lease whose row another transaction holds (a stuck one
+/// here) is skipped by the reaper's pass, yet is the next expiry: the
+/// reaper looks again after a pause, not thousands of times a second, and
+/// reclaims the lease once the row is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reaper_does_not_spin_on_an_expired_lease_it_cannot_lock() {
+    let url = testing::fresh_database("jobq_spin").await;
+    let store = store(&url).await;
+    let now = SystemTime::now();
+    store.enqueue(job("held"), now).await.unwrap();
+    let short = Duration::from_millis(100);
+    let leased = store
+        .take(&["q".to_owned()], "w", None, short, now)
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(short * 2).await;
+
+    let (mut admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let lock = admin.transaction().await.unwrap();
+    let id = i64::try_from(leased.job.id.0).unwrap();
+    lock.execute("SELECT 1 FROM jobq_jobs WHERE id = $1 FOR UPDATE", &[&id])
+        .await
+        .unwrap();
+    let (stats, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let commits = || async {
+        // pg_stat_database lags a transaction's end by up to a second
+        // (PGSTAT_MIN_INTERVAL); clear the snapshot and count its own.
+        stats
+            .query_one(
+                "SELECT pg_stat_clear_snapshot(), xact_commit + xact_rollback \
+                 FROM pg_stat_database WHERE datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(1)
+    };
+
+    let config = Arc::new(Config::with_data("unused"));
+    let shutdown = CancellationToken::new();
+    let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
+    let before = commits().await;
+    let reaper = tokio::spawn(jobq_server::reaper::run(
+        Arc::clone(&store),
+        hub,
+        config,
+        shutdown.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Let the statistics catch up with the two seconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let during = commits().await - before;
+    println!("transactions in 2 s with the expired lease's row held: {during}");
+    assert!(
+        during < 400,
+        "{during} transactions in 2 s: the reaper spins on a lease it cannot lock"
+    );
+
+    lock.rollback().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let job = store.get(leased.job.id).await.unwrap();
+        if job.status == jobq_server::job::Status::Pending {
+            assert_eq!(job.attempts, 1);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reclaimed once free"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    reaper.await.unwrap();
+}
