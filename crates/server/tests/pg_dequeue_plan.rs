@@ -179,15 +179,16 @@ async fn buffers(client: &tokio_postgres::Client, sql: &str) -> i64 {
 }
 
 /// Inserts `n` PENDING jobs of queue `q` in one statement, due in
-/// `due_in` seconds, at `priority`.
+/// `due_in` seconds, at `priority`, each with a key of its own (so that a
+/// key's lookup has something to miss).
 async fn fill_pending(client: &tokio_postgres::Client, n: i64, due_in: f64, priority: i32) {
     client
         .execute(
-            "INSERT INTO jobq_jobs (id, queue, kind, payload, status, attempts, max_attempts, \
-             enqueued_at, run_at, priority) \
-             SELECT nextval('jobq_job_ids'), 'q', 'k', '\\x7b7d', 'pending', 0, 3, \
+            "INSERT INTO jobq_jobs (id, queue, kind, payload, key, status, attempts, \
+             max_attempts, enqueued_at, run_at, priority) \
+             SELECT id, 'q', 'k', '\\x7b7d', 'fill-' || id, 'pending', 0, 3, \
              now(), now() + make_interval(secs => $2::double precision), $3::integer \
-             FROM generate_series(1, $1::bigint)",
+             FROM (SELECT nextval('jobq_job_ids') AS id FROM generate_series(1, $1::bigint)) s",
             &[&n, &due_in, &priority],
         )
         .await
@@ -288,7 +289,8 @@ async fn pg_take_skips_over_higher_priority_jobs_that_are_not_due() {
 /// ListJobs by status reads its page from `jobq_jobs_status`, for a status
 /// no job has as for one nearly all have, even under a generic plan (which
 /// a prepared statement may switch to after five runs): not a walk in id
-/// order over 100k jobs of other statuses.
+/// order over 100k jobs of other statuses. By key without a queue, likewise
+/// from `jobq_jobs_by_key`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_list_by_status_reads_its_page_from_the_status_index() {
     const PENDING: i64 = 100_000;
@@ -350,6 +352,26 @@ async fn pg_list_by_status_reads_its_page_from_the_status_index() {
             );
         }
     }
+    // By key, in any queue ("where is order 4711's email?"): from
+    // `jobq_jobs_by_key`, not a scan of every job.
+    let filters = ListFilters {
+        queue: false,
+        status: None,
+        key: true,
+    };
+    client
+        .batch_execute(&format!(
+            "DEALLOCATE ALL; PREPARE list (bigint, bigint, boolean, text) AS {}",
+            list_sizes(filters)
+        ))
+        .await
+        .expect("prepare");
+    let read = buffers(&client, "EXECUTE list(0, 51, true, 'order-4711')").await;
+    println!("ListJobs by key in any queue, first page of 50: {read} buffers");
+    assert!(
+        read < 50,
+        "ListJobs by key read {read} buffers: it scans every job"
+    );
     drop(client);
 
     let page = store

@@ -20,8 +20,12 @@ use jobq_server::{
 use tonic::Code;
 
 async fn store() -> Arc<PgStore> {
+    store_on(&testing::fresh_database("jobq_group").await).await
+}
+
+async fn store_on(url: &str) -> Arc<PgStore> {
     let options = PgOptions {
-        url: testing::fresh_database("jobq_group").await,
+        url: url.to_owned(),
         pool_size: 8,
         server_timeout: Duration::from_secs(5),
         clock: Clock::Database,
@@ -124,4 +128,32 @@ async fn concurrent_callers_sharing_transactions_get_their_own_results() {
     );
     let (batches, callers) = store.backend().group_commits();
     println!("group commit: {batches} shared transactions carried {callers} calls");
+}
+
+/// Two servers enqueue batches that share keys, in opposite orders, at
+/// once: each key makes one job and every caller gets its results. (Each
+/// insert holds its key until the commit; inserted in the batch's order,
+/// the two transactions waited on each other and PostgreSQL broke the
+/// deadlock by failing one, with every caller in it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_sharing_keys_in_opposite_orders_do_not_deadlock() {
+    let url = testing::fresh_database("jobq_keyorder").await;
+    let (a, b) = (store_on(&url).await, store_on(&url).await);
+    for round in 0..5 {
+        let keys: Vec<String> = (0..300).map(|i| format!("r{round}-k{i:03}")).collect();
+        let batch = |keys: &[String]| -> Vec<NewJob> {
+            keys.iter().map(|k| job(Some(k.as_str()))).collect()
+        };
+        let forward = batch(&keys);
+        let backward = batch(&keys.iter().rev().cloned().collect::<Vec<_>>());
+        let (sa, sb) = (Arc::clone(&a), Arc::clone(&b));
+        let one = tokio::spawn(async move { sa.enqueue_batch(forward, SystemTime::now()).await });
+        let two = tokio::spawn(async move { sb.enqueue_batch(backward, SystemTime::now()).await });
+        let one = one.await.unwrap().expect("the forward batch");
+        let two = two.await.unwrap().expect("the backward batch");
+        let created = one.iter().chain(&two).filter(|e| e.created).count();
+        assert_eq!(created, 300, "round {round}: one job per key");
+        let ids: HashSet<_> = one.iter().chain(&two).map(|e| e.job.id).collect();
+        assert_eq!(ids.len(), 300, "round {round}: both see the same 300 jobs");
+    }
 }

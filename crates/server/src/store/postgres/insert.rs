@@ -56,13 +56,24 @@ pub async fn insert(
         ))
         .await?;
     let rows: Vec<JobRow> = jobs.iter().map(JobRow::of).collect();
-    let inserted = try_join_all(rows.iter().map(|r| {
-        let params = r.params();
+    // Inserted in (queue, key) order, whatever the batch's order: each
+    // insert holds its key in the unique index until the commit, so two
+    // batches that share keys in different orders would otherwise wait on
+    // each other (a deadlock, which fails every caller of both). The ids
+    // were drawn in the batch's order above, so FIFO is unchanged.
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by(|&a, &b| (&jobs[a].queue, &jobs[a].key).cmp(&(&jobs[b].queue, &jobs[b].key)));
+    let counts = try_join_all(order.iter().map(|&i| {
+        let params = rows[i].params();
         let insert = &insert;
         let tx = &tx;
         async move { tx.execute(insert, &params).await }
     }))
     .await?;
+    let mut inserted = vec![0; rows.len()];
+    for (&i, count) in order.iter().zip(counts) {
+        inserted[i] = count;
+    }
     let existing_stmt = tx
         .prepare_cached(&format!(
             "SELECT {}, lease_server FROM jobq_jobs WHERE queue = $1 AND key = $2",
