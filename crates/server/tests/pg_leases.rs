@@ -362,3 +362,58 @@ async fn the_reaper_does_not_spin_on_an_expired_lease_it_cannot_lock() {
     shutdown.cancel();
     reaper.await.unwrap();
 }
+
+/// A server frozen in the middle of a transaction (here: a transaction
+/// opened on one of its pooled connections, a job's row locked, then
+/// nothing) holds that row only until its session has idled in the
+/// transaction for `--server-timeout`: PostgreSQL ends the session, and
+/// another server's change to the job goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_frozen_inside_a_transaction_does_not_hold_its_locks_for_good() {
+    let url = testing::fresh_database("jobq_frozen").await;
+    let frozen = {
+        let options = PgOptions {
+            url: url.clone(),
+            pool_size: 2,
+            server_timeout: Duration::from_secs(1),
+            clock: Clock::Database,
+            group_commit: 1,
+        };
+        Arc::new(
+            PgStore::connect(&Config::with_data("unused"), options)
+                .await
+                .expect("connect"),
+        )
+    };
+    let other = store(&url).await;
+    let now = SystemTime::now();
+    other.enqueue(job("frozen"), now).await.unwrap();
+    let leased = other
+        .take(&["q".to_owned()], "w", None, LEASE, now)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let mut client = frozen.backend().pool().get().await.expect("client");
+    let tx = client.transaction().await.unwrap();
+    let id = i64::try_from(leased.job.id.0).unwrap();
+    tx.execute("SELECT 1 FROM jobq_jobs WHERE id = $1 FOR UPDATE", &[&id])
+        .await
+        .unwrap();
+    // Frozen: the transaction stays open, doing nothing.
+    let started = tokio::time::Instant::now();
+    let acked = tokio::time::timeout(
+        Duration::from_secs(10),
+        other.ack(leased.job.id, leased.lease_id, SystemTime::now()),
+    )
+    .await
+    .expect("the frozen session's lock is released")
+    .expect("ack");
+    assert_eq!(acked.status, jobq_server::job::Status::Done);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the ack waited for the lock ({:?})",
+        started.elapsed()
+    );
+    assert!(tx.commit().await.is_err(), "the frozen session was ended");
+}

@@ -208,7 +208,20 @@ impl Pg {
     /// When the URL is malformed, the database cannot be reached, or a
     /// migration fails.
     pub async fn connect(options: PgOptions) -> Result<Pg> {
-        let pg_config = parse_url(&options.url)?;
+        let mut pg_config = parse_url(&options.url)?;
+        // A server frozen in the middle of a transaction (a paused VM or
+        // container, a stopped process) holds its row locks, and every
+        // other server's changes to those jobs wait for it: PostgreSQL
+        // ends such a session once it has been idle inside a transaction
+        // for as long as a silent server counts as dead. jobq's own
+        // transactions never idle that long between statements.
+        let idle = options.server_timeout.as_millis().max(1000);
+        let session = format!("-c idle_in_transaction_session_timeout={idle}");
+        let combined = match pg_config.get_options() {
+            Some(given) if !given.is_empty() => format!("{given} {session}"),
+            _ => session,
+        };
+        pg_config.options(&combined);
         let manager = Manager::from_config(
             pg_config.clone(),
             NoTls,
