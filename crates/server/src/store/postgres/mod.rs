@@ -103,6 +103,9 @@ impl PgOptions {
     }
 }
 
+/// The shortest `idle_in_transaction_session_timeout` set on a session.
+const MIN_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+
 /// The PostgreSQL backend. See the module docs.
 pub struct Pg {
     core: Arc<Core>,
@@ -213,9 +216,14 @@ impl Pg {
         // container, a stopped process) holds its row locks, and every
         // other server's changes to those jobs wait for it: PostgreSQL
         // ends such a session once it has been idle inside a transaction
-        // for as long as a silent server counts as dead. jobq's own
-        // transactions never idle that long between statements.
-        let idle = options.server_timeout.as_millis().max(1000);
+        // for as long as a silent server counts as dead (at least 5 s, so
+        // that a loaded machine's pause between two statements is not
+        // taken for it). jobq's own transactions never idle that long
+        // between statements.
+        let idle = options
+            .server_timeout
+            .max(MIN_IDLE_IN_TRANSACTION)
+            .as_millis();
         let session = format!("-c idle_in_transaction_session_timeout={idle}");
         let combined = match pg_config.get_options() {
             Some(given) if !given.is_empty() => format!("{given} {session}"),
