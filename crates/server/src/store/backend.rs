@@ -63,7 +63,13 @@ pub trait Backend: Send + Sync + 'static {
     /// `take` (an [`Event::Take`]) to it, atomically: two callers never
     /// take the same job. `streamed`: the lease goes to a Lease stream of
     /// this server, so a shared backend records the server as its holder
-    /// (see [`Backend::orphaned`]).
+    /// (see [`Backend::orphaned`]). The take need not be durable when this
+    /// returns, but the engine asks for it to become durable soon, and
+    /// makes its lease reapable, as soon as it is written, since what
+    /// follows may fail or be cancelled: sled asks its flusher and re-arms
+    /// the reaper ([`Remote::lease_expires`]) before it reads a payload
+    /// file; PostgreSQL commits before it returns, and every server
+    /// heartbeat re-arms the reaper.
     fn take(
         &self,
         queues: &[String],
@@ -163,10 +169,6 @@ pub trait Backend: Send + Sync + 'static {
     /// # Errors
     /// Any error means a write may be lost: the caller fail-stops.
     fn durable(&self) -> impl Future<Output = Result<()>> + Send + 'static;
-
-    /// Asks for the writes made so far to become durable soon, without
-    /// waiting (a take's lease).
-    fn request_durable(&self);
 
     /// The server stops: every write made so far becomes durable. A backend
     /// may also refuse writes from now on and save what speeds up its next

@@ -164,15 +164,14 @@ impl<B: Backend> Jobs<B> {
         if let Some(expires) = change.new.lease_expires_at() {
             self.signals.lease_expires(rules::epoch_ms(expires));
         }
-        // The lease reaches the disk with the round asked for here (about
-        // one fsync later), but the job is handed out without waiting for
-        // it. A crash in that window only loses the take: the job is
-        // PENDING again after the restart and is delivered again, which
-        // at-least-once allows, and the first holder's ack is refused as
-        // stale. Every ack waits for a round that covers its take, so a
-        // DONE job never comes back. Not waiting halves the cost of every
-        // delivery.
-        self.backend.request_durable();
+        // The lease reaches the disk with the round the backend asked for
+        // when it wrote the take (about one fsync later), but the job is
+        // handed out without waiting for it. A crash in that window only
+        // loses the take: the job is PENDING again after the restart and is
+        // delivered again, which at-least-once allows, and the first
+        // holder's ack is refused as stale. Every ack waits for a round
+        // that covers its take, so a DONE job never comes back. Not waiting
+        // halves the cost of every delivery.
         let id = change.new.id;
         Leased::of(change.new)
             .map(Some)

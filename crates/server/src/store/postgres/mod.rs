@@ -466,8 +466,6 @@ impl Backend for Pg {
         std::future::ready(Ok(()))
     }
 
-    fn request_durable(&self) {}
-
     fn shared(&self) -> bool {
         true
     }

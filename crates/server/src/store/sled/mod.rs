@@ -1103,10 +1103,6 @@ impl Backend for Sled {
         self.flusher.durable()
     }
 
-    fn request_durable(&self) {
-        self.flusher.request();
-    }
-
     fn attach(&self, remote: Remote) {
         let _ = self.remote.set(remote);
     }
