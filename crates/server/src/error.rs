@@ -124,17 +124,28 @@ impl From<Error> for Status {
 }
 
 /// The code a status that tonic's transport made, before any handler ran,
-/// is answered with. tonic reports a request over
-/// `max_decoding_message_size` (`--max-message-bytes`) as OUT_OF_RANGE;
-/// DESIGN.md §2 answers limits with RESOURCE_EXHAUSTED. No handler of ours
-/// returns OUT_OF_RANGE ([`Error::code`]), so the rewrite touches nothing
-/// else.
-pub fn transport_code(code: Code) -> Code {
+/// is answered with:
+/// - a request over `max_decoding_message_size` (`--max-message-bytes`)
+///   comes as OUT_OF_RANGE; DESIGN.md §2 answers limits with
+///   RESOURCE_EXHAUSTED. No handler of ours returns OUT_OF_RANGE
+///   ([`Error::code`]).
+/// - a request that is not a valid protobuf message (a string field that
+///   is not UTF-8, a truncated or garbled body) comes as INTERNAL, as the
+///   gRPC status-code table has it for a library that cannot parse a
+///   request; here INTERNAL means the server's own storage failed (an
+///   operator's alarm), and bad input is INVALID_ARGUMENT (DESIGN.md §2).
+///   Told apart by prost's message, which no handler of ours sends.
+pub fn transport_code(code: Code, message: &str) -> Code {
     match code {
         Code::OutOfRange => Code::ResourceExhausted,
+        Code::Internal if message.starts_with(UNDECODABLE) => Code::InvalidArgument,
         other => other,
     }
 }
+
+/// How prost's decode errors begin (`prost::DecodeError`'s `Display`),
+/// which tonic sends as an INTERNAL status's message.
+const UNDECODABLE: &str = "failed to decode Protobuf message";
 
 /// A tower layer that applies [`transport_code`] to every trailers-only
 /// response (how tonic answers a request it could not decode), so the
@@ -178,14 +189,9 @@ where
         let call = self.inner.call(req);
         Box::pin(async move {
             let mut response = call.await?;
-            let code = response
-                .headers()
-                .get("grpc-status")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<i32>().ok())
-                .map(Code::from_i32);
-            if let Some(code) = code {
-                let mapped = transport_code(code);
+            if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+                let code = status.code();
+                let mapped = transport_code(code, status.message());
                 if mapped != code {
                     response
                         .headers_mut()

@@ -147,3 +147,72 @@ async fn lease_ids_are_random_not_sequential_nor_derived_from_job_ids() {
         "{high} of 200 have the top bit set"
     );
 }
+
+/// An EnqueueRequest as a client that does not follow the schema might
+/// send it: its `queue` (field 1, a string) as arbitrary bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawEnqueue {
+    #[prost(bytes = "vec", tag = "1")]
+    queue: Vec<u8>,
+}
+
+/// Its `queue` as a fixed 64-bit number: the wrong wire type.
+#[derive(Clone, PartialEq, prost::Message)]
+struct WrongWire {
+    #[prost(fixed64, tag = "1")]
+    queue: u64,
+}
+
+/// A request that is not a valid protobuf message (a string that is not
+/// UTF-8, a field of the wrong wire type) is bad input: INVALID_ARGUMENT,
+/// as DESIGN.md §2 has it, not the INTERNAL that tonic reports and that
+/// here means the server's storage failed. Nothing is enqueued.
+#[tokio::test]
+async fn undecodable_requests_are_invalid_argument() {
+    let server = TestServer::with(|_| {}).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/jobq.v1.JobQueue/Enqueue");
+    async fn send<M: prost::Message + Default + Send + Sync + 'static>(
+        channel: &tonic::transport::Channel,
+        path: &tonic::codegen::http::uri::PathAndQuery,
+        raw: M,
+    ) -> tonic::Status {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.unwrap();
+        grpc.unary::<_, pb::EnqueueResponse, _>(
+            req(raw, Some("producer")),
+            path.clone(),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .expect_err("an undecodable request is refused")
+    }
+    let not_utf8 = send(
+        &channel,
+        &path,
+        RawEnqueue {
+            queue: vec![0xff, 0xfe],
+        },
+    )
+    .await;
+    let wrong_wire = send(&channel, &path, WrongWire { queue: 7 }).await;
+    for (what, status) in [("not UTF-8", not_utf8), ("wrong wire type", wrong_wire)] {
+        assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+        assert!(
+            status.message().contains("decode"),
+            "{what}: {}",
+            status.message()
+        );
+    }
+    let mut c = server.client().await;
+    let stats = c
+        .stats(req(pb::StatsRequest::default(), Some("root")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stats.queues.is_empty(), "nothing was enqueued");
+}
