@@ -56,7 +56,7 @@ pub use jobq::STREAM_TOKEN_HEADER;
 type StreamId = u64;
 
 /// A message to one stream's task.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Notice {
     /// The lease ended by ack or fail: its slot is free, and the worker is
     /// evidently alive.
@@ -126,6 +126,15 @@ struct StreamEntry {
     pipe: Arc<Pipe>,
 }
 
+/// What a declared lease took over when its stream opened, to put back if
+/// the declaration turns out not to match.
+struct Displaced {
+    /// The stream that owned the lease, and its job.
+    owner: Option<(StreamId, JobId)>,
+    /// Whether it was an orphan waiting out `--disconnect-grace`.
+    orphan: bool,
+}
+
 #[derive(Default)]
 struct Registry {
     /// Which stream holds each pushed lease, and its job.
@@ -136,6 +145,10 @@ struct Registry {
     /// heartbeat (or a new stream that declares them) within the grace
     /// adopts them (they stay leased).
     orphans: HashSet<LeaseId>,
+    /// Leases a new stream declared and owns until its check: what each
+    /// took over, put back if the check fails ([`LeaseHub::adopt`]), and
+    /// told too if the lease ends before the check.
+    displaced: HashMap<LeaseId, Displaced>,
 }
 
 /// The registry of live Lease streams.
@@ -201,10 +214,13 @@ impl<S: Store> LeaseHub<S> {
     /// token's `--max-streams-per-token`.
     pub fn open(
         self: &Arc<Self>,
-        spec: StreamSpec,
+        mut spec: StreamSpec,
         permit: impl Send + 'static,
     ) -> (LeaseEvents, String) {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        // A lease declared twice counts once, for its first job.
+        let mut declared = HashSet::new();
+        spec.held.retain(|(_, lease)| declared.insert(*lease));
         // Room for revocations; leased jobs wait for the transport one at
         // a time (see the module docs).
         let (tx, rx) = mpsc::channel(spec.capacity.clamp(4, 64));
@@ -224,10 +240,14 @@ impl<S: Store> LeaseHub<S> {
             );
             reg.tokens.insert(token.clone(), id);
             // Owned before they are checked, so an ack that lands meanwhile
-            // still finds (and frees) them.
+            // still finds (and frees) them. What they displace is kept, and
+            // put back if the check fails: a declaration that does not
+            // match (a wrong job id) must not take a lease from the stream
+            // that holds it, nor from the orphans waiting to be reclaimed.
             for (job, lease) in &spec.held {
-                reg.owners.insert(*lease, (id, *job));
-                reg.orphans.remove(lease);
+                let owner = reg.owners.insert(*lease, (id, *job));
+                let orphan = reg.orphans.remove(lease);
+                reg.displaced.insert(*lease, Displaced { owner, orphan });
             }
         }
         let span = tracing::info_span!("lease_stream", stream = id, worker.id = %spec.take.worker_id, capacity = spec.capacity);
@@ -248,12 +268,23 @@ impl<S: Store> LeaseHub<S> {
     fn lease_ended(&self, ended: &LeaseEnded) {
         let mut reg = self.registry();
         reg.orphans.remove(&ended.lease);
-        let Some((stream, _)) = reg.owners.remove(&ended.lease) else {
+        let owner = reg.owners.remove(&ended.lease).map(|(stream, _)| stream);
+        // Declared by a stream that has not checked it yet: the stream it
+        // was taken over from (if the declaration was wrong, the one that
+        // really holds it) hears of it too.
+        let before = reg
+            .displaced
+            .remove(&ended.lease)
+            .and_then(|d| d.owner)
+            .map(|(stream, _)| stream);
+        let streams: Vec<_> = owner
+            .into_iter()
+            .chain(before.filter(|b| Some(*b) != owner))
+            .filter_map(|s| reg.streams.get(&s))
+            .collect();
+        if streams.is_empty() {
             return;
-        };
-        let Some(entry) = reg.streams.get(&stream) else {
-            return;
-        };
+        }
         let notice = match ended.outcome {
             Some(Outcome::Acked | Outcome::Failed | Outcome::WorkerDisconnected) => {
                 Notice::Released(ended.lease)
@@ -271,7 +302,9 @@ impl<S: Store> LeaseHub<S> {
                 stall: false,
             },
         };
-        let _ = entry.notices.send(notice);
+        for entry in streams {
+            let _ = entry.notices.send(notice.clone());
+        }
     }
 
     /// Checks leases this server's streams hold against the store (all of
@@ -382,18 +415,34 @@ impl<S: Store> LeaseHub<S> {
     }
 
     /// Checks the leases a new stream declared: those it still holds count
-    /// against its capacity; the others are dropped.
+    /// against its capacity; the others are dropped, and whatever their
+    /// declaration displaced is put back.
     async fn adopt(&self, id: StreamId, held: &[(JobId, LeaseId)]) -> HashMap<LeaseId, JobId> {
         let mut adopted = HashMap::new();
         for &(job, lease) in held {
             let holds = matches!(self.store.peek(job).await, Ok(j) if j.lease_id() == Some(lease));
             let mut reg = self.registry();
-            // An event that ended the lease meanwhile removed the owner.
-            let owned = reg.owners.get(&lease).is_some_and(|(s, _)| *s == id);
+            // An event that ended the lease meanwhile removed the owner
+            // (and told the displaced one).
+            let owned = reg.owners.get(&lease) == Some(&(id, job));
+            let before = if owned {
+                reg.displaced.remove(&lease)
+            } else {
+                None
+            };
             if holds && owned {
                 adopted.insert(lease, job);
             } else if owned {
                 reg.owners.remove(&lease);
+                let Some(before) = before else {
+                    continue;
+                };
+                if let Some(owner) = before.owner.filter(|(s, _)| reg.streams.contains_key(s)) {
+                    reg.owners.insert(lease, owner);
+                }
+                if before.orphan {
+                    reg.orphans.insert(lease);
+                }
             }
         }
         // With a shared store the leases may have come from a server that
