@@ -73,6 +73,16 @@ pub fn create_schedule(
         n => n,
     };
     let table = Timetable::parse(&req.cron, &req.timezone).map_err(|e| invalid(e.0))?;
+    // An expression that matches no date to come (February 30th, a year
+    // gone by) would never enqueue anything, and every look for its next
+    // tick searches the cron library's whole range of years (10–20 ms,
+    // each scheduler pass and each ListSchedules): refused here, once.
+    if table.next_after(now).is_none() {
+        return Err(invalid(format!(
+            "cron {:?} has no tick after now: it would never fire",
+            req.cron
+        )));
+    }
     let timezone = if req.timezone.is_empty() {
         "UTC".to_owned()
     } else {
@@ -125,6 +135,12 @@ mod tests {
         let now = SystemTime::now();
         let (s, _) = create_schedule(req(), &c, now).expect("valid");
         assert_eq!((s.timezone.as_str(), s.max_attempts), ("UTC", 3));
+        // Rare is not never: every leap day.
+        let leap = pb::CreateScheduleRequest {
+            cron: "0 0 29 2 *".into(),
+            ..req()
+        };
+        create_schedule(leap, &c, now).expect("a leap-day schedule");
         let bad = [
             pb::CreateScheduleRequest {
                 name: "".into(),
@@ -148,6 +164,20 @@ mod tests {
             },
             pb::CreateScheduleRequest {
                 cron: "0 25 * * *".into(),
+                ..req()
+            },
+            // Parses, but never fires: February 30th, April 31st, a year
+            // gone by.
+            pb::CreateScheduleRequest {
+                cron: "0 0 30 2 *".into(),
+                ..req()
+            },
+            pb::CreateScheduleRequest {
+                cron: "0 0 31 4 *".into(),
+                ..req()
+            },
+            pb::CreateScheduleRequest {
+                cron: "0 0 0 1 1 * 2020".into(),
                 ..req()
             },
             pb::CreateScheduleRequest {
