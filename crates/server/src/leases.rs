@@ -313,17 +313,27 @@ impl<S: Store> LeaseHub<S> {
     /// (a shared store's notification connection broke meanwhile), and its
     /// stream would otherwise keep the slot for good. Returns how many.
     pub async fn reconcile(&self, leases: Option<&[(JobId, LeaseId)]>) -> usize {
+        // Each lease with the job its stream took it with, never a job a
+        // request names (a heartbeat with a wrong job id must not end a
+        // lease that is fine); a lease declared by a stream that has not
+        // checked it yet is left to that check.
+        let settled = |reg: &Registry, lease: &LeaseId| -> Option<JobId> {
+            if reg.displaced.contains_key(lease) {
+                return None;
+            }
+            reg.owners.get(lease).map(|(_, job)| *job)
+        };
         let owned: Vec<(JobId, LeaseId)> = {
             let reg = self.registry();
             match leases {
                 None => reg
                     .owners
-                    .iter()
-                    .map(|(lease, (_, job))| (*job, *lease))
+                    .keys()
+                    .filter_map(|lease| Some((settled(&reg, lease)?, *lease)))
                     .collect(),
                 Some(leases) => leases
                     .iter()
-                    .filter(|(_, lease)| reg.owners.contains_key(lease))
+                    .filter(|(job, lease)| settled(&reg, lease) == Some(*job))
                     .copied()
                     .collect(),
             }
@@ -359,7 +369,8 @@ impl<S: Store> LeaseHub<S> {
                     continue;
                 }
             };
-            if self.registry().owners.contains_key(&lease) {
+            let still = settled(&self.registry(), &lease) == Some(job);
+            if still {
                 self.lease_ended(&event);
                 ended += 1;
             }
@@ -687,7 +698,12 @@ pub async fn reconcile_on_resync<S: Store>(hub: Arc<LeaseHub<S>>, shutdown: Canc
                 if changed.is_err() {
                     return;
                 }
-                hub.reconcile(None).await;
+                // A pass reads one job per held lease: a shutdown does
+                // not wait for it.
+                tokio::select! {
+                    _ = hub.reconcile(None) => {}
+                    () = shutdown.cancelled() => return,
+                }
             }
             () = shutdown.cancelled() => return,
         }

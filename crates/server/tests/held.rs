@@ -93,7 +93,9 @@ async fn a_declaration_with_a_wrong_job_does_not_take_another_streams_lease() {
 
 #[tokio::test]
 async fn a_lease_declared_twice_counts_once() {
-    let server = TestServer::start().await;
+    // The first stream's lease waits for its worker to come back, rather
+    // than being reclaimed the moment the stream ends.
+    let server = TestServer::with(|c| c.disconnect_grace = Duration::from_secs(30)).await;
     let mut c = server.client().await;
     enqueue(&mut c, "in.twice", 3).await;
     let mut first_stream = c
@@ -128,5 +130,43 @@ async fn a_lease_declared_twice_counts_once() {
     // Its ack frees the slot: the next job comes.
     ack(&mut c, &first).await;
     let second = next_leased(&mut again).await;
+    assert_ne!(second.job.unwrap().id, first.job.unwrap().id);
+}
+
+/// A heartbeat that names a stream's lease under a wrong job is told the
+/// lease is lost (that job does not hold it), and frees nothing: the
+/// stream's slot stays taken until the real job's ack.
+#[tokio::test]
+async fn a_heartbeat_with_a_wrong_job_frees_no_slot() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    enqueue(&mut c, "in.beat", 2).await;
+    let mut a = c
+        .lease(req(lease_req("in.beat", vec![]), Some("consumer")))
+        .await
+        .expect("lease")
+        .into_inner();
+    let first = next_leased(&mut a).await;
+    let lost = c
+        .heartbeat(req(
+            pb::HeartbeatRequest {
+                worker_id: "w".into(),
+                leases: vec![pb::LeaseRef {
+                    job_id: "99999".into(),
+                    lease_id: first.lease_id.clone(),
+                }],
+                ..Default::default()
+            },
+            Some("consumer"),
+        ))
+        .await
+        .expect("heartbeat")
+        .into_inner()
+        .lost;
+    assert_eq!(lost.len(), 1, "job 99999 holds no such lease");
+    let early = tokio::time::timeout(Duration::from_millis(500), a.message()).await;
+    assert!(early.is_err(), "the slot was freed: {early:?}");
+    ack(&mut c, &first).await;
+    let second = next_leased(&mut a).await;
     assert_ne!(second.job.unwrap().id, first.job.unwrap().id);
 }
