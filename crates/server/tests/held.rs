@@ -22,6 +22,14 @@ fn lease_req(queue: &str, held: Vec<pb::LeaseRef>) -> pb::LeaseRequest {
     }
 }
 
+/// Opens a Lease stream of capacity 1 on `queue`, declaring `held`.
+async fn open(c: &mut Cli, queue: &str, held: Vec<pb::LeaseRef>) -> Streaming<pb::LeaseEvent> {
+    c.lease(req(lease_req(queue, held), Some("consumer")))
+        .await
+        .expect("lease")
+        .into_inner()
+}
+
 async fn enqueue(c: &mut Cli, queue: &str, n: usize) {
     for _ in 0..n {
         c.enqueue(req(
@@ -67,11 +75,7 @@ async fn a_declaration_with_a_wrong_job_does_not_take_another_streams_lease() {
     let server = TestServer::start().await;
     let mut c = server.client().await;
     enqueue(&mut c, "in.steal", 3).await;
-    let mut a = c
-        .lease(req(lease_req("in.steal", vec![]), Some("consumer")))
-        .await
-        .expect("lease")
-        .into_inner();
+    let mut a = open(&mut c, "in.steal", vec![]).await;
     let first = next_leased(&mut a).await;
 
     // Another stream declares A's lease under a job that does not hold it.
@@ -81,11 +85,7 @@ async fn a_declaration_with_a_wrong_job_does_not_take_another_streams_lease() {
         job_id: "99999".into(),
         lease_id: first.lease_id.clone(),
     };
-    let _b = c
-        .lease(req(lease_req("in.other", vec![bogus]), Some("consumer")))
-        .await
-        .expect("lease")
-        .into_inner();
+    let _b = open(&mut c, "in.other", vec![bogus]).await;
     ack(&mut c, &first).await;
     let second = next_leased(&mut a).await;
     assert_ne!(second.job.unwrap().id, first.job.unwrap().id);
@@ -98,11 +98,7 @@ async fn a_lease_declared_twice_counts_once() {
     let server = TestServer::with(|c| c.disconnect_grace = Duration::from_secs(30)).await;
     let mut c = server.client().await;
     enqueue(&mut c, "in.twice", 3).await;
-    let mut first_stream = c
-        .lease(req(lease_req("in.twice", vec![]), Some("consumer")))
-        .await
-        .expect("lease")
-        .into_inner();
+    let mut first_stream = open(&mut c, "in.twice", vec![]).await;
     let first = next_leased(&mut first_stream).await;
     drop(first_stream);
 
@@ -119,11 +115,7 @@ async fn a_lease_declared_twice_counts_once() {
             lease_id: first.lease_id.clone(),
         },
     ];
-    let mut again = c
-        .lease(req(lease_req("in.twice", held), Some("consumer")))
-        .await
-        .expect("lease")
-        .into_inner();
+    let mut again = open(&mut c, "in.twice", held).await;
     // The lease fills its one slot: nothing more is pushed meanwhile.
     let early = tokio::time::timeout(Duration::from_millis(500), again.message()).await;
     assert!(early.is_err(), "pushed past capacity 1: {early:?}");
@@ -141,11 +133,7 @@ async fn a_heartbeat_with_a_wrong_job_frees_no_slot() {
     let server = TestServer::start().await;
     let mut c = server.client().await;
     enqueue(&mut c, "in.beat", 2).await;
-    let mut a = c
-        .lease(req(lease_req("in.beat", vec![]), Some("consumer")))
-        .await
-        .expect("lease")
-        .into_inner();
+    let mut a = open(&mut c, "in.beat", vec![]).await;
     let first = next_leased(&mut a).await;
     let lost = c
         .heartbeat(req(

@@ -29,14 +29,19 @@ use tonic::Request;
 const LEASE: Duration = Duration::from_secs(60);
 
 async fn store(url: &str) -> Arc<PgStore> {
-    store_with(url, 8, 256).await
+    store_with(url, 8, 256, Duration::from_secs(5)).await
 }
 
-async fn store_with(url: &str, pool_size: usize, group_commit: usize) -> Arc<PgStore> {
+async fn store_with(
+    url: &str,
+    pool_size: usize,
+    group_commit: usize,
+    server_timeout: Duration,
+) -> Arc<PgStore> {
     let options = PgOptions {
         url: url.to_owned(),
         pool_size,
-        server_timeout: Duration::from_secs(5),
+        server_timeout,
         clock: Clock::Database,
         group_commit,
     };
@@ -76,6 +81,24 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
         assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A plain connection to the test database, beside the stores.
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Locks `job`'s row inside `tx` until it ends: a transaction that is
+/// stuck, or whose server froze.
+async fn lock_row(tx: &tokio_postgres::Transaction<'_>, job: JobId) {
+    let id = i64::try_from(job.0).unwrap();
+    tx.execute("SELECT 1 FROM jobq_jobs WHERE id = $1 FOR UPDATE", &[&id])
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,10 +192,7 @@ async fn a_lease_ended_elsewhere_while_listen_was_down_frees_its_slot() {
     assert_eq!(first.job.as_ref().unwrap().id, one.id.to_string());
 
     // Both servers listen; cut every LISTEN connection of this database.
-    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let admin = connect(&url).await;
     let listening = "SELECT count(*) FROM pg_stat_activity \
                      WHERE datname = current_database() AND query LIKE 'LISTEN%'";
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -215,7 +235,7 @@ async fn a_lease_ended_elsewhere_while_listen_was_down_frees_its_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_pool_does_not_stop_the_servers_heartbeat() {
     let url = testing::fresh_database("jobq_beat").await;
-    let store = store_with(&url, 2, 1).await;
+    let store = store_with(&url, 2, 1, Duration::from_secs(5)).await;
     let now = SystemTime::now();
     store.enqueue(job("locked"), now).await.unwrap();
     let leased = store
@@ -224,15 +244,9 @@ async fn a_drained_pool_does_not_stop_the_servers_heartbeat() {
         .unwrap()
         .unwrap();
 
-    let (mut admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut admin = connect(&url).await;
     let lock = admin.transaction().await.unwrap();
-    let id = i64::try_from(leased.job.id.0).unwrap();
-    lock.execute("SELECT 1 FROM jobq_jobs WHERE id = $1 FOR UPDATE", &[&id])
-        .await
-        .unwrap();
+    lock_row(&lock, leased.job.id).await;
     // Two heartbeats of the job's lease take both pooled connections and
     // wait on the lock.
     let blocked: Vec<_> = (0..2)
@@ -242,10 +256,7 @@ async fn a_drained_pool_does_not_stop_the_servers_heartbeat() {
             tokio::spawn(async move { store.extend(&held, None, SystemTime::now()).await })
         })
         .collect();
-    let (waiting, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let waiting = connect(&url).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let n: i64 = waiting
@@ -298,19 +309,10 @@ async fn the_reaper_does_not_spin_on_an_expired_lease_it_cannot_lock() {
         .unwrap();
     tokio::time::sleep(short * 2).await;
 
-    let (mut admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let mut admin = connect(&url).await;
     let lock = admin.transaction().await.unwrap();
-    let id = i64::try_from(leased.job.id.0).unwrap();
-    lock.execute("SELECT 1 FROM jobq_jobs WHERE id = $1 FOR UPDATE", &[&id])
-        .await
-        .unwrap();
-    let (stats, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    lock_row(&lock, leased.job.id).await;
+    let stats = connect(&url).await;
     let commits = || async {
         // pg_stat_database lags a transaction's end by up to a second
         // (PGSTAT_MIN_INTERVAL); clear the snapshot and count its own.
@@ -371,20 +373,7 @@ async fn the_reaper_does_not_spin_on_an_expired_lease_it_cannot_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_frozen_inside_a_transaction_does_not_hold_its_locks_for_good() {
     let url = testing::fresh_database("jobq_frozen").await;
-    let frozen = {
-        let options = PgOptions {
-            url: url.clone(),
-            pool_size: 2,
-            server_timeout: Duration::from_secs(1),
-            clock: Clock::Database,
-            group_commit: 1,
-        };
-        Arc::new(
-            PgStore::connect(&Config::with_data("unused"), options)
-                .await
-                .expect("connect"),
-        )
-    };
+    let frozen = store_with(&url, 2, 1, Duration::from_secs(1)).await;
     let other = store(&url).await;
     let now = SystemTime::now();
     other.enqueue(job("frozen"), now).await.unwrap();
@@ -396,10 +385,7 @@ async fn a_server_frozen_inside_a_transaction_does_not_hold_its_locks_for_good()
 
     let mut client = frozen.backend().pool().get().await.expect("client");
     let tx = client.transaction().await.unwrap();
-    let id = i64::try_from(leased.job.id.0).unwrap();
-    tx.execute("SELECT 1 FROM jobq_jobs WHERE id = $1 FOR UPDATE", &[&id])
-        .await
-        .unwrap();
+    lock_row(&tx, leased.job.id).await;
     // Frozen: the transaction stays open, doing nothing.
     let started = tokio::time::Instant::now();
     let acked = tokio::time::timeout(
