@@ -582,6 +582,101 @@ async fn a_worker_survives_a_server_restart_and_its_persisted_lease_still_acks()
     assert!(seen.lock().expect("lock").values().all(|&n| n == 1));
 }
 
+#[tokio::test]
+async fn a_job_that_finished_during_an_outage_longer_than_its_lease_is_acked_not_rerun() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let port = StdListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = ServerProcess::start_at(&data, &listen, &[]);
+    let c = server.client().await;
+    let (job, _) = c
+        .enqueue("q", "gate", "1", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (runs, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let shutdown = CancellationToken::new();
+    let (g, r, f) = (Arc::clone(&gate), Arc::clone(&runs), Arc::clone(&finished));
+    let lease = Duration::from_secs(1);
+    let w = worker(&server.url(), 1, lease, &shutdown)
+        .handler("gate", move |_ctx: JobContext| {
+            let (g, r, f) = (Arc::clone(&g), Arc::clone(&r), Arc::clone(&f));
+            async move {
+                r.fetch_add(1, Ordering::SeqCst);
+                g.acquire().await.expect("gate").forget();
+                f.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .build();
+    let run = tokio::spawn(w.run());
+    job_where(&c, &job.id, "the job RUNNING", |j| {
+        j.status == pb::JobStatus::Running as i32
+    })
+    .await;
+    // Past the take's flush round (see the restart test above).
+    c.enqueue("barrier", "k", "x", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+
+    server.kill9();
+    // The handler finishes while the server is down, and the outage lasts
+    // past the lease's deadline on the worker's clock: its ack has nowhere
+    // to go until the restart.
+    gate.add_permits(1);
+    let down_since = std::time::SystemTime::now();
+    until(
+        Duration::from_secs(10),
+        "the handler finished, one lease ago",
+        || {
+            let f = Arc::clone(&finished);
+            async move {
+                let waited = down_since.elapsed().unwrap_or_default();
+                (f.load(Ordering::SeqCst) == 1 && waited > lease + Duration::from_millis(500))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+
+    let server = ServerProcess::start_at(&data, &listen, &[]);
+    let c = server.client().await;
+    let done = job_where(&c, &job.id, "acked after the restart", |j| {
+        j.status == pb::JobStatus::Done as i32
+    })
+    .await;
+    assert_eq!(done.attempts, 0, "acked under its first lease");
+    shutdown.cancel();
+    run.await.expect("join").expect("worker");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the finished job did not run again"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_the_server_refuses_for_good_returns_the_error() {
+    let server = TestServer::start().await;
+    let shutdown = CancellationToken::new();
+    // Over the server's default --max-lease of 12h: no retry can fix it.
+    let w = worker(&server.url(), 1, Duration::from_secs(13 * 3600), &shutdown)
+        .handler("k", |_ctx: JobContext| async { Ok::<(), HandlerError>(()) })
+        .build();
+    let err = tokio::time::timeout(Duration::from_secs(20), w.run())
+        .await
+        .expect("run returned instead of retrying")
+        .expect_err("a lease over --max-lease is refused");
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+    assert!(err.to_string().contains("lease"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_workers_drain_two_thousand_jobs_each_done_once() {
     let server = TestServer::start().await;

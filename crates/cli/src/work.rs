@@ -45,8 +45,8 @@ pub struct Args {
     #[arg(long = "kind", value_name = "KIND")]
     kinds: Vec<String>,
 
-    /// How many jobs run at once.
-    #[arg(long, default_value_t = 1)]
+    /// How many jobs run at once (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     capacity: u32,
 
     /// Lease per job; heartbeats renew it every third of it while the

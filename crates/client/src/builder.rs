@@ -42,6 +42,9 @@ impl From<&str> for WorkerTarget {
 /// Called each time a Lease stream is established.
 pub(crate) type ReadyHook = Arc<dyn Fn() + Send + Sync>;
 
+/// The longest lease a worker may ask for.
+const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Everything [`Worker::run`] needs, validated.
 pub(crate) struct Config {
     pub(crate) client: Client,
@@ -296,6 +299,10 @@ impl WorkerBuilder {
             Some("capacity must be at least 1".to_owned())
         } else if self.lease.is_zero() {
             Some("lease must be positive".to_owned())
+        } else if self.lease > MAX_LEASE {
+            // Far past any server's --max-lease; bounded so that deadlines
+            // computed from it cannot overflow a clock.
+            Some(format!("lease {:?} is over a year", self.lease))
         } else if heartbeat_every.is_zero() || heartbeat_every >= self.lease {
             Some(format!("heartbeat interval {heartbeat_every:?} must be positive and shorter than the lease {:?}", self.lease))
         } else if self.handlers.is_empty() && self.fallback.is_none() {

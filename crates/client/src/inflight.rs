@@ -113,6 +113,11 @@ impl InFlight {
             }
         }
         for r in sent {
+            if lost.contains(r) {
+                // Lost but settling: its ack's reply decides, and the
+                // deadline must not pretend the server still holds it.
+                continue;
+            }
             if let Some(e) = self
                 .jobs
                 .get(&r.job_id)
@@ -210,6 +215,11 @@ mod tests {
             .apply_heartbeat(&sent, &[lease("j1", "l1")], later)
             .is_empty());
         assert!(!handles[0].0.is_cancelled());
+        assert_eq!(
+            *handles[0].1.lock().unwrap(),
+            SystemTime::UNIX_EPOCH,
+            "a lease the server calls lost is not extended"
+        );
         assert!(book.remove("j1", "l1"), "the ack's reply removes it");
     }
 

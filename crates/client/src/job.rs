@@ -110,9 +110,11 @@ async fn execute(
 }
 
 /// Acks (`Ok`) or fails (`Err`) the job. Transient errors (server down or
-/// restarting) are retried with backoff while the lease may still be valid:
-/// the server keeps persisted leases across a restart, and heartbeats keep
-/// moving the deadline while it is reachable. ABORTED (stale lease) is final.
+/// restarting) are retried with backoff, whatever the lease's deadline says:
+/// the server keeps persisted leases across a restart and gives them a
+/// grace, the job stays in the book (heartbeated, declared in `held` on a
+/// reconnect), and a lease that was lost meanwhile is refused (ABORTED),
+/// which is final. Retries stop when the worker stops hard.
 async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
     let client = &shared.cfg.client;
     let mut backoff = Backoff::default();
@@ -123,9 +125,14 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
         // refused by the server (ABORTED) anyway. Retries stop once the
         // lease is lost or the worker is stopping hard.
         if !first && ctx.is_cancelled() {
-            warn!("lease lost before ack/fail; leaving the job to the server");
+            warn!("lease lost or worker stopping before ack/fail; leaving the job to the server");
+            shared
+                .cfg
+                .metrics
+                .job(label(shared, ctx), Outcome::Abandoned);
             return;
         }
+        let retry = !first;
         first = false;
         shared.book().settling(ctx.id(), ctx.lease_id());
         let call = async {
@@ -159,6 +166,14 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
                 shared.cfg.metrics.job(label(shared, ctx), outcome);
                 return;
             }
+            // A retried ack whose first try was applied (its reply lost):
+            // the job is DONE under this very lease.
+            (Err(err), Ok(())) if retry && err.code() == Some(tonic::Code::FailedPrecondition) => {
+                shared.forget(ctx);
+                info!("acked (an earlier try had reached the server)");
+                shared.cfg.metrics.job(label(shared, ctx), Outcome::Acked);
+                return;
+            }
             (Err(err), _) if err.code() == Some(tonic::Code::Aborted) => {
                 warn!(cause = %err, "lease no longer held; ack/fail rejected, not retried");
                 shared
@@ -168,7 +183,7 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
                 shared.cfg.metrics.lease_lost(Lost::Aborted);
                 return;
             }
-            (Err(err), _) if err.is_transient() && SystemTime::now() < ctx.lease_expires_at() => {
+            (Err(err), _) if err.is_transient() => {
                 let delay = backoff.next_delay();
                 warn!(cause = %err, retry_in = ?delay, "ack/fail did not reach the server; retrying");
                 tokio::select! {
@@ -178,6 +193,10 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
             }
             (Err(err), _) => {
                 error!(cause = %err, "could not ack/fail; the server will reclaim the job");
+                shared
+                    .cfg
+                    .metrics
+                    .job(label(shared, ctx), Outcome::Rejected);
                 return;
             }
         }

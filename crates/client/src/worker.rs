@@ -137,9 +137,14 @@ impl Worker {
     /// Server outages are retried forever, not returned.
     ///
     /// # Errors
-    /// [`Error::Config`](crate::Error::Config) for unusable options and
-    /// [`Error::Connect`](crate::Error::Connect) for a malformed URL,
-    /// both before any job is taken.
+    /// [`Error::Config`](crate::Error::Config) for unusable options,
+    /// [`Error::Connect`](crate::Error::Connect) for a malformed URL, and
+    /// [`Error::Status`](crate::Error::Status) when the server refuses the
+    /// first Lease stream for good (`UNAUTHENTICATED`, `PERMISSION_DENIED`,
+    /// `INVALID_ARGUMENT`, `UNIMPLEMENTED`: a bad token, a token without the
+    /// `consume` role, a capacity or lease outside the server's limits), all
+    /// before any job is taken. Once a stream has opened, every error is
+    /// retried: a token reload or a rolling restart may fix it.
     pub async fn run(self) -> Result<()> {
         let cfg = self.builder.into_config()?;
         let shared = Arc::new(Shared {
@@ -163,14 +168,16 @@ impl Worker {
             .then(|| AbortOnDrop(crate::signals::watch(shared.cfg.shutdown.clone())));
         async move {
             let stop_heartbeats = CancellationToken::new();
-            let heartbeats = tokio::spawn(
+            // Aborted if `run` is dropped or panics: left running, it would
+            // keep the leases of aborted jobs alive with nothing running them.
+            let mut heartbeats = AbortOnDrop(tokio::spawn(
                 heartbeat::run(Arc::clone(&shared), stop_heartbeats.clone()).in_current_span(),
-            );
+            ));
             let mut tasks = JoinSet::new();
-            let stream = serve(&shared, &mut tasks).await;
+            let stream = serve(&shared, &mut tasks).await?;
             drain(&shared, stream, &mut tasks).await;
             stop_heartbeats.cancel();
-            if let Err(err) = heartbeats.await {
+            if let Err(err) = (&mut heartbeats.0).await {
                 error!(cause = %err, "heartbeat task failed");
             }
             info!("worker stopped");
@@ -192,19 +199,26 @@ impl Drop for AbortOnDrop {
 
 /// Takes jobs until shutdown; returns the open stream, if any, so the drain
 /// can keep it (closing it would make the server reclaim in-flight jobs).
-async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Option<LeaseStream> {
+/// Fails only when the very first stream is refused for good.
+async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<LeaseStream>> {
     let shutdown = shared.cfg.shutdown.clone();
     let mut backoff = Backoff::default();
     let mut stream: Option<LeaseStream> = None;
+    let mut ever_opened = false;
     loop {
         if stream.is_none() {
             let opened = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => return None,
+                _ = shutdown.cancelled() => return Ok(None),
                 opened = open(shared) => opened,
             };
             match opened {
+                Err(err) if !ever_opened && refused_for_good(&err) => {
+                    error!(cause = %err, "the server refused the lease stream");
+                    return Err(err);
+                }
                 Ok(s) => {
+                    ever_opened = true;
                     // The backoff resets only on the first event (below): a
                     // stream that opens and fails at once must not be
                     // retried in a tight loop.
@@ -218,7 +232,7 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Option<LeaseStr
                     let delay = backoff.next_delay();
                     warn!(cause = %err, retry_in = ?delay, "could not open lease stream");
                     if !pause(delay, &shutdown, tasks).await {
-                        return None;
+                        return Ok(None);
                     }
                 }
             }
@@ -226,7 +240,7 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Option<LeaseStr
         }
         let step = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => return stream,
+            _ = shutdown.cancelled() => return Ok(stream),
             msg = next_event(&mut stream) => Some(msg),
             Some(joined) = tasks.join_next() => {
                 log_join(joined);
@@ -248,12 +262,38 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Option<LeaseStr
             ),
         };
         stream = None;
+        // Ask the server now rather than at the next tick whether the jobs
+        // still running here were reclaimed with the stream (then their
+        // handlers stop before another worker runs them for long), or keep
+        // them within its --disconnect-grace.
+        if shared.book().len() > 0 {
+            let shared = Arc::clone(shared);
+            tokio::spawn(async move { heartbeat::beat(&shared).await }.in_current_span());
+        }
         let delay = backoff.next_delay();
         warn!(in_flight = shared.book().len(), retry_in = ?delay, "{ended}; reconnecting");
         if !pause(delay, &shutdown, tasks).await {
-            return None;
+            return Ok(None);
         }
     }
+}
+
+/// A deadline no drain reaches (about thirty years away).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(30 * 365 * 24 * 3600)
+}
+
+/// Errors that retrying the same Lease call cannot fix.
+fn refused_for_good(err: &crate::Error) -> bool {
+    matches!(
+        err.code(),
+        Some(
+            tonic::Code::Unauthenticated
+                | tonic::Code::PermissionDenied
+                | tonic::Code::InvalidArgument
+                | tonic::Code::Unimplemented
+        )
+    )
 }
 
 /// Stops taking jobs and lets in-flight ones finish, up to the deadline.
@@ -265,7 +305,10 @@ async fn drain(shared: &Arc<Shared>, mut stream: Option<LeaseStream>, tasks: &mu
     if stream.is_some() || !tasks.is_empty() {
         heartbeat::beat(shared).await;
     }
-    let deadline = Instant::now() + shared.cfg.drain_timeout;
+    // Saturates: `Duration::MAX` means "wait for every handler".
+    let deadline = Instant::now()
+        .checked_add(shared.cfg.drain_timeout)
+        .unwrap_or_else(far_future);
     loop {
         if tasks.is_empty() {
             let Some(s) = stream.as_mut() else { break };
@@ -375,9 +418,21 @@ fn start(shared: &Arc<Shared>, leased: pb::LeasedJob, tasks: &mut JoinSet<()>) {
         error!(lease.id = %leased.lease_id, "leased event without a job; ignoring");
         return;
     };
-    let expires = leased
+    // On this machine's clock, as heartbeats extend it: the lease's length
+    // from the server's two timestamps (both on its clock), counted from
+    // now. The server's expiry itself would be off by any clock skew.
+    let granted = leased
         .lease_expires_at
-        .and_then(|ts| SystemTime::try_from(ts).ok())
+        .zip(job.taken_at)
+        .and_then(|(expires, taken)| {
+            let expires = SystemTime::try_from(expires).ok()?;
+            expires
+                .duration_since(SystemTime::try_from(taken).ok()?)
+                .ok()
+        })
+        .unwrap_or(shared.cfg.lease);
+    let expires = SystemTime::now()
+        .checked_add(granted)
         .unwrap_or_else(|| SystemTime::now() + shared.cfg.lease);
     let deadline = Arc::new(Mutex::new(expires));
     let cancel = shared.hard_stop.child_token();

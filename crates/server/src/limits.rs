@@ -137,7 +137,17 @@ pub struct Budgeted<S> {
     budget: RequestBudget,
 }
 
-type Held = Arc<Mutex<Vec<OwnedSemaphorePermit>>>;
+/// The permits a call's request frames hold. Once the call has answered,
+/// `answered` is set and the permits are released: later frames of a
+/// streaming request (server reflection's is the only one) are checked
+/// against the budget but not kept, so a long-lived stream cannot pin it.
+#[derive(Default)]
+struct HeldState {
+    permits: Vec<OwnedSemaphorePermit>,
+    answered: bool,
+}
+
+type Held = Arc<Mutex<HeldState>>;
 
 impl<S, RB> Service<http::Request<Body>> for Budgeted<S>
 where
@@ -167,8 +177,14 @@ where
         Box::pin(async move {
             let response = call.await;
             // The request's bytes are released once the call has answered
-            // (for a Lease stream: once it opened).
-            drop(held);
+            // (for a Lease stream: once it opened). The body may live on
+            // (a streaming request), so its permits are taken out of it.
+            let released = {
+                let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+                held.answered = true;
+                std::mem::take(&mut held.permits)
+            };
+            drop(released);
             response
         })
     }
@@ -202,10 +218,13 @@ impl http_body::Body for Counted {
         }
         match Arc::clone(&self.budget.bytes).try_acquire_many_owned(n) {
             Ok(permit) => {
-                self.held
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(permit);
+                let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                if held.answered {
+                    // Checked, not kept: see `HeldState`.
+                    drop(permit);
+                } else {
+                    held.permits.push(permit);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Err(_) => Poll::Ready(Some(Err(Status::resource_exhausted(format!(

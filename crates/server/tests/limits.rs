@@ -87,6 +87,48 @@ async fn requests_over_the_inflight_bytes_budget_are_resource_exhausted() {
 }
 
 #[tokio::test]
+async fn an_open_reflection_stream_does_not_pin_the_inflight_bytes_budget() {
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, ServerReflectionRequest,
+    };
+    let server = TestServer::with(|c| c.max_inflight_request_bytes = 64 * 1024).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // Reflection needs no token and its request stream stays open as long
+    // as the caller likes: 3 requests of 20 KiB each, every one answered.
+    let (send, asks) = tokio::sync::mpsc::channel(8);
+    let mut answers = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::wrappers::ReceiverStream::new(asks))
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..3 {
+        send.send(ServerReflectionRequest {
+            message_request: Some(MessageRequest::ListServices("x".repeat(20 * 1024))),
+            host: String::new(),
+        })
+        .await
+        .unwrap();
+        answers.message().await.unwrap().expect("an answer");
+    }
+    // With the stream still open, a 16 KiB enqueue fits the 64 KiB budget:
+    // the reflection requests' bytes were released once answered.
+    let mut c = server.client().await;
+    let small = pb::EnqueueRequest {
+        queue: "in.small".into(),
+        kind: "k".into(),
+        payload: vec![1; 16 * 1024],
+        ..Default::default()
+    };
+    c.enqueue(req(small, Some("producer"))).await.unwrap();
+    drop(send);
+}
+
+#[tokio::test]
 async fn lease_ids_are_random_not_sequential_nor_derived_from_job_ids() {
     let server = TestServer::start().await;
     let mut c = server.client().await;
