@@ -14,10 +14,14 @@ use crate::harness::TestServer;
 /// OUT_OF_RANGE (tonic's code for "decoded message length too large").
 #[tokio::test]
 async fn a_request_over_the_message_limit_is_resource_exhausted() {
-    let server = TestServer::with(|c| c.max_message_bytes = 64 * 1024).await;
+    let server = TestServer::with(|c| {
+        c.max_message_bytes = 256 * 1024;
+        c.max_payload = 128 * 1024;
+    })
+    .await;
     let c = server.client().await;
     let err = c
-        .enqueue("q", "k", vec![7; 100 * 1024], EnqueueOptions::new())
+        .enqueue("q", "k", vec![7; 300 * 1024], EnqueueOptions::new())
         .await
         .expect_err("over the message limit");
     assert_eq!(err.code(), Some(Code::ResourceExhausted), "{err}");
@@ -315,6 +319,14 @@ fn serve_refuses_contradicting_or_unreachable_limits() {
         (
             &["--min-lease", "0s"][..],
             "--min-lease must be longer than 0s",
+        ),
+        (
+            &["--max-payload", "16777216"][..],
+            "--max-message-bytes 16777216 cannot carry a job with --max-payload 16777216",
+        ),
+        (
+            &["--max-page-bytes", "33554432"][..],
+            "is over --max-message-bytes 16777216",
         ),
         (
             &["--backoff-base", "1h", "--backoff-cap", "1m"][..],

@@ -270,6 +270,28 @@ fn serve_refuses_a_public_address_without_tls_and_tokens() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("over plain HTTP"));
 }
 
+/// A certificate and key rustls cannot use are refused before the store
+/// opens, not once it has started its tasks (then sled was left unclosed).
+#[test]
+fn serve_refuses_a_swapped_certificate_and_key_before_opening_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let pki = Pki::new(dir.path(), "swapped");
+    let out = crate::harness::serve_refused(
+        &data,
+        &[
+            "--tls-cert",
+            pki.server_key.to_str().unwrap(),
+            "--tls-key",
+            pki.server_cert.to_str().unwrap(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {stderr}");
+    assert!(stderr.contains("TLS"), "{stderr}");
+    assert!(!data.exists(), "opened the data folder first: {stderr}");
+}
+
 #[test]
 fn serve_on_a_public_address_with_insecure_starts() {
     let dir = tempfile::tempdir().unwrap();
@@ -404,6 +426,67 @@ async fn the_dashboard_asks_for_a_token_read_to_view_admin_to_retry() {
     let (status, _, body) = http(web, "GET", "/", &[("Cookie", &pair)], "").await;
     assert_eq!(status, 200);
     assert!(body.contains("mine"));
+}
+
+/// With tokens off (the loopback default) nothing but the browser's own
+/// headers tells a dashboard POST from one another site's page made it
+/// send: such a POST is refused and changes nothing.
+#[tokio::test]
+async fn the_dashboard_refuses_a_cross_site_post() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("data"), &[]);
+    let c = server.client().await;
+    c.enqueue(
+        "q",
+        "k",
+        b"x".to_vec(),
+        EnqueueOptions::new().max_attempts(1),
+    )
+    .await
+    .unwrap();
+    let leased = c
+        .dequeue(["q"], "w", None, None)
+        .await
+        .unwrap()
+        .expect("a job");
+    let id = leased.job.as_ref().unwrap().id.clone();
+    c.fail(
+        id.clone(),
+        leased.lease_id.clone(),
+        "boom",
+        jobq_client::FailOptions::fatal(),
+    )
+    .await
+    .unwrap();
+    let web = server.http;
+    let form = ("Content-Type", "application/x-www-form-urlencoded");
+    let evil_origin = [form, ("Origin", "http://evil.example")];
+    let cross_site = [form, ("Sec-Fetch-Site", "cross-site")];
+    let null_origin = [form, ("Origin", "null")];
+    for headers in [&evil_origin[..], &cross_site[..], &null_origin[..]] {
+        let (status, _, _) = http(web, "POST", "/retry", headers, "status=FAILED").await;
+        assert_eq!(status, 403, "{headers:?}");
+        let (status, _, _) = http(web, "POST", &format!("/jobs/{id}/retry"), headers, "").await;
+        assert_eq!(status, 403, "{headers:?}");
+    }
+    assert_eq!(
+        c.get_job(id.clone()).await.unwrap().status,
+        pb::JobStatus::Failed as i32,
+        "a refused POST changed nothing"
+    );
+    // The dashboard's own form: same origin.
+    let own = format!("http://{web}");
+    let same = [
+        form,
+        ("Origin", own.as_str()),
+        ("Sec-Fetch-Site", "same-origin"),
+    ];
+    let (status, head, _) = http(web, "POST", &format!("/jobs/{id}/retry"), &same, "").await;
+    assert_eq!(status, 303, "{head}");
+    assert_eq!(
+        c.get_job(id).await.unwrap().status,
+        pb::JobStatus::Pending as i32
+    );
 }
 
 #[tokio::test]

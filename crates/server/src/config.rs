@@ -257,6 +257,10 @@ pub struct FaultSync {
     pub delay: Option<Duration>,
 }
 
+/// Room a reply needs beside a job's payload and metadata: ids, names,
+/// times and a history of a few dozen attempts with their errors.
+const REPLY_HEADROOM: usize = 64 * 1024;
+
 impl Config {
     /// The defaults, with the given data folder; for tests and embedding.
     pub fn with_data(data: impl Into<PathBuf>) -> Config {
@@ -392,6 +396,28 @@ impl Config {
         }
         if self.min_lease.is_zero() {
             return Err("--min-lease must be longer than 0s".into());
+        }
+        // A job travels whole in one reply (Dequeue, Lease, GetJob): one
+        // that --max-message-bytes cannot carry would be accepted, taken
+        // and never delivered, spending its attempts.
+        let needed = self
+            .max_payload
+            .saturating_add(self.max_metadata_bytes)
+            .saturating_add(REPLY_HEADROOM);
+        if needed > self.max_message_bytes {
+            return Err(format!(
+                "--max-message-bytes {} cannot carry a job with --max-payload {} and --max-metadata-bytes {} (it needs {needed}: {} more for the job's other fields and history); such a job could be accepted and never delivered",
+                self.max_message_bytes,
+                self.max_payload,
+                self.max_metadata_bytes,
+                REPLY_HEADROOM
+            ));
+        }
+        if self.max_page_bytes > self.max_message_bytes {
+            return Err(format!(
+                "--max-page-bytes {} is over --max-message-bytes {}: a full page could not be sent",
+                self.max_page_bytes, self.max_message_bytes
+            ));
         }
         Ok(())
     }

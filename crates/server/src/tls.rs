@@ -27,7 +27,8 @@ fn read(path: &Path, flag: &str) -> Result<Vec<u8>> {
 ///
 /// # Errors
 /// A certificate without its key (or the reverse), a client CA without a
-/// server certificate, or a file that cannot be read or is not PEM.
+/// server certificate, a file that cannot be read or is not PEM, or a
+/// certificate and key rustls cannot use.
 pub fn server_config(config: &Config) -> Result<Option<ServerTlsConfig>> {
     let (cert, key) = match (&config.tls_cert, &config.tls_key) {
         (None, None) => {
@@ -49,12 +50,21 @@ pub fn server_config(config: &Config) -> Result<Option<ServerTlsConfig>> {
     // rustls' feature detection (which fails when two are compiled in).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let identity = Identity::from_pem(read(cert, "--tls-cert")?, read(key, "--tls-key")?);
-    let mut tls = ServerTlsConfig::new().identity(identity);
+    // A TLS handshake must finish within --handshake-timeout too: a peer
+    // that sends half a ClientHello does not keep its connection slot.
+    let mut tls = ServerTlsConfig::new()
+        .identity(identity)
+        .timeout(config.handshake_timeout);
     if let Some(ca) = &config.tls_client_ca {
         // Mandatory client certificates: tonic's default is not optional.
         tls = tls
             .client_ca_root(Certificate::from_pem(read(ca, "--tls-client-ca")?))
             .client_auth_optional(false);
     }
+    // Parsed now, before the store opens: a swapped or broken certificate
+    // or key refuses the start rather than failing after it.
+    tonic::transport::Server::builder()
+        .tls_config(tls.clone())
+        .map_err(|e| Error::Io(format!("TLS: {e}")))?;
     Ok(Some(tls))
 }

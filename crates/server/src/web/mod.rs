@@ -64,7 +64,44 @@ pub fn router<S: Store>(web: Arc<Web<S>>) -> Router {
             login::guard::<S>,
         ))
         .route("/login", get(login::form).post(login::submit::<S>))
+        .layer(middleware::from_fn(same_origin_posts))
         .with_state(web)
+}
+
+/// Refuses a POST another site's page made the browser send (cross-site
+/// request forgery): with tokens off, the default on loopback, a page the
+/// operator visits could otherwise retry every dead letter. A browser names
+/// the page's site in `Sec-Fetch-Site` and its origin in `Origin`; a POST
+/// from the dashboard itself is `same-origin` and its origin is the `Host`
+/// it was sent to. Tools that send neither header (curl) are not browsers
+/// and pass.
+async fn same_origin_posts(req: axum::extract::Request, next: middleware::Next) -> Response {
+    if req.method() != axum::http::Method::POST {
+        return next.run(req).await;
+    }
+    let headers = req.headers();
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let site_ok = text("sec-fetch-site").is_none_or(|site| matches!(site, "same-origin" | "none"));
+    let origin_ok = match text("origin") {
+        None => true,
+        Some(origin) => {
+            let authority = origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"));
+            authority.is_some() && authority == text("host")
+        }
+    };
+    if site_ok && origin_ok {
+        return next.run(req).await;
+    }
+    (
+        StatusCode::FORBIDDEN,
+        layout::page(
+            "Forbidden",
+            maud::html! { p.error { "a POST from another site's page is refused" } },
+        ),
+    )
+        .into_response()
 }
 
 /// Serves `router` on `listener` until `shutdown` fires.
