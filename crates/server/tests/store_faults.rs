@@ -208,6 +208,46 @@ async fn with_deliver_before_fsync_a_job_is_taken_before_its_enqueue_is_durable(
     assert_eq!(enqueued.job.id, leased.job.id);
 }
 
+/// A repeated Ack (its first reply lost) is refused as "already DONE": that
+/// answer must not come before the first Ack is durable, or a crash could
+/// undo what the refusal reported done.
+#[tokio::test]
+async fn a_refusal_waits_until_the_state_it_read_is_durable() {
+    let dir = TempDir::new().unwrap();
+    let mut config = config(&dir);
+    config.fault_sync_delay = Some(Duration::from_millis(300));
+    let store = Arc::new(SledStore::open(&config).unwrap());
+    let job = store
+        .enqueue(new_job(None), SystemTime::now())
+        .await
+        .unwrap()
+        .job;
+    let leased = store
+        .take(&queues(), "w", None, LEASE, SystemTime::now())
+        .await
+        .unwrap()
+        .expect("due");
+    let first = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.ack(job.id, leased.lease_id, SystemTime::now()).await }
+    });
+    // Applied in memory, its round (300 ms) still running.
+    while store.get(job.id).await.unwrap().status != Status::Done {
+        tokio::task::yield_now().await;
+    }
+    let rounds = store.flush_rounds();
+    let again = store
+        .ack(job.id, leased.lease_id, SystemTime::now())
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition, "{again}");
+    assert!(
+        store.flush_rounds() > rounds,
+        "the refusal came before the first ack was durable"
+    );
+    first.await.unwrap().unwrap();
+}
+
 /// A payload big enough for a file of its own makes the enqueue wait for
 /// that file's fsync before it writes anything else: a caller who leaves
 /// meanwhile still gets the job enqueued and the waiters woken.

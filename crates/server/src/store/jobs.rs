@@ -283,7 +283,18 @@ impl<B: Backend> Jobs<B> {
     async fn one_committed(&self, id: JobId, event: Event, now: SystemTime) -> Result<Job> {
         let this = self.clone();
         let work = async move {
-            let change = this.one(id, event, now).await?;
+            let change = match this.one(id, event, now).await {
+                Ok(change) => change,
+                Err(refused) if is_refusal(&refused) => {
+                    // The state that refused it may not be durable yet (a
+                    // first Retry or Ack applied, its reply lost, its round
+                    // still running): a refusal that reads "already done"
+                    // must not be undone by a crash either.
+                    this.backend.durable().await?;
+                    return Err(refused);
+                }
+                Err(err) => return Err(err),
+            };
             this.commit(std::slice::from_ref(&change), false).await?;
             Ok(without_payload(change.new))
         };
@@ -375,6 +386,15 @@ async fn to_the_end<T: Send + 'static>(
             Err(e) => Err(Error::Io(format!("a store task failed: {e}"))),
         },
     }
+}
+
+/// A transition the status machine refused (stale lease, wrong status, no
+/// such job): the answer reads the store's state rather than changing it.
+fn is_refusal(err: &Error) -> bool {
+    matches!(
+        err.code(),
+        tonic::Code::FailedPrecondition | tonic::Code::Aborted | tonic::Code::NotFound
+    )
 }
 
 /// A changed job as [`Store`] returns it: without its payload.

@@ -245,9 +245,16 @@ fn run(shared: &Shared, mut syncer: Syncer) {
     struct Stopped<'a>(&'a Shared);
     impl Drop for Stopped<'_> {
         fn drop(&mut self) {
+            // A panic is a failure nothing will retry: fail-stop now, as a
+            // failed round does, rather than at the next durable write.
+            let panicked = std::thread::panicking();
             self.0.progress.send_modify(|p| {
                 p.failed
                     .get_or_insert_with(|| Arc::from("the flusher stopped"));
+                if panicked {
+                    p.broken
+                        .get_or_insert_with(|| Arc::from("the flusher thread panicked"));
+                }
             });
         }
     }
