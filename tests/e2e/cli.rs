@@ -577,6 +577,49 @@ async fn stats_counts_per_queue_and_watch_stops_on_ctrl_c() {
     assert!(status.success(), "{status:?}");
 }
 
+/// `--watch` outlives a server that is not there yet (or restarting): it
+/// says so on stderr and shows the stats once the server answers.
+#[tokio::test]
+async fn stats_watch_keeps_refreshing_until_the_server_answers() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let url = format!("http://{listen}");
+    let mut watch = command(&url, &["stats", "--watch", "50ms", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut errors = BufReader::new(watch.stderr.take().unwrap()).lines();
+    for _ in 0..2 {
+        let line = tokio::time::timeout(LIMIT, errors.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("an error line, the watch still running");
+        assert!(line.starts_with("jobq stats: "), "{line}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _server = crate::harness::ServerProcess::start_at(&dir.path().join("data"), &listen, &[]);
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(LIMIT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("stats once the server is up");
+    assert!(line.starts_with('['), "{line}");
+    signal(&watch, libc::SIGINT);
+    let status = tokio::time::timeout(LIMIT, watch.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 #[tokio::test]
 async fn exit_codes_say_what_went_wrong() {
     let server = TestServer::start().await;

@@ -133,7 +133,7 @@ impl Cli {
             Command::Schedule(args) => schedule::run(&self.conn.client().await?, out, args).await,
             Command::Pause(args) => pause::run(&self.conn.client().await?, out, args, true).await,
             Command::Resume(args) => pause::run(&self.conn.client().await?, out, args, false).await,
-            Command::Stats(args) => stats::run(&self.conn.client().await?, out, args).await,
+            Command::Stats(args) => stats::run(&self.conn, out, args).await,
             Command::Token(args) => token::run(out, args),
             Command::Bench(args) => jobq_bench::run(args).await,
             Command::Completions(args) => completions::run(args),

@@ -69,6 +69,12 @@ impl Conn {
         }
     }
 
+    /// A client that connects on its first call, and again after the
+    /// connection breaks (for commands that outlive a server restart).
+    pub fn lazy_client(&self) -> anyhow::Result<Client> {
+        Ok(self.connect_options()?.connect_lazy()?)
+    }
+
     /// A worker builder for this server, with the token and TLS applied.
     pub fn worker(&self) -> anyhow::Result<WorkerBuilder> {
         let mut builder = jobq_client::Worker::builder(self.server.as_str());

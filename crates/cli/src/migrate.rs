@@ -3,6 +3,8 @@
 
 use anyhow::Context;
 
+use crate::output::Out;
+
 /// The flags of `jobq migrate`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -25,13 +27,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .last()
         .map_or(0, |m| m.0);
     if applied.is_empty() {
-        println!("schema is up to date (version {latest})");
+        Out { json: false }.line(format!("schema is up to date (version {latest})"))?;
     } else {
         let list: Vec<String> = applied.iter().map(ToString::to_string).collect();
-        println!(
+        Out { json: false }.line(format!(
             "applied migrations {}; schema at version {latest}",
             list.join(", ")
-        );
+        ))?;
     }
     Ok(())
 }

@@ -26,6 +26,13 @@ impl Out {
         stdout.flush()
     }
 
+    /// Writes `text` to stdout as it is (no newline).
+    pub fn raw(&self, text: &str) -> io::Result<()> {
+        let mut stdout = io::stdout().lock();
+        stdout.write_all(text.as_bytes())?;
+        stdout.flush()
+    }
+
     /// Writes `value` as one line of JSON to stdout.
     pub fn json(&self, value: &Value) -> io::Result<()> {
         self.line(value.to_string())
@@ -59,13 +66,18 @@ impl Table {
         }
     }
 
-    /// Appends a row (one cell per column).
+    /// Appends a row (one cell per column). Control characters in a cell
+    /// (a multi-line error, a payload with escape sequences) are shown
+    /// escaped (`\n`, `\u{1b}`): a row stays one line, the columns stay
+    /// aligned, and a job's text cannot drive the terminal. `--json` has
+    /// the exact text.
     pub fn row<I, S>(&mut self, cells: I)
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.rows.push(cells.into_iter().map(Into::into).collect());
+        self.rows
+            .push(cells.into_iter().map(|c| one_line(c.into())).collect());
     }
 
     /// Whether no row was added.
@@ -156,6 +168,22 @@ pub fn duration_text(d: Option<Duration>) -> String {
         Some(d) => humantime::format_duration(Duration::from_secs(d.as_secs())).to_string(),
         None => "-".to_owned(),
     }
+}
+
+/// `text` with its control characters escaped, as Rust writes them.
+fn one_line(text: String) -> String {
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// `text`, or `-` when empty: tables show no blank cells.
@@ -273,6 +301,19 @@ mod tests {
         assert_eq!(
             String::from_utf8(buf).unwrap(),
             "ID    STATUS   KEY\n1     PENDING  -\n1234  DONE     order-1\n"
+        );
+    }
+
+    #[test]
+    fn a_cell_with_control_characters_stays_on_one_line() {
+        let mut t = Table::new(["#", "ERROR"]);
+        t.row(["1", "exit 1\nstderr: boom\r\n\x1b[31mred"]);
+        t.row(["2", "-"]);
+        let mut buf = Vec::new();
+        t.write(&mut buf).unwrap();
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "#  ERROR\n1  exit 1\\nstderr: boom\\r\\n\\u{1b}[31mred\n2  -\n"
         );
     }
 

@@ -29,10 +29,12 @@ pub struct Args {
 }
 
 /// Runs `jobq stats`.
-pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
+pub async fn run(conn: &crate::conn::Conn, out: Out, args: Args) -> anyhow::Result<()> {
     let Some(every) = args.watch else {
-        return show(client, out, args.queue.as_deref(), false).await;
+        return show(&conn.client().await?, out, args.queue.as_deref(), false).await;
     };
+    // Connected on each refresh as needed: the watch outlives a restart.
+    let client = &conn.lazy_client()?;
     let every = every.max(Duration::from_millis(100));
     let shutdown = crate::shutdown::on_signal();
     let clear = !out.json && std::io::stdout().is_terminal();
@@ -43,8 +45,29 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
             _ = shutdown.cancelled() => return Ok(()),
             _ = tick.tick() => {}
         }
-        show(client, out, args.queue.as_deref(), clear).await?;
+        match show(client, out, args.queue.as_deref(), clear).await {
+            Ok(()) => {}
+            // A server restarting or out of reach: say so and keep
+            // refreshing, as `watch` would.
+            Err(err) if is_transient(&err) => {
+                eprintln!(
+                    "jobq stats: {err:#}; retrying in {}",
+                    duration_text(Some(every))
+                );
+            }
+            Err(err) => return Err(err),
+        }
     }
+}
+
+/// A refresh that may work next time: no server reply, or one that says
+/// it is unavailable.
+fn is_transient(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<jobq_client::Error>()
+            .is_some_and(jobq_client::Error::is_transient)
+    })
 }
 
 async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> anyhow::Result<()> {
@@ -55,7 +78,7 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
     }
     if clear {
         // Clear the screen and home the cursor, like `watch`.
-        print!("\x1b[2J\x1b[H");
+        out.raw("\x1b[2J\x1b[H")?;
     }
     let mut t = Table::new([
         "QUEUE",

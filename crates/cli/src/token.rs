@@ -82,12 +82,14 @@ pub fn run(out: Out, args: Args) -> anyhow::Result<()> {
             "sha256": sha256,
             "toml": entry,
         });
-        println!("{value}");
+        out.json(&value)?;
     } else {
-        println!(
+        out.line(format!(
             "secret (shown only now; give it to the caller, e.g. as JOBQ_TOKEN):\n\n  {secret}\n"
-        );
-        println!("add this to the --auth-tokens file, then `kill -HUP` the server:\n\n{entry}");
+        ))?;
+        out.line(format!(
+            "add this to the --auth-tokens file, then `kill -HUP` the server:\n\n{entry}"
+        ))?;
     }
     Ok(())
 }
