@@ -64,6 +64,20 @@ def duration(value: Optional[Seconds]) -> Optional[duration_pb2.Duration]:
     return d
 
 
+def lease_deadline(leased: "pb.LeasedJob", lease: float, now: float) -> float:
+    """When a pushed lease runs out, on this machine's clock (as heartbeats
+    extend it): the lease's length from the server's two timestamps (both on
+    its clock), counted from ``now``; the server's expiry itself would carry
+    any clock skew. ``lease`` (the length asked for) when they are missing."""
+    granted = lease
+    if leased.HasField("lease_expires_at") and leased.job.HasField("taken_at"):
+        span = (leased.lease_expires_at.ToNanoseconds()
+                - leased.job.taken_at.ToNanoseconds()) / 1e9
+        if span > 0:
+            granted = span
+    return now + granted
+
+
 def seconds(value: Seconds) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 

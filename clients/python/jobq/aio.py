@@ -352,8 +352,7 @@ class AsyncWorker:
                     ctx._cancel(f"revoked: {r.reason}")
 
     def _start(self, leased: pb.LeasedJob) -> None:
-        deadline = (leased.lease_expires_at.ToNanoseconds() / 1e9
-                    if leased.HasField("lease_expires_at") else time.time() + self.lease)
+        deadline = c.lease_deadline(leased, self.lease, time.time())
         ctx = JobContext(leased.job, leased.lease_id, self.worker_id, deadline)
         stale = self._book.insert(ctx)
         if stale is not None:
@@ -413,7 +412,9 @@ class AsyncWorker:
                 self._book.remove(ctx)
                 return
             except grpc.aio.AioRpcError as e:
-                if e.code() in c.TRANSIENT_CODES and time.time() < ctx.lease_deadline():
+                # Retried whatever the lease deadline says, as the sync
+                # Worker does: a restarted server keeps leases.
+                if e.code() in c.TRANSIENT_CODES:
                     delay = backoff.next_delay()
                     log.warning("job %s: ack/fail did not reach the server (%s); retrying",
                                 ctx.id, e.code())

@@ -61,7 +61,8 @@ class Worker:
       good, no retry); a kind with no handler fails *retryably* (another
       worker may have it during a rolling deploy);
     - retries Ack/Fail that could not reach the server with backoff until
-      the lease deadline; ABORTED (lease lost) is final;
+      it answers (a job that finished during a restart is acked, not run
+      again); ABORTED (lease lost) is final;
     - heartbeats every lease each ``heartbeat_every`` (lease/3); a lease
       reported lost, revoked on the stream (CancelJob), or whose deadline
       passed while heartbeats could not get through, has ``ctx.cancelled``
@@ -200,8 +201,7 @@ class Worker:
             call.cancel()
 
     def _start(self, leased: pb.LeasedJob) -> None:
-        deadline = (leased.lease_expires_at.ToNanoseconds() / 1e9
-                    if leased.HasField("lease_expires_at") else time.time() + self.lease)
+        deadline = c.lease_deadline(leased, self.lease, time.time())
         ctx = JobContext(leased.job, leased.lease_id, self.worker_id, deadline)
         stale = self._book.insert(ctx)
         if stale is not None:
@@ -245,8 +245,11 @@ class Worker:
         return None
 
     def _settle(self, ctx: JobContext, error: Optional[BaseException]) -> None:
-        """Acks or fails; transient errors are retried with backoff while the
-        lease may still be valid (a restarted server keeps leases)."""
+        """Acks or fails; transient errors are retried with backoff whatever
+        the lease deadline says (a restarted server keeps leases and gives
+        them a grace; the job stays in the book, heartbeated), until the
+        server answers: ABORTED (lease lost) is final. The hard stop ends
+        the retries."""
         backoff = c.Backoff()
         first = True
         while True:
@@ -276,7 +279,7 @@ class Worker:
                 return
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else None
-                if code in c.TRANSIENT_CODES and time.time() < ctx.lease_deadline():
+                if code in c.TRANSIENT_CODES:
                     delay = backoff.next_delay()
                     log.warning("job %s: ack/fail did not reach the server (%s); retrying "
                                 "in %.1fs", ctx.id, code, delay)

@@ -9,8 +9,8 @@ each case against a real `jobq serve`:
 - CancelJob on a running job: the handler's ctx.cancelled is set within
   1 s, the late ack is ABORTED (JobLost), history says REVOKED, Retry
   brings the job back;
-- an ack that cannot reach a server restarting for 3 s is retried until it
-  lands: the job runs once;
+- an ack that cannot reach a server restarting for 3 s, three times the
+  lease, is retried until it lands: the job runs once;
 - a handler whose lease deadline passed while heartbeats could not get
   through is told to stop, and its job is not acked;
 - SIGINT (Ctrl-C) and SIGTERM drain a worker process (sync and asyncio):
@@ -235,7 +235,9 @@ def ack_survives_a_server_restart(tmp, client, addr):
     try:
         own.wait_ready()
         job, _ = own.enqueue("restart", "k", b"")
-        with Running(Worker(own, ["restart"], handler, lease=30)):
+        # A 1 s lease and 3 s of downtime: the ack outlives the lease's
+        # deadline on the worker's clock, and still lands (restart grace).
+        with Running(Worker(own, ["restart"], handler, lease=1)):
             assert started.wait(20)
             server.kill()
             killed = time.monotonic()
@@ -401,7 +403,7 @@ def asyncio_ack_survives_a_server_restart(tmp, client, addr):
         async with AsyncClient(server.url) as aio:
             await aio.wait_ready()
             job, _ = await aio.enqueue("restart", "k", b"")
-            worker = AsyncWorker(aio, ["restart"], handler, lease=30)
+            worker = AsyncWorker(aio, ["restart"], handler, lease=1)
             running = asyncio.ensure_future(worker.run(handle_signals=False))
             await asyncio.wait_for(started.wait(), 20)
             server.kill()
