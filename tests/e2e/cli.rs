@@ -639,6 +639,10 @@ async fn exit_codes_say_what_went_wrong() {
         &["retry", "--all-failed"],
         &["enqueue", "q", "k", "--delay", "soon"],
         &["work", "--queue", "q", "--kind", "k"],
+        &["work", "--queue", "q", "--capacity", "0", "--", "true"],
+        // A command that cannot start would fail every job of the queue.
+        &["work", "--queue", "q", "--", "/nonexistent/jobq-handler"],
+        &["work", "--queue", "q", "--", "no-such-jobq-handler"],
         &["frobnicate"],
     ] {
         let run = jobq(&url, usage).await;

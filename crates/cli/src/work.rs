@@ -77,6 +77,17 @@ pub struct Args {
 
 /// Runs `jobq work` until SIGINT/SIGTERM and the drain are over.
 pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
+    // A command that cannot start would fail every job it is given (each
+    // retryably, so the whole queue would be dead-lettered within seconds):
+    // refuse to start instead. `which` looks where the spawn will: PATH for
+    // a bare name, the path itself otherwise, and checks it is executable.
+    if let Some(program) = args.command.first() {
+        if let Err(err) = which::which(program) {
+            return Err(crate::exit::usage(format!(
+                "cannot run {program:?}: {err} (a bare name is looked up in PATH; a path must name an executable file)"
+            )));
+        }
+    }
     let watchdog = match Watchdog::start() {
         Ok(w) => Some(Arc::new(w)),
         Err(err) => {
