@@ -437,6 +437,35 @@ async fn batch_file_and_list_page_through_every_result() {
     assert_eq!(&rows[1][col..col + 7], "PENDING", "{table}");
 }
 
+/// Entries of 512 KiB, 20 MiB in all: more than the server's 16 MiB
+/// --max-message-bytes in one call, so the batch goes in several.
+#[tokio::test]
+async fn a_batch_file_bigger_than_one_message_is_sent_in_calls_that_fit() {
+    let server = TestServer::start().await;
+    let payload = "x".repeat(512 * 1024);
+    let lines: String = (0..40)
+        .map(|i| format!("{{\"queue\":\"big\",\"kind\":\"k\",\"payload\":\"{payload}\",\"key\":\"b-{i}\"}}\n"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    let run = jobq(
+        &server.url(),
+        &["enqueue", "--batch-file", file.to_str().unwrap(), "--json"],
+    )
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let created = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["created"] == true)
+        .count();
+    assert_eq!(created, 40);
+    let stats = server.client().await.stats(Some("big")).await.unwrap();
+    assert_eq!(stats[0].pending, 40);
+}
+
 #[tokio::test]
 async fn batch_entries_that_are_rejected_fail_the_command() {
     let server = TestServer::start().await;

@@ -17,6 +17,21 @@ use jobq::code_name;
 /// Most entries per EnqueueBatch call (the server's default `--max-batch`).
 const BATCH_CHUNK: usize = 1000;
 
+/// Most request bytes per EnqueueBatch call, a quarter of the server's
+/// default `--max-message-bytes`: big payloads go in smaller calls instead
+/// of one the server refuses whole.
+const BATCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// About what one entry adds to an EnqueueBatch request.
+fn entry_bytes(req: &pb::EnqueueRequest) -> usize {
+    let metadata: usize = req
+        .metadata
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 8)
+        .sum();
+    req.payload.len() + req.queue.len() + req.kind.len() + req.key.len() + metadata + 64
+}
+
 /// Options of `jobq enqueue`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -222,7 +237,17 @@ async fn batch(client: &Client, out: Out, path: &Path) -> anyhow::Result<()> {
     let mut failure = None;
     let mut entries = entries.into_iter().peekable();
     while entries.peek().is_some() {
-        let chunk: Vec<_> = entries.by_ref().take(BATCH_CHUNK).collect();
+        // Up to BATCH_CHUNK entries and BATCH_BYTES, and at least one.
+        let mut chunk = Vec::new();
+        let mut bytes = 0;
+        while let Some((_, req)) = entries.peek() {
+            let size = entry_bytes(req);
+            if !chunk.is_empty() && (chunk.len() == BATCH_CHUNK || bytes + size > BATCH_BYTES) {
+                break;
+            }
+            bytes += size;
+            chunk.extend(entries.next());
+        }
         let (lines, reqs): (Vec<usize>, Vec<_>) = chunk.into_iter().unzip();
         let results = match client.enqueue_batch(reqs).await {
             Ok(results) => results,
