@@ -494,7 +494,8 @@ pub enum Access<'a> {
 /// The one check per RPC: the caller's role on the queues involved, and
 /// for leases, that the caller's token took them. Jobs named only by id
 /// are read to learn their queue; a job that does not exist passes here
-/// and is NOT_FOUND from the store.
+/// (for a token with the role on some queue) and is NOT_FOUND from the
+/// store.
 ///
 /// The owner check is fenced by the lease id: a lease id names one lease
 /// for ever, so the owner read here is the owner of the lease the store
@@ -517,11 +518,14 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             leases(store, who, caller, held).await
         }
         Access::Leases(held) => leases(store, who, caller, held).await,
-        Access::ReadJob(id) => match store.peek(id).await {
-            Ok(job) => who.require(Role::Read, &job.queue),
-            Err(Error::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
-        },
+        Access::ReadJob(id) => {
+            any_queue(caller, Role::Read)?;
+            match store.peek(id).await {
+                Ok(job) => who.require(Role::Read, &job.queue),
+                Err(Error::NotFound(_)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
         Access::ReadQueue(Some(queue)) => who.require(Role::Read, queue),
         // Every queue, filtered afterwards; a token that reads no queue at
         // all is told so rather than shown an empty list.
@@ -532,11 +536,14 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             ))),
             _ => Ok(()),
         },
-        Access::Administer(id) => match store.peek(id).await {
-            Ok(job) => who.require(Role::Admin, &job.queue),
-            Err(Error::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
-        },
+        Access::Administer(id) => {
+            any_queue(caller, Role::Admin)?;
+            match store.peek(id).await {
+                Ok(job) => who.require(Role::Admin, &job.queue),
+                Err(Error::NotFound(_)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
         Access::AdministerQueue(queue) => who.require(Role::Admin, queue),
         Access::AdministerSchedule(name) => {
             match store.schedules().await?.iter().find(|s| s.name == name) {
@@ -550,6 +557,20 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
                 ))),
             }
         }
+    }
+}
+
+/// A call on one job by id needs `role` on some queue before the job is
+/// even read: a token without it is refused the same way whether the id
+/// names a job or not, so it cannot learn which ids (or queues) exist.
+fn any_queue(caller: &Caller, role: Role) -> Result<()> {
+    if caller.has_role(role) {
+        Ok(())
+    } else {
+        Err(Error::PermissionDenied(format!(
+            "token {:?} has no {role} role on any queue",
+            caller.name()
+        )))
     }
 }
 

@@ -522,6 +522,54 @@ async fn listing_without_a_queue_shows_only_the_tokens_queues() {
     );
 }
 
+/// A token with no read (or admin) role anywhere learns nothing about
+/// which job ids exist: an id that names a job and one that does not get
+/// the same PERMISSION_DENIED.
+#[tokio::test]
+async fn a_token_without_the_role_cannot_tell_a_real_job_id_from_a_missing_one() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let real = enqueue(&mut c, "in.ids", "producer").await;
+    for id in [real, "424242".to_owned()] {
+        let got = [
+            code(
+                c.get_job(req(pb::GetJobRequest { id: id.clone() }, Some("producer")))
+                    .await,
+            ),
+            code(
+                c.retry(req(
+                    pb::RetryRequest { job_id: id.clone() },
+                    Some("producer"),
+                ))
+                .await,
+            ),
+            code(
+                c.cancel_job(req(
+                    pb::CancelJobRequest {
+                        id: id.clone(),
+                        reason: String::new(),
+                    },
+                    Some("consumer"),
+                ))
+                .await,
+            ),
+            code(
+                c.delete_job(req(pb::DeleteJobRequest { id: id.clone() }, Some("reader")))
+                    .await,
+            ),
+        ];
+        assert_eq!(got, [Code::PermissionDenied; 4], "job {id}");
+    }
+    // With the role on some queue, a missing id is NOT_FOUND.
+    let missing = pb::GetJobRequest {
+        id: "424242".into(),
+    };
+    assert_eq!(
+        code(c.get_job(req(missing, Some("reader"))).await),
+        Code::NotFound
+    );
+}
+
 #[tokio::test]
 async fn create_schedule_cannot_replace_a_schedule_on_a_queue_the_token_may_not_administer() {
     let server = TestServer::start().await;
