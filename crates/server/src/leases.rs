@@ -61,13 +61,15 @@ enum Notice {
     /// The lease ended by ack or fail: its slot is free, and the worker is
     /// evidently alive.
     Released(LeaseId),
-    /// The lease was taken away: tell the worker, free the slot. `stall`:
-    /// it expired although the worker had it, so the worker may be frozen.
+    /// The lease was taken away: tell the worker (`tell`: unless it never
+    /// saw the job), free the slot. `stall`: it expired although the worker
+    /// had it, so the worker may be frozen.
     Revoked {
         job: JobId,
         lease: LeaseId,
         reason: &'static str,
         stall: bool,
+        tell: bool,
     },
     /// The worker heartbeated through this stream's token.
     Heartbeat { draining: bool },
@@ -105,16 +107,24 @@ impl Stream for LeaseEvents {
     type Item = Result<pb::LeaseEvent, tonic::Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(out)) => {
-                if let Some(lease) = out.lease {
-                    self.pipe.unpulled().remove(&lease);
-                    self.pipe.pulled.notify_one();
+        loop {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(out)) => {
+                    if let Some(lease) = out.lease {
+                        let still_ours = self.pipe.unpulled().remove(&lease);
+                        self.pipe.pulled.notify_one();
+                        if !still_ours {
+                            // Given back while it waited here (its lease ran
+                            // out, see `LeaseHub::undelivered`): the job may
+                            // be another worker's now, so it is never sent.
+                            continue;
+                        }
+                    }
+                    return Poll::Ready(Some(out.item));
                 }
-                Poll::Ready(Some(out.item))
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
             }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -255,8 +265,8 @@ impl<S: Store> LeaseHub<S> {
         let task_pipe = Arc::clone(&pipe);
         tokio::spawn(
             async move {
-                let _permit = permit;
-                hub.run_stream(id, spec, tx, notices, task_pipe).await;
+                hub.run_stream(id, spec, tx, notices, task_pipe, Box::new(permit))
+                    .await;
             }
             .instrument(span),
         );
@@ -286,20 +296,31 @@ impl<S: Store> LeaseHub<S> {
             return;
         }
         let notice = match ended.outcome {
-            Some(Outcome::Acked | Outcome::Failed | Outcome::WorkerDisconnected) => {
-                Notice::Released(ended.lease)
-            }
+            Some(Outcome::Acked | Outcome::Failed) => Notice::Released(ended.lease),
+            // A stream forgets its own leases before it reclaims them, so
+            // one still owned was taken from a live stream (another server
+            // decided this one was gone): its worker must stop.
+            Some(outcome @ Outcome::WorkerDisconnected) => Notice::Revoked {
+                job: ended.job,
+                lease: ended.lease,
+                reason: outcome.reason(),
+                stall: false,
+                tell: true,
+            },
             Some(outcome @ (Outcome::LeaseExpired | Outcome::Revoked)) => Notice::Revoked {
                 job: ended.job,
                 lease: ended.lease,
                 reason: outcome.reason(),
                 stall: outcome == Outcome::LeaseExpired,
+                tell: true,
             },
+            // Given back without an attempt: the worker never pulled it.
             None => Notice::Revoked {
                 job: ended.job,
                 lease: ended.lease,
                 reason: "not delivered",
                 stall: false,
+                tell: false,
             },
         };
         for entry in streams {
@@ -386,12 +407,15 @@ impl<S: Store> LeaseHub<S> {
 
     /// Whether a lease's job is still waiting in its stream, never pulled
     /// by the transport: its expiry is then no attempt of the worker's.
+    /// Claims it: from now on the transport skips it, so a job given back
+    /// for this reason never reaches that worker after all (it may be
+    /// another's by then).
     pub fn undelivered(&self, lease: LeaseId) -> bool {
         let reg = self.registry();
         reg.owners
             .get(&lease)
             .and_then(|(stream, _)| reg.streams.get(stream))
-            .is_some_and(|entry| entry.pipe.unpulled().contains(&lease))
+            .is_some_and(|entry| entry.pipe.unpulled().remove(&lease))
     }
 
     /// A heartbeat arrived for these leases: any that belonged to a stream
@@ -473,6 +497,7 @@ impl<S: Store> LeaseHub<S> {
         tx: mpsc::Sender<Outgoing>,
         mut notices: mpsc::UnboundedReceiver<Notice>,
         pipe: Arc<Pipe>,
+        permit: Box<dyn Send>,
     ) {
         debug!("lease stream opened");
         let StreamSpec {
@@ -559,8 +584,8 @@ impl<S: Store> LeaseHub<S> {
                         held.remove(&lease);
                         stalled = false;
                     }
-                    Notice::Revoked { job, lease, reason, stall } => {
-                        if held.remove(&lease).is_some() {
+                    Notice::Revoked { job, lease, reason, stall, tell } => {
+                        if held.remove(&lease).is_some() && tell {
                             stalled |= stall;
                             if stall {
                                 info!(job.id = %job, "a delivered lease expired without a heartbeat; no new jobs for this stream until its worker heartbeats");
@@ -603,6 +628,10 @@ impl<S: Store> LeaseHub<S> {
                 _ => false,
             });
         }
+        // The stream's place (--max-waiters, --max-streams-per-token) is
+        // free now, not after the disconnect grace below: the worker that
+        // reconnects within it to keep its leases must find room.
+        drop(permit);
         match end {
             End::WorkerGone if !held.is_empty() => {
                 let unpulled = std::mem::take(&mut *pipe.unpulled());
@@ -625,10 +654,23 @@ impl<S: Store> LeaseHub<S> {
                     "lease stream ended by shutdown; leases kept"
                 );
             }
-            End::StoreFailed => warn!(
-                held = held.len(),
-                "lease stream ended by a store failure; leases kept"
-            ),
+            End::StoreFailed => {
+                // A job still waiting for the transport is never sent (the
+                // claim makes it skip it): it goes back without an attempt
+                // if the store can still take the change, else its expiry
+                // does the same (see `undelivered`).
+                let unpulled = std::mem::take(&mut *pipe.unpulled());
+                let never_sent: HashMap<_, _> = held
+                    .iter()
+                    .filter(|(lease, _)| unpulled.contains(lease))
+                    .map(|(lease, job)| (*lease, *job))
+                    .collect();
+                warn!(
+                    held = held.len() - never_sent.len(),
+                    "lease stream ended by a store failure; leases kept"
+                );
+                self.give_back(never_sent).await;
+            }
         }
     }
 

@@ -51,6 +51,71 @@ async fn a_token_holds_at_most_max_streams_per_token() {
     assert!(opened.is_some(), "the closed stream's slot was never freed");
 }
 
+/// A worker whose connection dropped reconnects within --disconnect-grace
+/// to keep its leases: its old stream's quota slot must be free by then,
+/// not held until the grace is over.
+#[tokio::test]
+async fn a_dropped_stream_frees_its_quota_slot_before_the_disconnect_grace() {
+    use jobq::pb::lease_event::Event;
+    let server = TestServer::with(|c| {
+        c.max_streams_per_token = 1;
+        c.disconnect_grace = Duration::from_secs(60);
+    })
+    .await;
+    let mut c = server.client().await;
+    c.enqueue(req(
+        pb::EnqueueRequest {
+            queue: "in.grace".into(),
+            kind: "k".into(),
+            ..Default::default()
+        },
+        Some("producer"),
+    ))
+    .await
+    .unwrap();
+    let mut first = c
+        .lease(req(lease_req("in.grace"), Some("consumer")))
+        .await
+        .unwrap()
+        .into_inner();
+    let leased = match first.message().await.unwrap().unwrap().event {
+        Some(Event::Leased(leased)) => leased,
+        other => panic!("expected a leased job, got {other:?}"),
+    };
+    drop(first);
+    let held = pb::LeaseRef {
+        job_id: leased.job.as_ref().unwrap().id.clone(),
+        lease_id: leased.lease_id.clone(),
+    };
+    let mut reopened = None;
+    for _ in 0..500 {
+        let mut ask = lease_req("in.grace");
+        ask.held = vec![held.clone()];
+        match c.lease(req(ask, Some("consumer"))).await {
+            Ok(stream) => {
+                reopened = Some(stream);
+                break;
+            }
+            Err(status) => assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        reopened.is_some(),
+        "the slot was still held within the grace"
+    );
+    // The lease was kept: its ack lands.
+    c.ack(req(
+        pb::AckRequest {
+            job_id: held.job_id,
+            lease_id: held.lease_id,
+        },
+        Some("consumer"),
+    ))
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn requests_over_the_inflight_bytes_budget_are_resource_exhausted() {
     let server = TestServer::with(|c| c.max_inflight_request_bytes = 64 * 1024).await;

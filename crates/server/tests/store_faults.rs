@@ -506,3 +506,73 @@ async fn a_failed_background_sync_stops_the_store_without_any_waiter() {
     watcher.abort();
     assert!(store.fail_cause().is_some());
 }
+
+/// A leased job waits in its stream's channel until the transport pulls it
+/// (a worker that does not read, a full HTTP/2 window). If its lease runs
+/// out there, the reaper gives it back without an attempt; the stale push
+/// must then never reach the worker: the job may be someone else's by then.
+#[tokio::test]
+async fn a_job_given_back_unpulled_is_never_sent_under_its_old_lease() {
+    use jobq_server::{
+        leases::{LeaseHub, StreamSpec},
+        validate::TakeSpec,
+    };
+    use tokio_stream::StreamExt;
+
+    let dir = TempDir::new().unwrap();
+    let config = Arc::new(config(&dir));
+    let store = Arc::new(SledStore::open(&config).unwrap());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
+    let job = store
+        .enqueue(new_job(None), SystemTime::now())
+        .await
+        .unwrap()
+        .job;
+    let spec = StreamSpec {
+        take: TakeSpec {
+            queues: queues(),
+            worker_id: "w".into(),
+            owner: None,
+            lease: Duration::from_millis(100),
+        },
+        capacity: 1,
+        held: vec![],
+    };
+    // Opened, never read (yet).
+    let (mut events, _token) = hub.open(spec, ());
+    let first = loop {
+        let got = store.get(job.id).await.unwrap();
+        if let Some(lease) = got.lease_id() {
+            break (lease, got.lease_expires_at().unwrap());
+        }
+        tokio::task::yield_now().await;
+    };
+    while SystemTime::now() <= first.1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let reaped = store
+        .reclaim_expired(SystemTime::now(), &|lease| hub.undelivered(lease))
+        .await
+        .unwrap();
+    assert_eq!(reaped.len(), 1);
+    assert_eq!(reaped[0].0.attempts, 0, "given back, no attempt spent");
+    // The worker reads now: whatever it gets holds the job's current lease,
+    // never the one given back.
+    let event = tokio::time::timeout(Duration::from_secs(5), events.next())
+        .await
+        .expect("the stream takes the job again and pushes it")
+        .expect("open")
+        .expect("an event");
+    let Some(jobq::pb::lease_event::Event::Leased(leased)) = event.event else {
+        panic!("expected a leased job, got {event:?}");
+    };
+    assert_ne!(
+        leased.lease_id,
+        first.0.to_string(),
+        "sent under the old lease"
+    );
+    let now = store.get(job.id).await.unwrap();
+    assert_eq!(now.lease_id().map(|l| l.to_string()), Some(leased.lease_id));
+    shutdown.cancel();
+}
