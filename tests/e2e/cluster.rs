@@ -25,6 +25,7 @@ const SERVER_TIMEOUT: Duration = Duration::from_secs(2);
 /// migrations race for the advisory lock).
 struct Cluster {
     servers: Vec<ServerProcess>,
+    url: String,
     _dir: tempfile::TempDir,
 }
 
@@ -57,7 +58,11 @@ impl Cluster {
                 .map(|h| h.join().expect("start a server"))
                 .collect()
         });
-        Cluster { servers, _dir: dir }
+        Cluster {
+            servers,
+            url,
+            _dir: dir,
+        }
     }
 
     async fn client(&self, i: usize) -> Client {
@@ -108,6 +113,68 @@ async fn an_ack_through_server_2_frees_the_stream_slot_on_server_1() {
         .expect("ack through server 2");
     let second = next_leased(&mut stream).await;
     assert_ne!(job_id(&first), job_id(&second));
+}
+
+/// The database stalls every server's heartbeat for longer than
+/// `--server-timeout` (here: a transaction holds their `jobq_servers` rows,
+/// as a stalled WAL fsync would hold their commits). When it clears, no
+/// server may take the others' shared silence for death and reclaim a live
+/// stream's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_stall_longer_than_the_timeout_reclaims_no_live_lease() {
+    let cluster = Cluster::start().await;
+    let c1 = cluster.client(0).await;
+    c1.enqueue("q", "k", vec![], EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let mut stream = open(&c1, "w", 1).await;
+    let leased = next_leased(&mut stream).await;
+
+    let (mut db, connection) = tokio_postgres::connect(&cluster.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let stall = db.transaction().await.expect("begin");
+    stall
+        .execute("SELECT id FROM jobq_servers FOR UPDATE", &[])
+        .await
+        .expect("lock the servers' rows");
+    // The stall itself: one and a half timeouts without a heartbeat.
+    tokio::time::sleep(SERVER_TIMEOUT * 3 / 2).await;
+    stall.rollback().await.expect("end the stall");
+    let ended = std::time::SystemTime::now();
+
+    // Every server heartbeats again, and then a whole timeout (and a
+    // margin) passes: the window in which a server would judge the others.
+    until(
+        Duration::from_secs(20),
+        "every server heartbeating again",
+        || {
+            let db = &db;
+            async move {
+                let oldest: std::time::SystemTime = db
+                    .query_one("SELECT min(heartbeat_at) FROM jobq_servers", &[])
+                    .await
+                    .ok()?
+                    .get(0);
+                (oldest > ended).then_some(())
+            }
+        },
+    )
+    .await;
+    let judged = Instant::now() + SERVER_TIMEOUT + Duration::from_secs(1);
+    until(
+        Duration::from_secs(20),
+        "a timeout past the stall",
+        || async { (Instant::now() > judged).then_some(()) },
+    )
+    .await;
+    let job = c1.get_job(job_id(&leased)).await.expect("get");
+    assert_eq!(job.status, pb::JobStatus::Running as i32, "{job:?}");
+    assert_eq!(job.attempts, 0, "no reclaim: {job:?}");
+    c1.ack(job_id(&leased), leased.lease_id.clone())
+        .await
+        .expect("the stream's lease still acks");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

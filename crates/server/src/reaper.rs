@@ -114,8 +114,19 @@ async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: Canc
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
+        let started = tokio::time::Instant::now();
         if let Err(err) = store.heartbeat().await {
             warn!(cause = %err, "server heartbeat failed; retrying");
+            healthy_since = None;
+            continue;
+        }
+        // A heartbeat that waited on the database (a stalled WAL fsync, a
+        // lock) long enough that the others' heartbeats, stalled alike, may
+        // now look older than the timeout: judging them at once would take
+        // that shared stall for their death and reclaim their live
+        // streams' leases.
+        if started.elapsed() + every > timeout {
+            warn!(took = ?started.elapsed(), "server heartbeat was slow; judging no other server for a timeout");
             healthy_since = None;
             continue;
         }

@@ -30,8 +30,10 @@ pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
     let client = pg.heartbeats.get().await?;
     let beat = client
         .prepare_cached(
-            "INSERT INTO jobq_servers (id) VALUES ($1) \
-             ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()",
+            // clock_timestamp(): when the row is written, not when the
+            // statement began (a stall before it must not date it back).
+            "INSERT INTO jobq_servers (id, heartbeat_at) VALUES ($1, clock_timestamp()) \
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = clock_timestamp()",
         )
         .await?;
     let forget = client

@@ -106,6 +106,30 @@ impl PgOptions {
 /// The shortest `idle_in_transaction_session_timeout` set on a session.
 const MIN_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
 
+/// libpq's default TCP keepalive idle time, which tokio-postgres keeps.
+const DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+
+/// TCP keepalives and a TCP user timeout on every connection (pool,
+/// heartbeat, LISTEN), unless the URL sets them: with the defaults, a
+/// connection whose peer vanished (a failover, a NAT that forgot it) stays
+/// half-open for two hours. The LISTEN connection would then hear nothing
+/// and never reconnect (waiting workers miss other servers' jobs), and a
+/// query or heartbeat would hang for the kernel's ~15 minutes of
+/// retransmissions instead of failing within about `--server-timeout`.
+fn keep_alive(pg_config: &mut tokio_postgres::Config, server_timeout: Duration) {
+    let timeout = server_timeout.max(MIN_IDLE_IN_TRANSACTION);
+    if pg_config.get_keepalives_idle() == DEFAULT_KEEPALIVES_IDLE {
+        pg_config
+            .keepalives(true)
+            .keepalives_idle(timeout)
+            .keepalives_interval((timeout / 5).max(Duration::from_secs(1)))
+            .keepalives_retries(5);
+    }
+    if pg_config.get_tcp_user_timeout().is_none() {
+        pg_config.tcp_user_timeout(timeout * 2);
+    }
+}
+
 /// The PostgreSQL backend. See the module docs.
 pub struct Pg {
     core: Arc<Core>,
@@ -230,6 +254,7 @@ impl Pg {
             _ => session,
         };
         pg_config.options(&combined);
+        keep_alive(&mut pg_config, options.server_timeout);
         let manager = Manager::from_config(
             pg_config.clone(),
             NoTls,
@@ -500,5 +525,30 @@ impl Backend for Pg {
 
     fn fenced_reclaims(&self) -> u64 {
         self.doubles.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{keep_alive, parse_url};
+
+    #[test]
+    fn connections_notice_a_vanished_database_within_seconds_unless_the_url_says_otherwise() {
+        let mut config = parse_url("postgres://jobq@db/jobq").unwrap();
+        keep_alive(&mut config, Duration::from_secs(5));
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(5));
+        assert_eq!(
+            config.get_tcp_user_timeout(),
+            Some(&Duration::from_secs(10))
+        );
+
+        let mut own =
+            parse_url("postgres://jobq@db/jobq?keepalives_idle=60&tcp_user_timeout=90").unwrap();
+        keep_alive(&mut own, Duration::from_secs(5));
+        assert_eq!(own.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(own.get_tcp_user_timeout(), Some(&Duration::from_secs(90)));
     }
 }
