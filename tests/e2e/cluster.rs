@@ -177,6 +177,64 @@ async fn a_database_stall_longer_than_the_timeout_reclaims_no_live_lease() {
         .expect("the stream's lease still acks");
 }
 
+/// A worker's connection to server 1 goes half-open: the worker gives up
+/// on it, reconnects to server 2 and declares its lease, which server 2
+/// adopts. When server 1 finally sees its old stream end, it must not
+/// reclaim the lease server 2's stream now holds: the worker's ack lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ending_late_on_one_server_leaves_a_lease_another_adopted() {
+    let cluster = Cluster::start().await;
+    let (c1, c2) = (cluster.client(0).await, cluster.client(1).await);
+    c1.enqueue("q", "k", vec![], EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let mut old = open(&c1, "w", 1).await;
+    let leased = next_leased(&mut old).await;
+    let (db, connection) = tokio_postgres::connect(&cluster.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let holder = || async {
+        db.query_one(
+            "SELECT lease_server FROM jobq_jobs WHERE id = $1",
+            &[&job_id(&leased).parse::<i64>().unwrap()],
+        )
+        .await
+        .ok()?
+        .get::<_, Option<String>>(0)
+    };
+    let first = holder().await.expect("server 1's stream holds it");
+
+    let held = vec![pb::LeaseRef {
+        job_id: job_id(&leased),
+        lease_id: leased.lease_id.clone(),
+    }];
+    let (_new, _token) = c2
+        .lease_with_token(["q"], "w", 1, Some(Duration::from_secs(60)), held)
+        .await
+        .expect("reconnect to server 2");
+    until(
+        Duration::from_secs(10),
+        "server 2 adopting the lease",
+        || async { holder().await.filter(|s| *s != first).map(drop) },
+    )
+    .await;
+
+    drop(old);
+    until(
+        Duration::from_secs(10),
+        "server 1 seeing its old stream end",
+        || async {
+            // "reclaimed: worker disconnected" or "not reclaimed: ...".
+            cluster.servers[0].logged("reclaimed").then_some(())
+        },
+    )
+    .await;
+    c2.ack(job_id(&leased), leased.lease_id.clone())
+        .await
+        .expect("the adopted lease still acks");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_1_killed_servers_2_and_3_reclaim_its_stream_leases_in_time() {
     let mut cluster = Cluster::start().await;

@@ -47,7 +47,7 @@ use crate::{
     job::{JobId, LeaseId, Outcome, Status},
     store::{LeaseEnded, Store},
     validate::TakeSpec,
-    waiter::instant_at,
+    waiter::retake_at,
 };
 
 /// The response header that carries a stream's token.
@@ -563,7 +563,9 @@ impl<S: Store> LeaseHub<S> {
             }
             let wake = if hungry {
                 match self.store.next_run_at(&take.queues).await {
-                    Ok(at) => at.map(instant_at),
+                    // Not at once: the take just found nothing (a due row
+                    // held by another transaction), or the channel is full.
+                    Ok(at) => at.map(retake_at),
                     Err(err) => {
                         let _ = tx.try_send(Outgoing {
                             lease: None,
@@ -717,9 +719,10 @@ impl<S: Store> LeaseHub<S> {
                 Ok(after) => {
                     info!(job.id = %job, queue = %after.queue, kind = %after.kind, attempts = after.attempts, status = %after.status, "reclaimed: worker disconnected")
                 }
-                // Acked, failed or expired meanwhile: nothing to take back.
+                // Acked, failed or expired meanwhile, or adopted by another
+                // server's stream: nothing to take back.
                 Err(err) if err.code() != tonic::Code::Internal => {
-                    debug!(job.id = %job, cause = %err, "nothing to reclaim")
+                    info!(job.id = %job, cause = %err, "not reclaimed: the lease is no longer this stream's")
                 }
                 Err(err) => {
                     warn!(job.id = %job, cause = %err, "reclaim after disconnect failed; the lease will expire")

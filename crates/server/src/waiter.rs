@@ -20,6 +20,19 @@ pub fn instant_at(t: SystemTime) -> Instant {
     Instant::now() + t.duration_since(now).unwrap_or(Duration::ZERO)
 }
 
+/// The least wait before looking again after a take found nothing although
+/// the store said a job was due: on PostgreSQL a due job whose row another
+/// transaction holds (a frozen server's, for up to its idle timeout) is
+/// counted due but skipped by the take, and looking again at once would
+/// spin on the database.
+pub const RETAKE_PAUSE: Duration = Duration::from_millis(20);
+
+/// When to look again for a job due at `t`, at the earliest
+/// [`RETAKE_PAUSE`] from now (any new job wakes the waiter sooner).
+pub fn retake_at(t: SystemTime) -> Instant {
+    instant_at(t).max(Instant::now() + RETAKE_PAUSE)
+}
+
 /// Takes a due job for `spec`, waiting up to `wait` for one to become due.
 /// `Ok(None)` when the wait runs out.
 ///
@@ -55,7 +68,7 @@ pub async fn take_waiting<S: Store>(
         let wake = store
             .next_run_at(&spec.queues)
             .await?
-            .map_or(deadline, |t| instant_at(t).min(deadline));
+            .map_or(deadline, |t| retake_at(t).min(deadline));
         tokio::select! {
             _ = shutdown.cancelled() => return Err(Error::ShuttingDown),
             changed = changes.changed() => {

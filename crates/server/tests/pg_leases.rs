@@ -92,6 +92,22 @@ async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// How many transactions the database has ended so far.
+/// pg_stat_database lags a transaction's end by up to a second
+/// (PGSTAT_MIN_INTERVAL): wait a second longer than what is measured, then
+/// read it; the snapshot is cleared so each call counts anew.
+async fn transactions(stats: &tokio_postgres::Client) -> i64 {
+    stats
+        .query_one(
+            "SELECT pg_stat_clear_snapshot(), xact_commit + xact_rollback \
+             FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(1)
+}
+
 /// Locks `job`'s row inside `tx` until it ends: a transaction that is
 /// stuck, or whose server froze.
 async fn lock_row(tx: &tokio_postgres::Transaction<'_>, job: JobId) {
@@ -313,19 +329,7 @@ async fn the_reaper_does_not_spin_on_an_expired_lease_it_cannot_lock() {
     let lock = admin.transaction().await.unwrap();
     lock_row(&lock, leased.job.id).await;
     let stats = connect(&url).await;
-    let commits = || async {
-        // pg_stat_database lags a transaction's end by up to a second
-        // (PGSTAT_MIN_INTERVAL); clear the snapshot and count its own.
-        stats
-            .query_one(
-                "SELECT pg_stat_clear_snapshot(), xact_commit + xact_rollback \
-                 FROM pg_stat_database WHERE datname = current_database()",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(1)
-    };
+    let commits = || transactions(&stats);
 
     let config = Arc::new(Config::with_data("unused"));
     let shutdown = CancellationToken::new();
@@ -402,4 +406,44 @@ async fn a_server_frozen_inside_a_transaction_does_not_hold_its_locks_for_good()
         started.elapsed()
     );
     assert!(tx.commit().await.is_err(), "the frozen session was ended");
+}
+
+/// A due job whose row another transaction holds (a frozen server's) is
+/// counted due, and skipped by the take: a waiting Dequeue (and a hungry
+/// Lease stream, by the same rule) looks again after a pause, not in a
+/// tight loop of queries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_take_does_not_spin_on_a_due_job_it_cannot_lock() {
+    let url = testing::fresh_database("jobq_wait_spin").await;
+    let store = store(&url).await;
+    let job = store
+        .enqueue(job("held"), SystemTime::now())
+        .await
+        .unwrap()
+        .job;
+    let mut admin = connect(&url).await;
+    let lock = admin.transaction().await.unwrap();
+    lock_row(&lock, job.id).await;
+    let stats = connect(&url).await;
+    let before = transactions(&stats).await;
+    let spec = jobq_server::validate::TakeSpec {
+        queues: vec!["q".into()],
+        worker_id: "w".into(),
+        owner: None,
+        lease: LEASE,
+    };
+    let shutdown = CancellationToken::new();
+    let got = jobq_server::waiter::take_waiting(&*store, &spec, Duration::from_secs(2), &shutdown)
+        .await
+        .unwrap();
+    assert!(got.is_none(), "the locked job is not taken");
+    // Let the statistics catch up with the two seconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let during = transactions(&stats).await - before;
+    println!("transactions in a 2 s wait on a locked due job: {during}");
+    assert!(
+        during < 600,
+        "{during} transactions in 2 s: the waiter spins on a job it cannot take"
+    );
+    lock.rollback().await.unwrap();
 }

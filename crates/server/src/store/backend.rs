@@ -213,6 +213,18 @@ pub trait Backend: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// Whether another server's Lease stream holds this lease now (a
+    /// worker reconnected there and declared it): the stream here that
+    /// ended must then not reclaim it. Never, for an engine of its own.
+    fn held_elsewhere(
+        &self,
+        id: JobId,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        let _ = (id, lease);
+        std::future::ready(Ok(false))
+    }
+
     /// This server stops (gracefully): its stream leases become plain
     /// leases that only expire, and it leaves the registry.
     fn leave(&self) -> impl Future<Output = Result<()>> + Send {

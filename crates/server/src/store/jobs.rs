@@ -526,6 +526,17 @@ impl<B: Backend> Store for Jobs<B> {
         outcome: Outcome,
         now: SystemTime,
     ) -> Result<Job> {
+        // A stream that ended here reclaims what it held, unless a worker
+        // reconnected to another server meanwhile and that server's stream
+        // adopted the lease (its connection here was half-open): reclaiming
+        // it would make that worker's ack fail and run the job again.
+        if outcome == Outcome::WorkerDisconnected
+            && self.backend.held_elsewhere(id, lease_id).await?
+        {
+            return Err(Error::Transition(
+                crate::machine::TransitionError::StaleLease { id, lease_id },
+            ));
+        }
         self.one_committed(id, Event::Reclaim { lease_id, outcome }, now)
             .await
     }

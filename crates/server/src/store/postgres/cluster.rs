@@ -81,11 +81,33 @@ pub async fn adopt(pg: &Pg, leases: &[(JobId, LeaseId)]) -> Result<(), PgError> 
     let lease_ids: Vec<i64> = leases.iter().map(|(_, l)| row::to_db(l.0)).collect();
     let stmt = client
         .prepare_cached(
-            "UPDATE jobq_jobs j SET lease_server = $1              FROM unnest($2::bigint[], $3::bigint[]) AS t(id, lease)              WHERE j.id = t.id AND j.lease_id = t.lease AND j.status = 'running'",
+            // Rows locked in id order, as every other multi-row writer
+            // locks them: in join order, this could deadlock with them.
+            "UPDATE jobq_jobs j SET lease_server = $1 \
+             FROM (SELECT l.id FROM jobq_jobs l \
+                   JOIN unnest($2::bigint[], $3::bigint[]) AS t(id, lease) \
+                     ON l.id = t.id AND l.lease_id = t.lease \
+                   WHERE l.status = 'running' ORDER BY l.id FOR UPDATE OF l) AS o \
+             WHERE j.id = o.id",
         )
         .await?;
     client.execute(&stmt, &[&pg.me, &ids, &lease_ids]).await?;
     Ok(())
+}
+
+/// Whether another server's stream holds the lease now (it adopted it).
+pub async fn held_elsewhere(pg: &Pg, id: JobId, lease: LeaseId) -> Result<bool, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT 1 FROM jobq_jobs WHERE id = $1 AND lease_id = $2 \
+             AND lease_server IS NOT NULL AND lease_server <> $3",
+        )
+        .await?;
+    let rows = client
+        .query(&stmt, &[&row::to_db(id.0), &row::to_db(lease.0), &pg.me])
+        .await?;
+    Ok(!rows.is_empty())
 }
 
 /// A graceful stop: this server's stream leases become plain leases, and
@@ -94,7 +116,9 @@ pub async fn leave(pg: &Pg) -> Result<(), PgError> {
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
     tx.execute(
-        "UPDATE jobq_jobs SET lease_server = NULL WHERE lease_server = $1",
+        "UPDATE jobq_jobs j SET lease_server = NULL \
+         FROM (SELECT id FROM jobq_jobs WHERE lease_server = $1 ORDER BY id FOR UPDATE) AS o \
+         WHERE j.id = o.id AND j.lease_server = $1",
         &[&pg.me],
     )
     .await?;

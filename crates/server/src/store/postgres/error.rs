@@ -44,16 +44,7 @@ impl PgError {
                     return true;
                 }
                 match e.code() {
-                    // Class 08 (connection), 40 (transaction rollback:
-                    // serialization failure, deadlock), 53 (insufficient
-                    // resources), 57P0x (shutdown, crash recovery).
-                    Some(code) => {
-                        let c = code.code();
-                        c.starts_with("08")
-                            || c.starts_with("40")
-                            || c.starts_with("53")
-                            || c.starts_with("57P")
-                    }
+                    Some(code) => transient_sqlstate(code.code()),
                     // No SQLSTATE: an I/O failure on the socket is worth a
                     // retry; a value that does not convert is a bug.
                     None => std::error::Error::source(e)
@@ -65,12 +56,42 @@ impl PgError {
     }
 }
 
+/// Class 08 (connection), 40 (transaction rollback: serialization failure,
+/// deadlock), 53 (insufficient resources), 57P0x (shutdown, crash
+/// recovery), 57014 (a statement cancelled: `statement_timeout`,
+/// `pg_cancel_backend`), 55P03 (`lock_timeout`), 25P03 (the session was
+/// ended idle inside a transaction).
+fn transient_sqlstate(c: &str) -> bool {
+    c.starts_with("08")
+        || c.starts_with("40")
+        || c.starts_with("53")
+        || c.starts_with("57P")
+        || matches!(c, "57014" | "55P03" | "25P03")
+}
+
 impl From<PgError> for crate::Error {
     fn from(err: PgError) -> crate::Error {
         if err.transient() {
             crate::Error::Unavailable(Box::new(err))
         } else {
             crate::Error::Database(Box::new(err))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient_sqlstate;
+
+    #[test]
+    fn timeouts_and_cancellations_are_worth_a_retry_and_bugs_are_not() {
+        for c in [
+            "08006", "40001", "40P01", "53300", "57P01", "57014", "55P03", "25P03",
+        ] {
+            assert!(transient_sqlstate(c), "{c}");
+        }
+        for c in ["42P01", "23505", "22P02", "XX000"] {
+            assert!(!transient_sqlstate(c), "{c}");
         }
     }
 }

@@ -519,6 +519,10 @@ impl Backend for Pg {
         Ok(cluster::adopt(self, leases).await?)
     }
 
+    async fn held_elsewhere(&self, id: JobId, lease: LeaseId) -> Result<bool> {
+        Ok(cluster::held_elsewhere(self, id, lease).await?)
+    }
+
     async fn leave(&self) -> Result<()> {
         Ok(cluster::leave(self).await?)
     }
