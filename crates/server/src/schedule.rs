@@ -122,12 +122,16 @@ impl Timetable {
 /// The tick to enqueue at `now`, if any: the latest tick at or before
 /// `now`, provided it is after the last one enqueued and not before the
 /// schedule was created. Ticks missed in between (downtime) are skipped:
-/// only the latest is enqueued.
+/// only the latest is enqueued. A last tick later than `now` was recorded
+/// under a clock that ran ahead (a bad RTC, a restored snapshot) and has
+/// since been set back: it is not trusted, or the schedule would stay
+/// silent until the clock caught up with it; the tick's key still keeps a
+/// tick from being enqueued twice.
 pub fn due_tick(schedule: &Schedule, table: &Timetable, now: SystemTime) -> Option<SystemTime> {
     let tick = table.latest_at_or_before(now)?;
     let fresh = match schedule.last_tick {
-        Some(last) => tick > last,
-        None => tick >= schedule.created_at,
+        Some(last) if last <= now => tick > last,
+        _ => tick >= schedule.created_at,
     };
     fresh.then_some(tick)
 }
@@ -214,6 +218,19 @@ mod tests {
         assert_eq!(
             due_tick(&s, &t, at("2026-12-03T10:01:03Z")),
             Some(at("2026-12-03T10:01:00Z"))
+        );
+    }
+
+    #[test]
+    fn a_last_tick_from_a_clock_that_ran_ahead_does_not_silence_the_schedule() {
+        let s = Schedule {
+            last_tick: Some(at("2026-12-09T10:00:00Z")),
+            ..schedule("0 * * * * *", "", "2026-12-03T09:00:00Z")
+        };
+        let t = Timetable::of(&s).unwrap();
+        assert_eq!(
+            due_tick(&s, &t, at("2026-12-03T10:00:30Z")),
+            Some(at("2026-12-03T10:00:00Z"))
         );
     }
 

@@ -38,6 +38,15 @@ async fn schedules_are_stored_replaced_ticked_and_deleted_and_survive_a_reopen()
         ..hourly
     };
     assert_eq!(store.schedules().await.unwrap()[0], hourly);
+    // Back only from a last tick in the future (a clock that ran ahead).
+    let ahead = SystemTime::now() + Duration::from_secs(7 * 24 * 3600);
+    store.schedule_ticked("hourly", ahead).await.unwrap();
+    store.schedule_ticked("hourly", at(6_000)).await.unwrap();
+    let hourly = Schedule {
+        last_tick: Some(at(6_000)),
+        ..hourly
+    };
+    assert_eq!(store.schedules().await.unwrap()[0], hourly);
 
     // Creating one with the same name replaces it whole.
     let replaced = Schedule {

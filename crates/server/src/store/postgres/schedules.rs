@@ -1,7 +1,8 @@
 //! Schedules in PostgreSQL: the `jobq_schedules` table (migration 4), one
 //! row per schedule, shared by every server of the store. `last_tick` only
-//! moves forward, so servers that enqueue the same tick (the job key makes
-//! that one job) agree on it whatever order they write in.
+//! moves forward (back only from a tick in the future, recorded under a
+//! clock that ran ahead), so servers that enqueue the same tick (the job
+//! key makes that one job) agree on it whatever order they write in.
 
 use std::time::SystemTime;
 
@@ -93,13 +94,14 @@ pub async fn all(pg: &Pg) -> Result<Vec<Schedule>, PgError> {
         .collect()
 }
 
-/// Moves a schedule's `last_tick` forward to `tick`.
+/// Moves a schedule's `last_tick` forward to `tick`; back only from a
+/// `last_tick` in the future (recorded under a clock that ran ahead).
 pub async fn ticked(pg: &Pg, name: &str, tick: SystemTime) -> Result<(), PgError> {
     let client = pg.client().await?;
     let stmt = client
         .prepare_cached(
             "UPDATE jobq_schedules SET last_tick = $2 \
-             WHERE name = $1 AND (last_tick IS NULL OR last_tick < $2)",
+             WHERE name = $1 AND (last_tick IS NULL OR last_tick < $2 OR last_tick > now())",
         )
         .await?;
     client.execute(&stmt, &[&name, &tick]).await?;

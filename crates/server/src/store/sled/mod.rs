@@ -1072,7 +1072,7 @@ impl Backend for Sled {
 
     async fn schedule_ticked(&self, name: &str, tick: SystemTime) -> Result<()> {
         let _state = self.lock();
-        schedules::ticked(&self.schedules_tree, name, tick)
+        schedules::ticked(&self.schedules_tree, name, tick, SystemTime::now())
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {

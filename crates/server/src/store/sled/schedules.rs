@@ -47,13 +47,22 @@ pub(super) fn all(tree: &sled::Tree) -> Result<Vec<Schedule>> {
         .collect()
 }
 
-/// Moves a schedule's `last_tick` forward to `tick`.
-pub(super) fn ticked(tree: &sled::Tree, name: &str, tick: SystemTime) -> Result<()> {
+/// Moves a schedule's `last_tick` forward to `tick`; back only from a
+/// `last_tick` later than `now` (recorded under a clock that ran ahead).
+pub(super) fn ticked(
+    tree: &sled::Tree,
+    name: &str,
+    tick: SystemTime,
+    now: SystemTime,
+) -> Result<()> {
     let Some(value) = tree.get(name.as_bytes()).map_err(SledError::from)? else {
         return Ok(());
     };
     let mut schedule = decode(name.as_bytes(), &value)?;
-    if schedule.last_tick.is_some_and(|last| last >= tick) {
+    if schedule
+        .last_tick
+        .is_some_and(|last| last >= tick && last <= now)
+    {
         return Ok(());
     }
     schedule.last_tick = Some(tick);
