@@ -28,6 +28,10 @@ pub enum PgError {
     /// does not map to a job, a schema newer than this binary).
     #[error("postgres: {0}")]
     Schema(String),
+    /// Another transaction changed what this one had just read (a row
+    /// deleted between two statements): trying again will see it settled.
+    #[error("postgres: {0}; retry")]
+    Raced(String),
 }
 
 impl PgError {
@@ -37,7 +41,7 @@ impl PgError {
     /// deadlock). Such failures are UNAVAILABLE; the rest are INTERNAL.
     pub fn transient(&self) -> bool {
         match self {
-            PgError::Pool(_) => true,
+            PgError::Pool(_) | PgError::Raced(_) => true,
             PgError::Shared { transient, .. } => *transient,
             PgError::Db(e) => {
                 if e.is_closed() {
@@ -81,7 +85,13 @@ impl From<PgError> for crate::Error {
 
 #[cfg(test)]
 mod tests {
-    use super::transient_sqlstate;
+    use super::{transient_sqlstate, PgError};
+
+    #[test]
+    fn a_race_with_a_delete_is_retried_and_a_bad_row_is_not() {
+        assert!(PgError::Raced("key freed meanwhile".into()).transient());
+        assert!(!PgError::Schema("unknown job status".into()).transient());
+    }
 
     #[test]
     fn timeouts_and_cancellations_are_worth_a_retry_and_bugs_are_not() {

@@ -91,8 +91,14 @@ pub async fn insert(
             continue;
         }
         let rows = tx.query(&existing_stmt, &[&job.queue, &job.key]).await?;
+        // Empty when the job that held the key was deleted (DeleteJob,
+        // retention) between the insert and this read: the key is free
+        // now, and a retry takes it.
         let existing = write::with_history(&tx, rows).await?.pop().ok_or_else(|| {
-            PgError::Schema(format!("key {:?} conflicted but has no job", job.key))
+            PgError::Raced(format!(
+                "the job that held key {:?} was deleted meanwhile",
+                job.key
+            ))
         })?;
         out.push(Enqueued {
             job: existing.job,
