@@ -592,7 +592,10 @@ async fn a_job_that_finished_during_an_outage_longer_than_its_lease_is_acked_not
         .expect("addr")
         .port();
     let listen = format!("127.0.0.1:{port}");
-    let mut server = ServerProcess::start_at(&data, &listen, &[]);
+    // A grace well past the 1 s lease, so the test does not race the
+    // worker's reconnect; it still outlives the worker's own deadline.
+    let grace = ["--restart-grace", "30s"];
+    let mut server = ServerProcess::start_at(&data, &listen, &grace);
     let c = server.client().await;
     let (job, _) = c
         .enqueue("q", "gate", "1", EnqueueOptions::new())
@@ -645,7 +648,7 @@ async fn a_job_that_finished_during_an_outage_longer_than_its_lease_is_acked_not
     )
     .await;
 
-    let server = ServerProcess::start_at(&data, &listen, &[]);
+    let server = ServerProcess::start_at(&data, &listen, &grace);
     let c = server.client().await;
     let done = job_where(&c, &job.id, "acked after the restart", |j| {
         j.status == pb::JobStatus::Done as i32

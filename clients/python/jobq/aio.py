@@ -396,7 +396,7 @@ class AsyncWorker:
             if not first and (ctx.is_cancelled() or self._hard_stop):
                 self._book.remove(ctx)
                 return
-            first = False
+            retry, first = not first, False
             self._book.settling(ctx)
             timeout = max(1.0, min(self.client.timeout, ctx.lease_deadline() - time.time()))
             try:
@@ -412,6 +412,12 @@ class AsyncWorker:
                 self._book.remove(ctx)
                 return
             except grpc.aio.AioRpcError as e:
+                if (retry and error is None
+                        and e.code() == grpc.StatusCode.FAILED_PRECONDITION):
+                    # An earlier try reached the server (its reply was
+                    # lost): the job is DONE under this lease.
+                    self._book.remove(ctx)
+                    return
                 # Retried whatever the lease deadline says, as the sync
                 # Worker does: a restarted server keeps leases.
                 if e.code() in c.TRANSIENT_CODES:

@@ -258,7 +258,7 @@ class Worker:
                             ctx.id)
                 self._book.remove(ctx)
                 return
-            first = False
+            retry, first = not first, False
             self._book.settling(ctx)
             left = ctx.lease_deadline() - time.time()
             timeout = max(1.0, min(self.client.timeout, left))
@@ -279,6 +279,13 @@ class Worker:
                 return
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else None
+                if (retry and error is None
+                        and code == grpc.StatusCode.FAILED_PRECONDITION):
+                    # An earlier try reached the server (its reply was
+                    # lost): the job is DONE under this lease.
+                    log.info("job %s: acked (an earlier try had reached the server)", ctx.id)
+                    self._book.remove(ctx)
+                    return
                 if code in c.TRANSIENT_CODES:
                     delay = backoff.next_delay()
                     log.warning("job %s: ack/fail did not reach the server (%s); retrying "

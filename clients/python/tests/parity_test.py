@@ -221,7 +221,9 @@ def cancel_revokes_the_running_handler(tmp, client, addr):
 
 
 def ack_survives_a_server_restart(tmp, client, addr):
-    server = Server(tmp, name="restart")
+    # A grace well past the 1 s lease: the worker's channel may take a few
+    # seconds of gRPC reconnect backoff to notice the server is back.
+    server = Server(tmp, "--restart-grace", "30s", name="restart")
     log = Captured()
     own = Client(server.url)
     release, started = threading.Event(), threading.Event()
@@ -390,7 +392,7 @@ def asyncio_client_and_worker(tmp, client, addr):
 
 
 def asyncio_ack_survives_a_server_restart(tmp, client, addr):
-    server = Server(tmp, name="aio-restart")
+    server = Server(tmp, "--restart-grace", "30s", name="aio-restart")
     log = Captured()
 
     async def main() -> None:

@@ -82,11 +82,19 @@ struct Pipe {
     unpulled: Mutex<HashSet<LeaseId>>,
     /// Signalled when the transport pulls a leased job.
     pulled: Notify,
+    /// Unpulled leases the reaper claimed (see `LeaseHub::undelivered`),
+    /// until their give-back is published: a pass whose give-back failed
+    /// finds them claimed again.
+    claimed: Mutex<HashSet<LeaseId>>,
 }
 
 impl Pipe {
     fn unpulled(&self) -> MutexGuard<'_, HashSet<LeaseId>> {
         self.unpulled.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn claimed(&self) -> MutexGuard<'_, HashSet<LeaseId>> {
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -292,6 +300,9 @@ impl<S: Store> LeaseHub<S> {
             .chain(before.filter(|b| Some(*b) != owner))
             .filter_map(|s| reg.streams.get(&s))
             .collect();
+        for entry in &streams {
+            entry.pipe.claimed().remove(&ended.lease);
+        }
         if streams.is_empty() {
             return;
         }
@@ -412,10 +423,19 @@ impl<S: Store> LeaseHub<S> {
     /// another's by then).
     pub fn undelivered(&self, lease: LeaseId) -> bool {
         let reg = self.registry();
-        reg.owners
+        let Some(entry) = reg
+            .owners
             .get(&lease)
             .and_then(|(stream, _)| reg.streams.get(stream))
-            .is_some_and(|entry| entry.pipe.unpulled().remove(&lease))
+        else {
+            return false;
+        };
+        if entry.pipe.unpulled().remove(&lease) {
+            entry.pipe.claimed().insert(lease);
+            return true;
+        }
+        let claimed = entry.pipe.claimed().contains(&lease);
+        claimed
     }
 
     /// A heartbeat arrived for these leases: any that belonged to a stream
@@ -615,7 +635,9 @@ impl<S: Store> LeaseHub<S> {
                 () = sleep_until_opt(wake), if wake.is_some() => {}
             }
         };
-        {
+        // What the transport never pulled is never sent now (taking it out
+        // makes the event stream skip it): it goes back without an attempt.
+        let (never_sent, sent): (HashMap<_, _>, HashMap<_, _>) = {
             let mut reg = self.registry();
             if let Some(entry) = reg.streams.remove(&id) {
                 reg.tokens.remove(&entry.token);
@@ -629,17 +651,29 @@ impl<S: Store> LeaseHub<S> {
                 }
                 _ => false,
             });
-        }
+            let split: (HashMap<_, _>, HashMap<_, _>) = match end {
+                End::WorkerGone | End::StoreFailed => {
+                    let unpulled = std::mem::take(&mut *pipe.unpulled());
+                    held.iter()
+                        .map(|(lease, job)| (*lease, *job))
+                        .partition(|(lease, _)| unpulled.contains(lease))
+                }
+                End::Shutdown => (HashMap::new(), HashMap::new()),
+            };
+            // Orphans from this moment, before the stream's place is freed
+            // below: a worker that reconnects at once and declares them
+            // must find them here to keep them.
+            if matches!(end, End::WorkerGone) && self.config.disconnect_grace > Duration::ZERO {
+                reg.orphans.extend(split.1.keys().copied());
+            }
+            split
+        };
         // The stream's place (--max-waiters, --max-streams-per-token) is
         // free now, not after the disconnect grace below: the worker that
         // reconnects within it to keep its leases must find room.
         drop(permit);
         match end {
             End::WorkerGone if !held.is_empty() => {
-                let unpulled = std::mem::take(&mut *pipe.unpulled());
-                let (never_sent, sent): (HashMap<_, _>, HashMap<_, _>) = held
-                    .into_iter()
-                    .partition(|(lease, _)| unpulled.contains(lease));
                 self.give_back(never_sent).await;
                 self.reclaim_orphans(sent).await;
             }
@@ -657,18 +691,10 @@ impl<S: Store> LeaseHub<S> {
                 );
             }
             End::StoreFailed => {
-                // A job still waiting for the transport is never sent (the
-                // claim makes it skip it): it goes back without an attempt
-                // if the store can still take the change, else its expiry
-                // does the same (see `undelivered`).
-                let unpulled = std::mem::take(&mut *pipe.unpulled());
-                let never_sent: HashMap<_, _> = held
-                    .iter()
-                    .filter(|(lease, _)| unpulled.contains(lease))
-                    .map(|(lease, job)| (*lease, *job))
-                    .collect();
+                // If the store cannot take the give-back either, the job's
+                // expiry returns it, spending an attempt.
                 warn!(
-                    held = held.len() - never_sent.len(),
+                    held = sent.len(),
                     "lease stream ended by a store failure; leases kept"
                 );
                 self.give_back(never_sent).await;
@@ -700,9 +726,8 @@ impl<S: Store> LeaseHub<S> {
         let grace = self.config.disconnect_grace;
         let mut held: Vec<(LeaseId, JobId)> = held.into_iter().collect();
         if grace > Duration::ZERO {
-            self.registry()
-                .orphans
-                .extend(held.iter().map(|(lease, _)| *lease));
+            // Registered as orphans by the stream's end, before its place
+            // was freed (see `run_stream`).
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 () = tokio::time::sleep(grace) => {}

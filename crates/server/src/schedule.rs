@@ -119,18 +119,24 @@ impl Timetable {
     }
 }
 
+/// How far past now a recorded last tick may lie and still be trusted:
+/// servers sharing a store disagree on the time by a little (a tick that
+/// another server recorded may be seconds ahead of this one's clock),
+/// while a clock that ran ahead and was set back is off by much more.
+pub const CLOCK_AHEAD_MARGIN: Duration = Duration::from_secs(10 * 60);
+
 /// The tick to enqueue at `now`, if any: the latest tick at or before
 /// `now`, provided it is after the last one enqueued and not before the
 /// schedule was created. Ticks missed in between (downtime) are skipped:
-/// only the latest is enqueued. A last tick later than `now` was recorded
-/// under a clock that ran ahead (a bad RTC, a restored snapshot) and has
-/// since been set back: it is not trusted, or the schedule would stay
-/// silent until the clock caught up with it; the tick's key still keeps a
-/// tick from being enqueued twice.
+/// only the latest is enqueued. A last tick more than
+/// [`CLOCK_AHEAD_MARGIN`] past `now` was recorded under a clock that ran
+/// ahead (a bad RTC, a restored snapshot) and has since been set back: it
+/// is not trusted, or the schedule would stay silent until the clock caught
+/// up with it; the tick's key still keeps a tick from being enqueued twice.
 pub fn due_tick(schedule: &Schedule, table: &Timetable, now: SystemTime) -> Option<SystemTime> {
     let tick = table.latest_at_or_before(now)?;
     let fresh = match schedule.last_tick {
-        Some(last) if last <= now => tick > last,
+        Some(last) if last <= now + CLOCK_AHEAD_MARGIN => tick > last,
         _ => tick >= schedule.created_at,
     };
     fresh.then_some(tick)
@@ -232,6 +238,17 @@ mod tests {
             due_tick(&s, &t, at("2026-12-03T10:00:30Z")),
             Some(at("2026-12-03T10:00:00Z"))
         );
+    }
+
+    #[test]
+    fn a_last_tick_a_little_ahead_is_another_servers_and_trusted() {
+        let s = Schedule {
+            last_tick: Some(at("2026-12-03T10:01:00Z")),
+            ..schedule("0 * * * * *", "", "2026-12-03T09:00:00Z")
+        };
+        let t = Timetable::of(&s).unwrap();
+        // This server's clock is 2 s behind the one that recorded 10:01.
+        assert_eq!(due_tick(&s, &t, at("2026-12-03T10:00:58Z")), None);
     }
 
     #[test]

@@ -290,7 +290,10 @@ impl<B: Backend> Jobs<B> {
                     // first Retry or Ack applied, its reply lost, its round
                     // still running): a refusal that reads "already done"
                     // must not be undone by a crash either.
-                    this.backend.durable().await?;
+                    this.backend
+                        .durable()
+                        .await
+                        .map_err(|e| this.stop.stop(&e.to_string()))?;
                     return Err(refused);
                 }
                 Err(err) => return Err(err),

@@ -70,28 +70,30 @@ pub fn router<S: Store>(web: Arc<Web<S>>) -> Router {
 
 /// Refuses a POST another site's page made the browser send (cross-site
 /// request forgery): with tokens off, the default on loopback, a page the
-/// operator visits could otherwise retry every dead letter. A browser names
-/// the page's site in `Sec-Fetch-Site` and its origin in `Origin`; a POST
-/// from the dashboard itself is `same-origin` and its origin is the `Host`
-/// it was sent to. Tools that send neither header (curl) are not browsers
-/// and pass.
+/// operator visits could otherwise retry every dead letter. A browser says
+/// where the page came from in `Sec-Fetch-Site` (every current browser
+/// sends it): `same-origin` for the dashboard's own forms. An older one
+/// sends only `Origin`, which must then name the address the request went
+/// to (`Host`, or `X-Forwarded-Host` behind a proxy that rewrites `Host`).
+/// Tools that send neither header (curl) are not browsers and pass.
 async fn same_origin_posts(req: axum::extract::Request, next: middleware::Next) -> Response {
     if req.method() != axum::http::Method::POST {
         return next.run(req).await;
     }
     let headers = req.headers();
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let site_ok = text("sec-fetch-site").is_none_or(|site| matches!(site, "same-origin" | "none"));
-    let origin_ok = match text("origin") {
-        None => true,
-        Some(origin) => {
+    let allowed = match (text("sec-fetch-site"), text("origin")) {
+        (Some(site), _) => matches!(site, "same-origin" | "none"),
+        (None, None) => true,
+        (None, Some(origin)) => {
             let authority = origin
                 .strip_prefix("http://")
                 .or_else(|| origin.strip_prefix("https://"));
-            authority.is_some() && authority == text("host")
+            authority
+                .is_some_and(|a| Some(a) == text("host") || Some(a) == text("x-forwarded-host"))
         }
     };
-    if site_ok && origin_ok {
+    if allowed {
         return next.run(req).await;
     }
     (

@@ -95,15 +95,19 @@ pub async fn all(pg: &Pg) -> Result<Vec<Schedule>, PgError> {
 }
 
 /// Moves a schedule's `last_tick` forward to `tick`; back only from a
-/// `last_tick` in the future (recorded under a clock that ran ahead).
+/// `last_tick` further in the future than
+/// [`crate::schedule::CLOCK_AHEAD_MARGIN`] (recorded under a clock that ran
+/// ahead).
 pub async fn ticked(pg: &Pg, name: &str, tick: SystemTime) -> Result<(), PgError> {
     let client = pg.client().await?;
     let stmt = client
         .prepare_cached(
             "UPDATE jobq_schedules SET last_tick = $2 \
-             WHERE name = $1 AND (last_tick IS NULL OR last_tick < $2 OR last_tick > now())",
+             WHERE name = $1 AND (last_tick IS NULL OR last_tick < $2 \
+                                  OR last_tick > now() + make_interval(secs => $3))",
         )
         .await?;
-    client.execute(&stmt, &[&name, &tick]).await?;
+    let margin = crate::schedule::CLOCK_AHEAD_MARGIN.as_secs_f64();
+    client.execute(&stmt, &[&name, &tick, &margin]).await?;
     Ok(())
 }

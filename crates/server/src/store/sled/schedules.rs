@@ -48,7 +48,8 @@ pub(super) fn all(tree: &sled::Tree) -> Result<Vec<Schedule>> {
 }
 
 /// Moves a schedule's `last_tick` forward to `tick`; back only from a
-/// `last_tick` later than `now` (recorded under a clock that ran ahead).
+/// `last_tick` more than [`crate::schedule::CLOCK_AHEAD_MARGIN`] past
+/// `now` (recorded under a clock that ran ahead).
 pub(super) fn ticked(
     tree: &sled::Tree,
     name: &str,
@@ -61,7 +62,7 @@ pub(super) fn ticked(
     let mut schedule = decode(name.as_bytes(), &value)?;
     if schedule
         .last_tick
-        .is_some_and(|last| last >= tick && last <= now)
+        .is_some_and(|last| last >= tick && last <= now + crate::schedule::CLOCK_AHEAD_MARGIN)
     {
         return Ok(());
     }
