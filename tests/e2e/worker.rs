@@ -413,6 +413,7 @@ async fn handler_errors_panics_and_unknown_kinds_fail_the_job() {
     let opts = || EnqueueOptions::new().max_attempts(5);
     let (fatal, _) = c.enqueue("q", "fatal", "x", opts()).await.expect("enqueue");
     let (later, _) = c.enqueue("q", "later", "x", opts()).await.expect("enqueue");
+    let (far, _) = c.enqueue("q", "far", "x", opts()).await.expect("enqueue");
     let (panics, _) = c
         .enqueue("q", "panics", "x", opts())
         .await
@@ -428,6 +429,15 @@ async fn handler_errors_panics_and_unknown_kinds_fail_the_job() {
         })
         .handler("later", |_ctx: JobContext| async {
             Err::<(), _>(HandlerError::retry_after("busy", Duration::from_secs(3600)))
+        })
+        // Over the server's --max-delay (365 days): refused, so the fail
+        // goes again with the server's backoff instead of being dropped
+        // (the lease's expiry would have replaced its error, 30 s later).
+        .handler("far", |_ctx: JobContext| async {
+            Err::<(), _>(HandlerError::retry_after(
+                "far off",
+                Duration::from_secs(2 * 365 * 24 * 3600),
+            ))
         })
         .handler("panics", |_ctx: JobContext| async {
             if true {
@@ -446,6 +456,11 @@ async fn handler_errors_panics_and_unknown_kinds_fail_the_job() {
     let run_at = l.run_at.expect("run_at").seconds;
     let enq = l.enqueued_at.expect("enqueued_at").seconds;
     assert!(run_at - enq >= 3000, "the handler's retry delay was used");
+    let far = job_where(&c, &far.id, "far failed", |j| j.attempts == 1).await;
+    assert_eq!(
+        (far.history[0].outcome, far.history[0].error.as_str()),
+        (pb::AttemptOutcome::Failed as i32, "far off")
+    );
     let p = job_where(&c, &panics.id, "panic fails", |j| j.attempts >= 1).await;
     assert!(
         p.history[0].error.contains("panic"),

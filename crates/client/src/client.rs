@@ -263,20 +263,35 @@ impl Client {
         draining: bool,
         stream_token: String,
     ) -> Result<Vec<pb::LeaseRef>> {
-        let req = pb::HeartbeatRequest {
-            worker_id,
-            leases,
-            extend_by: extend_by.map(pb_duration),
-            draining,
-            stream_token,
-        };
-        Ok(self
-            .inner
-            .clone()
-            .heartbeat(trace::request(req))
-            .await?
-            .into_inner()
-            .lost)
+        // One call per jobq::MAX_HEARTBEAT_LEASES leases, the server's
+        // per-call limit (and one call for none: it still says the worker
+        // is alive, and draining).
+        let mut chunks: Vec<Vec<pb::LeaseRef>> = leases
+            .chunks(jobq::MAX_HEARTBEAT_LEASES)
+            .map(<[pb::LeaseRef]>::to_vec)
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(Vec::new());
+        }
+        let mut lost = Vec::new();
+        for leases in chunks {
+            let req = pb::HeartbeatRequest {
+                worker_id: worker_id.clone(),
+                leases,
+                extend_by: extend_by.map(pb_duration),
+                draining,
+                stream_token: stream_token.clone(),
+            };
+            lost.extend(
+                self.inner
+                    .clone()
+                    .heartbeat(trace::request(req))
+                    .await?
+                    .into_inner()
+                    .lost,
+            );
+        }
+        Ok(lost)
     }
 
     /// Opens a Lease stream: the server pushes leased jobs while the stream

@@ -14,6 +14,10 @@ use crate::metrics::{Lost, Outcome};
 use crate::worker::Shared;
 use crate::{HandlerError, JobContext};
 
+/// How long one ack or fail may wait for its answer before it is tried
+/// again.
+const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Runs `ctx`'s job to the end and takes it out of the in-flight book.
 /// Runs inside the job's tracing span.
 pub(crate) async fn run(shared: Arc<Shared>, ctx: JobContext) {
@@ -119,6 +123,10 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
     let client = &shared.cfg.client;
     let mut backoff = Backoff::default();
     let mut first = true;
+    // The handler's retry delay, until the server refuses it (over its
+    // --max-delay): the fail is then sent again with the server's backoff,
+    // rather than dropped and left to the lease's expiry.
+    let mut options = outcome.as_ref().err().map(HandlerError::fail_options);
     loop {
         // The first call always goes out, even if the drain deadline has
         // fired meanwhile: the handler finished, and a stale lease is
@@ -136,15 +144,23 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
         first = false;
         shared.book().settling(ctx.id(), ctx.lease_id());
         let call = async {
-            match &outcome {
-                Ok(()) => client.ack(ctx.id(), ctx.lease_id()).await.map(drop),
-                Err(err) => client
-                    .fail(ctx.id(), ctx.lease_id(), err.message(), err.fail_options())
+            match (&outcome, &options) {
+                (Err(err), Some(options)) => client
+                    .fail(ctx.id(), ctx.lease_id(), err.message(), *options)
                     .await
                     .map(drop),
+                _ => client.ack(ctx.id(), ctx.lease_id()).await.map(drop),
             }
         };
-        let result = call.await;
+        // A server that answers pings but not this call (a stuck store)
+        // must not hold the job here for good: the try is abandoned and,
+        // like any transient failure, made again.
+        let result = match tokio::time::timeout(SETTLE_TIMEOUT, call).await {
+            Ok(result) => result,
+            Err(_) => Err(crate::Error::Status(tonic::Status::deadline_exceeded(
+                format!("no answer to the ack/fail within {SETTLE_TIMEOUT:?}"),
+            ))),
+        };
         if result.is_ok() {
             // Out of the book at once: a heartbeat that crossed the ack
             // must not count this lease as lost.
@@ -173,6 +189,15 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
                 info!("acked (an earlier try had reached the server)");
                 shared.cfg.metrics.job(label(shared, ctx), Outcome::Acked);
                 return;
+            }
+            (Err(err), Err(_))
+                if err.code() == Some(tonic::Code::InvalidArgument)
+                    && options.as_ref().is_some_and(|o| o.retry_delay.is_some()) =>
+            {
+                warn!(cause = %err, "the server refused the retry delay; failing with its backoff instead");
+                if let Some(options) = options.as_mut() {
+                    options.retry_delay = None;
+                }
             }
             (Err(err), _) if err.code() == Some(tonic::Code::Aborted) => {
                 warn!(cause = %err, "lease no longer held; ack/fail rejected, not retried");

@@ -113,6 +113,13 @@ impl From<Error> for Status {
             tracing::warn!(cause = %err, "database unavailable");
             return Status::unavailable("the database is unavailable; retry");
         }
+        if let Error::FailStopped(_) = err {
+            // The storage failure (an OS error, a path) was logged when the
+            // server stopped; clients learn only that it did.
+            return Status::unavailable(
+                "the server stopped serving after a storage failure (see its log); retry on another server or after its restart",
+            );
+        }
         if code == Code::Internal {
             // Storage details are for the operator's log, not for clients.
             tracing::error!(cause = %err, "internal error");

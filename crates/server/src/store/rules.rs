@@ -66,12 +66,12 @@ impl Retention {
     }
 }
 
-/// Sets [`QueueStats::paused`] from the paused queues (sorted), and lists
-/// a paused queue that has no jobs too (when it matches `only`), so an
-/// operator sees every pause. `stats` stays sorted by queue.
+/// Sets [`QueueStats::paused`] from the paused queues (in any order), and
+/// lists a paused queue that has no jobs too (when it matches `only`), so
+/// an operator sees every pause. `stats` ends sorted by queue.
 pub fn mark_paused(stats: &mut Vec<QueueStats>, paused: &[String], only: Option<&str>) {
     for s in stats.iter_mut() {
-        s.paused = paused.binary_search(&s.queue).is_ok();
+        s.paused = paused.contains(&s.queue);
     }
     for queue in paused {
         if only.is_some_and(|q| q != queue) || stats.iter().any(|s| &s.queue == queue) {

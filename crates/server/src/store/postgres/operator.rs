@@ -47,11 +47,12 @@ pub async fn set_paused(pg: &Pg, queue: &str, paused: bool) -> Result<(), PgErro
     Ok(())
 }
 
-/// Every paused queue, sorted.
+/// Every paused queue, sorted by bytes (as Rust sorts strings, and sled
+/// keeps them), whatever the database's collation.
 pub async fn paused(pg: &Pg) -> Result<Vec<String>, PgError> {
     let client = pg.client().await?;
     let stmt = client
-        .prepare_cached("SELECT queue FROM jobq_paused ORDER BY queue")
+        .prepare_cached("SELECT queue FROM jobq_paused ORDER BY queue COLLATE \"C\"")
         .await?;
     let rows = client.query(&stmt, &[]).await?;
     rows.iter()

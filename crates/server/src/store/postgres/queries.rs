@@ -139,7 +139,7 @@ const HISTORY_SIZES: &str = "SELECT job_id, \
 /// A listing's parameters: `$1` to `$3`, then the filters given.
 fn list_params<'a>(
     after: &'a i64,
-    second: &'a i64,
+    second: &'a (dyn ToSql + Sync),
     omit_payload: &'a bool,
     given: &[&'a (dyn ToSql + Sync)],
 ) -> Vec<&'a (dyn ToSql + Sync)> {
@@ -190,6 +190,7 @@ pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
         .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
         .collect::<Result<_, tokio_postgres::Error>>()?;
     let (mut last, mut taken, mut bytes, mut full) = (None, 0usize, 0usize, false);
+    let mut page_ids: Vec<i64> = Vec::new();
     for r in &rows {
         let id: i64 = r.try_get(0)?;
         let size = r
@@ -203,6 +204,7 @@ pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
         bytes = bytes.saturating_add(size);
         taken += 1;
         last = Some(id);
+        page_ids.push(id);
     }
     let Some(last) = last else {
         return Ok(Page::default());
@@ -212,23 +214,24 @@ pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
         ", CASE WHEN $3 THEN ''::bytea ELSE payload END AS payload,",
         1,
     );
+    // The jobs the first statement sized, those of them that still match
+    // (a job that started to match since is not added: the page stays
+    // within its bounds). The next page starts after the last one sized,
+    // even if it no longer matches: a page that came back short or empty
+    // this way is not the last one.
     let stmt = client
         .prepare_cached(&format!(
-            "SELECT {columns} FROM jobq_jobs WHERE {} AND id <= $2 ORDER BY id",
+            "SELECT {columns} FROM jobq_jobs WHERE {} AND id = ANY($2) ORDER BY id",
             list_where(filters)
         ))
         .await?;
-    let rows = client.query(&stmt, &params(&last)).await?;
+    let rows = client.query(&stmt, &params(&page_ids)).await?;
     let jobs = rows
         .iter()
         .map(row::job_of)
         .collect::<Result<Vec<_>, _>>()?;
     let jobs = with_history(&client, jobs).await?;
-    let next = if full {
-        jobs.last().map(|j| j.id)
-    } else {
-        None
-    };
+    let next = full.then(|| JobId(row::from_db(last)));
     Ok(Page { jobs, next })
 }
 

@@ -723,8 +723,14 @@ impl Sled {
         };
         let ids = {
             let index = self.lock();
-            let mut ids = index.with_status(Status::Done, JobId(start), PURGE_CHUNK);
-            ids.extend(index.with_status(Status::Failed, JobId(start), PURGE_CHUNK));
+            // One queue's purge walks that queue's finished jobs, not every
+            // queue's.
+            let finished = |status| match &retention.queue {
+                Some(queue) => index.in_queue(queue, Some(status), JobId(start), PURGE_CHUNK),
+                None => index.with_status(status, JobId(start), PURGE_CHUNK),
+            };
+            let mut ids = finished(Status::Done);
+            ids.extend(finished(Status::Failed));
             ids.sort_unstable();
             ids.truncate(PURGE_CHUNK);
             ids
