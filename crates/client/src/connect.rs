@@ -95,7 +95,10 @@ impl Connect {
 
     /// Sends `authorization: Bearer <token>` with every call.
     pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        // An empty token (an unset `$JOBQ_TOKEN` read as "") is no token,
+        // as in the Python client, not a malformed `Bearer ` header.
+        let token = token.into();
+        self.token = (!token.trim().is_empty()).then_some(token);
         self
     }
 
@@ -212,5 +215,28 @@ impl Connect {
             self.endpoint()?.connect_lazy(),
             credentials,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Connect;
+
+    #[test]
+    fn an_empty_token_is_no_token() {
+        assert_eq!(
+            Connect::new("http://127.0.0.1:1".into()).token("").token,
+            None
+        );
+        assert_eq!(
+            Connect::new("http://127.0.0.1:1".into()).token("  ").token,
+            None
+        );
+        assert_eq!(
+            Connect::new("http://127.0.0.1:1".into())
+                .token("s3cret")
+                .token,
+            Some("s3cret".to_owned())
+        );
     }
 }
