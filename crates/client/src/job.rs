@@ -144,12 +144,17 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
         first = false;
         shared.book().settling(ctx.id(), ctx.lease_id());
         let call = async {
-            match (&outcome, &options) {
-                (Err(err), Some(options)) => client
-                    .fail(ctx.id(), ctx.lease_id(), err.message(), *options)
+            match &outcome {
+                Ok(()) => client.ack(ctx.id(), ctx.lease_id()).await.map(drop),
+                Err(err) => client
+                    .fail(
+                        ctx.id(),
+                        ctx.lease_id(),
+                        err.message(),
+                        options.unwrap_or_else(|| err.fail_options()),
+                    )
                     .await
                     .map(drop),
-                _ => client.ack(ctx.id(), ctx.lease_id()).await.map(drop),
             }
         };
         // A server that answers pings but not this call (a stuck store)

@@ -653,10 +653,13 @@ impl<S: Store> LeaseHub<S> {
             });
             let split: (HashMap<_, _>, HashMap<_, _>) = match end {
                 End::WorkerGone | End::StoreFailed => {
+                    // Claimed ones too: the reaper's give-back of them may
+                    // have failed, or not be published yet.
                     let unpulled = std::mem::take(&mut *pipe.unpulled());
+                    let claimed = std::mem::take(&mut *pipe.claimed());
                     held.iter()
                         .map(|(lease, job)| (*lease, *job))
-                        .partition(|(lease, _)| unpulled.contains(lease))
+                        .partition(|(lease, _)| unpulled.contains(lease) || claimed.contains(lease))
                 }
                 End::Shutdown => (HashMap::new(), HashMap::new()),
             };

@@ -89,8 +89,12 @@ async fn same_origin_posts(req: axum::extract::Request, next: middleware::Next) 
             let authority = origin
                 .strip_prefix("http://")
                 .or_else(|| origin.strip_prefix("https://"));
-            authority
-                .is_some_and(|a| Some(a) == text("host") || Some(a) == text("x-forwarded-host"))
+            // The first X-Forwarded-Host is the one the browser used (each
+            // proxy on the way appends its own).
+            let forwarded = text("x-forwarded-host")
+                .and_then(|hosts| hosts.split(',').next())
+                .map(str::trim);
+            authority.is_some_and(|a| Some(a) == text("host") || Some(a) == forwarded)
         }
     };
     if allowed {
