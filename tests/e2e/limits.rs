@@ -283,16 +283,28 @@ async fn heartbeats_are_bounded_per_call_not_by_max_capacity() {
     assert_eq!(lost.len(), 599, "only the held lease is still held");
     assert!(!lost.contains(&held));
     let over: Vec<pb::LeaseRef> = (0..=jobq::MAX_HEARTBEAT_LEASES).map(stranger).collect();
+    // The server's limit, on one raw call.
     let err = c
-        .heartbeat("w1", over, None)
+        .inner()
+        .heartbeat(pb::HeartbeatRequest {
+            worker_id: "w1".into(),
+            leases: over.clone(),
+            ..Default::default()
+        })
         .await
         .expect_err("over the per-call limit");
-    assert_eq!(err.code(), Some(Code::InvalidArgument));
+    assert_eq!(err.code(), Code::InvalidArgument);
     assert!(
-        err.to_string()
+        err.message()
             .contains(&jobq::MAX_HEARTBEAT_LEASES.to_string()),
-        "{err}"
+        "{err:?}"
     );
+    // The typed client sends as many calls as the limit needs.
+    let lost = c
+        .heartbeat("w1", over, None)
+        .await
+        .expect("one call per MAX_HEARTBEAT_LEASES leases");
+    assert_eq!(lost.len(), jobq::MAX_HEARTBEAT_LEASES + 1);
 }
 
 /// Limits that contradict each other, or that would put a job's times
