@@ -333,6 +333,14 @@ fn serve_refuses_contradicting_or_unreachable_limits() {
             "--min-lease must be longer than 0s",
         ),
         (
+            &["--default-max-attempts", "5", "--max-attempts-limit", "3"][..],
+            "--default-max-attempts 5 must be between 1 and --max-attempts-limit 3",
+        ),
+        (
+            &["--max-attempts-limit", "4000000000"][..],
+            "--max-attempts-limit 4000000000 is over the most jobq stores",
+        ),
+        (
             &["--max-payload", "16777216"][..],
             "--max-message-bytes 16777216 cannot carry a job with --max-payload 16777216",
         ),

@@ -397,6 +397,20 @@ impl Config {
         if self.min_lease.is_zero() {
             return Err("--min-lease must be longer than 0s".into());
         }
+        // PostgreSQL keeps max_attempts in an integer column.
+        let most_attempts = u32::try_from(i32::MAX).unwrap_or(u32::MAX);
+        if self.max_attempts_limit > most_attempts {
+            return Err(format!(
+                "--max-attempts-limit {} is over the most jobq stores, {most_attempts}",
+                self.max_attempts_limit
+            ));
+        }
+        if self.default_max_attempts == 0 || self.default_max_attempts > self.max_attempts_limit {
+            return Err(format!(
+                "--default-max-attempts {} must be between 1 and --max-attempts-limit {}",
+                self.default_max_attempts, self.max_attempts_limit
+            ));
+        }
         // A job travels whole in one reply (Dequeue, Lease, GetJob): one
         // that --max-message-bytes cannot carry would be accepted, taken
         // and never delivered, spending its attempts.
