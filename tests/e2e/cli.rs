@@ -7,11 +7,11 @@
 use std::{process::Stdio, time::Duration};
 
 use jobq::pb;
-use jobq_client::{Client, EnqueueOptions, FailOptions};
+use jobq_client::{EnqueueOptions, FailOptions};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::harness::{until, TestServer, JOBQ};
+use crate::harness::{dead_letter, free_port, until, TestServer, JOBQ};
 
 const LIMIT: Duration = Duration::from_secs(45);
 
@@ -101,19 +101,6 @@ fn alive(pid: libc::pid_t) -> bool {
 }
 
 /// Leases the next job of `queue` and fails it for good (a dead letter).
-async fn dead_letter(client: &Client, queue: &str) -> pb::Job {
-    let leased = client
-        .dequeue([queue], "test", None, None)
-        .await
-        .expect("dequeue")
-        .expect("a job is due");
-    let job = leased.job.expect("job");
-    client
-        .fail(&job.id, &leased.lease_id, "broken", FailOptions::fatal())
-        .await
-        .expect("fail")
-}
-
 #[tokio::test]
 async fn enqueue_takes_the_payload_from_flag_file_or_stdin() {
     let server = TestServer::start().await;
@@ -591,18 +578,30 @@ async fn stats_counts_per_queue_and_watch_stops_on_ctrl_c() {
         .unwrap();
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
     for _ in 0..2 {
-        let line = tokio::time::timeout(LIMIT, lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let line = next_line(&mut lines).await.expect("a refresh");
         assert!(line.starts_with('['), "{line}");
     }
-    signal(&watch, libc::SIGINT);
-    let status = tokio::time::timeout(LIMIT, watch.wait())
+    interrupt(&mut watch).await;
+}
+
+/// The next line a child prints, within [`LIMIT`]; `None` once it ended.
+async fn next_line<R>(lines: &mut tokio::io::Lines<BufReader<R>>) -> Option<String>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    tokio::time::timeout(LIMIT, lines.next_line())
         .await
-        .unwrap()
-        .unwrap();
+        .expect("a line within the limit")
+        .expect("read the child's output")
+}
+
+/// Ctrl-C for `child`, which must then exit 0.
+async fn interrupt(child: &mut tokio::process::Child) {
+    signal(child, libc::SIGINT);
+    let status = tokio::time::timeout(LIMIT, child.wait())
+        .await
+        .expect("exits after SIGINT")
+        .expect("wait");
     assert!(status.success(), "{status:?}");
 }
 
@@ -610,12 +609,7 @@ async fn stats_counts_per_queue_and_watch_stops_on_ctrl_c() {
 /// says so on stderr and shows the stats once the server answers.
 #[tokio::test]
 async fn stats_watch_keeps_refreshing_until_the_server_answers() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{}", free_port());
     let url = format!("http://{listen}");
     let mut watch = command(&url, &["stats", "--watch", "50ms", "--json"])
         .stdin(Stdio::null())
@@ -625,28 +619,19 @@ async fn stats_watch_keeps_refreshing_until_the_server_answers() {
         .unwrap();
     let mut errors = BufReader::new(watch.stderr.take().unwrap()).lines();
     for _ in 0..2 {
-        let line = tokio::time::timeout(LIMIT, errors.next_line())
+        let line = next_line(&mut errors)
             .await
-            .unwrap()
-            .unwrap()
             .expect("an error line, the watch still running");
         assert!(line.starts_with("jobq stats: "), "{line}");
     }
     let dir = tempfile::tempdir().unwrap();
     let _server = crate::harness::ServerProcess::start_at(&dir.path().join("data"), &listen, &[]);
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(LIMIT, lines.next_line())
+    let line = next_line(&mut lines)
         .await
-        .unwrap()
-        .unwrap()
         .expect("stats once the server is up");
     assert!(line.starts_with('['), "{line}");
-    signal(&watch, libc::SIGINT);
-    let status = tokio::time::timeout(LIMIT, watch.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status:?}");
+    interrupt(&mut watch).await;
 }
 
 #[tokio::test]

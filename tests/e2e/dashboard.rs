@@ -4,7 +4,6 @@
 //! it PENDING as `jobq get` confirms, and a screenshot is saved.
 
 use std::{
-    net::TcpListener,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::Duration,
@@ -14,7 +13,7 @@ use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use jobq::pb;
 use jobq_client::{EnqueueOptions, FailOptions};
 
-use crate::harness::{until, ServerProcess, JOBQ};
+use crate::harness::{free_port, until, ServerProcess, JOBQ};
 
 struct Driver(Child);
 
@@ -23,13 +22,6 @@ impl Drop for Driver {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// chromedriver on a free port, and a headless chromium session.

@@ -18,6 +18,34 @@ use tokio_util::sync::CancellationToken;
 /// The `jobq` binary under test.
 pub const JOBQ: &str = env!("CARGO_BIN_EXE_jobq");
 
+/// A port free now on 127.0.0.1 (for a server that must come back on the
+/// same address, or a helper process that takes a port flag).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Takes the next due job of `queue` and fails it for good: a dead letter.
+pub async fn dead_letter(client: &Client, queue: &str) -> jobq::pb::Job {
+    let leased = client
+        .dequeue([queue], "test", None, None)
+        .await
+        .expect("dequeue")
+        .expect("a job is due");
+    let job = leased.job.expect("job");
+    client
+        .fail(
+            &job.id,
+            &leased.lease_id,
+            "broken",
+            jobq_client::FailOptions::fatal(),
+        )
+        .await
+        .expect("fail")
+}
+
 /// Runs `jobq serve --listen 127.0.0.1:0 --http-listen off --data DATA
 /// EXTRA...` to its end, for a start that is refused: its exit status and
 /// output.

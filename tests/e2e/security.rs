@@ -12,7 +12,7 @@ use jobq_client::{Client, EnqueueOptions};
 use tonic::Code;
 
 use crate::{
-    harness::{http, signal, until, ServerProcess, TestServer, JOBQ},
+    harness::{dead_letter, http, signal, until, ServerProcess, TestServer, JOBQ},
     pki::{tokens_file, Pki},
 };
 
@@ -436,28 +436,10 @@ async fn the_dashboard_refuses_a_cross_site_post() {
     let dir = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(&dir.path().join("data"), &[]);
     let c = server.client().await;
-    c.enqueue(
-        "q",
-        "k",
-        b"x".to_vec(),
-        EnqueueOptions::new().max_attempts(1),
-    )
-    .await
-    .unwrap();
-    let leased = c
-        .dequeue(["q"], "w", None, None)
+    c.enqueue("q", "k", b"x".to_vec(), EnqueueOptions::new())
         .await
-        .unwrap()
-        .expect("a job");
-    let id = leased.job.as_ref().unwrap().id.clone();
-    c.fail(
-        id.clone(),
-        leased.lease_id.clone(),
-        "boom",
-        jobq_client::FailOptions::fatal(),
-    )
-    .await
-    .unwrap();
+        .unwrap();
+    let id = dead_letter(&c, "q").await.id;
     let web = server.http;
     let form = ("Content-Type", "application/x-www-form-urlencoded");
     let evil_origin = [form, ("Origin", "http://evil.example")];

@@ -5,7 +5,6 @@
 use std::{
     collections::HashMap,
     io::{BufRead, BufReader},
-    net::TcpListener as StdListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -20,7 +19,7 @@ use jobq_client::{Client, EnqueueOptions, HandlerError, JobContext, Worker};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    harness::{until, ServerProcess, TestServer},
+    harness::{free_port, until, ServerProcess, TestServer},
     pki::{tokens_file, Pki},
 };
 
@@ -533,12 +532,7 @@ async fn a_worker_survives_a_server_restart_and_its_persisted_lease_still_acks()
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     // A fixed port, so the restarted server is where the worker reconnects.
-    let port = StdListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{}", free_port());
     let mut server = ServerProcess::start_at(&data, &listen, &[]);
     let c = server.client().await;
     let (first, _) = c
@@ -601,12 +595,7 @@ async fn a_worker_survives_a_server_restart_and_its_persisted_lease_still_acks()
 async fn a_job_that_finished_during_an_outage_longer_than_its_lease_is_acked_not_rerun() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let port = StdListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{}", free_port());
     // A grace well past the 1 s lease, so the test does not race the
     // worker's reconnect; it still outlives the worker's own deadline.
     let grace = ["--restart-grace", "30s"];
@@ -986,12 +975,7 @@ async fn list_all_walks_every_page() {
 
 #[tokio::test]
 async fn connection_errors_name_the_url_and_the_cause() {
-    let port = StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("http://127.0.0.1:{port}");
+    let url = format!("http://127.0.0.1:{}", free_port());
     let refused = Client::connect(url.clone()).await.unwrap_err();
     let text = refused.to_string();
     assert!(

@@ -518,14 +518,7 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             leases(store, who, caller, held).await
         }
         Access::Leases(held) => leases(store, who, caller, held).await,
-        Access::ReadJob(id) => {
-            any_queue(caller, Role::Read)?;
-            match store.peek(id).await {
-                Ok(job) => who.require(Role::Read, &job.queue),
-                Err(Error::NotFound(_)) => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
+        Access::ReadJob(id) => job_role(store, who, caller, id, Role::Read).await,
         Access::ReadQueue(Some(queue)) => who.require(Role::Read, queue),
         // Every queue, filtered afterwards; a token that reads no queue at
         // all is told so rather than shown an empty list.
@@ -536,14 +529,7 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             ))),
             _ => Ok(()),
         },
-        Access::Administer(id) => {
-            any_queue(caller, Role::Admin)?;
-            match store.peek(id).await {
-                Ok(job) => who.require(Role::Admin, &job.queue),
-                Err(Error::NotFound(_)) => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
+        Access::Administer(id) => job_role(store, who, caller, id, Role::Admin).await,
         Access::AdministerQueue(queue) => who.require(Role::Admin, queue),
         Access::AdministerSchedule(name) => {
             match store.schedules().await?.iter().find(|s| s.name == name) {
@@ -560,17 +546,28 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
     }
 }
 
-/// A call on one job by id needs `role` on some queue before the job is
-/// even read: a token without it is refused the same way whether the id
-/// names a job or not, so it cannot learn which ids (or queues) exist.
-fn any_queue(caller: &Caller, role: Role) -> Result<()> {
-    if caller.has_role(role) {
-        Ok(())
-    } else {
-        Err(Error::PermissionDenied(format!(
+/// `role` on the queue of job `id`. The role on some queue is checked
+/// before the job is even read: a token without it is refused the same way
+/// whether the id names a job or not, so it cannot learn which ids (or
+/// queues) exist. A job that does not exist passes, and is NOT_FOUND from
+/// the store.
+async fn job_role<S: Store>(
+    store: &S,
+    who: &Who,
+    caller: &Caller,
+    id: JobId,
+    role: Role,
+) -> Result<()> {
+    if !caller.has_role(role) {
+        return Err(Error::PermissionDenied(format!(
             "token {:?} has no {role} role on any queue",
             caller.name()
-        )))
+        )));
+    }
+    match store.peek(id).await {
+        Ok(job) => who.require(role, &job.queue),
+        Err(Error::NotFound(_)) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
