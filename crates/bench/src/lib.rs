@@ -326,11 +326,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let _ = out.flush();
         }
     });
-    // On Ctrl-C, dropping the run kills the spawned server and removes its
-    // temporary data dir.
+    // On Ctrl-C or SIGTERM, dropping the run kills the spawned server and
+    // removes its temporary data dir.
     let report = tokio::select! {
         report = measured => report?,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+        _ = terminated() => anyhow::bail!("terminated"),
     };
     let mut stdout = std::io::stdout().lock();
     if !json {
@@ -353,8 +354,29 @@ pub async fn measure(
         args.connections != Connections::Shared(0),
         "--connections must be at least 1"
     );
-    anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
-    anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
+    // Checked before anything runs: a zero here would hang a workload
+    // (nothing to wait for never arrives) or end the run only after the
+    // workloads before it.
+    let at_least_one: [(&str, u64); 10] = [
+        ("--capacity", u64::from(args.capacity)),
+        ("--batch-size", args.batch_size as u64),
+        ("--jobs", args.jobs),
+        ("--producers", args.producers as u64),
+        ("--workers", args.workers as u64),
+        ("--rate", u64::from(args.rate)),
+        ("--latency-jobs", args.latency_jobs),
+        ("--latency-workers", args.latency_workers as u64),
+        ("--mixed-producers", args.mixed_producers as u64),
+        ("--mixed-jobs", args.mixed_jobs.unwrap_or(1)),
+    ];
+    for (flag, value) in at_least_one {
+        anyhow::ensure!(value > 0, "{flag} must be at least 1");
+    }
+    anyhow::ensure!(
+        args.mixed_backlog != Some(0),
+        "--mixed-backlog must be at least 1"
+    );
+    anyhow::ensure!(!args.duration.is_zero(), "--duration must be more than 0");
     let server = match &args.server.0 {
         Some(url) => server::Server::attach(url.clone(), args.server_pid),
         None => server::Server::spawn(args.data_dir.as_deref(), &args.serve_args).await?,
@@ -390,6 +412,19 @@ pub async fn measure(
     drop(shared);
     server.stop().await;
     Ok(report)
+}
+
+/// Resolves on SIGTERM (never, where it cannot be listened for).
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            term.recv().await;
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 #[cfg(test)]

@@ -65,7 +65,9 @@ impl Server {
             None => tempfile::Builder::new().prefix("jobq-bench-").tempdir(),
         }
         .context("cannot make the server's temporary data dir")?;
-        let mut child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        die_with_bench(&mut command);
+        let mut child = command
             .arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")
@@ -166,7 +168,14 @@ impl Server {
     /// permission the peak stays the process's lifetime peak.
     pub fn reset_peak(&self) {
         if let Some(pid) = self.pid() {
-            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+            if let Err(e) = std::fs::write(format!("/proc/{pid}/clear_refs"), "5") {
+                // Said every time: each workload's peak is then the
+                // lifetime peak, which a reader cannot tell from the output.
+                eprintln!(
+                    "jobq bench: cannot reset the server's peak RSS ({e}); \
+                     peaks are since the server started"
+                );
+            }
         }
     }
 
@@ -177,6 +186,33 @@ impl Server {
         }
     }
 }
+
+/// The spawned server gets SIGKILL when the bench dies, however it dies
+/// (a SIGKILL or a `timeout` included): a server left running would take
+/// the cores and the disk of every later run. The bench's other ways out
+/// drop [`Spawned`], which also removes the data.
+#[cfg(target_os = "linux")]
+fn die_with_bench(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only async-signal-safe functions (prctl, getppid), allocating nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The bench may have died between fork and prctl.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::other("jobq bench exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_bench(_: &mut Command) {}
 
 /// The server dies with its handle, however the bench ends: SIGKILL is
 /// enough, as the data dir is thrown away right after.

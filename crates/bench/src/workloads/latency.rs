@@ -8,7 +8,14 @@
 //! server's stalls — coordinated omission). Each payload carries the
 //! instant just before its Enqueue was sent ([`stamp`](crate::stamp));
 //! the worker records the time since then when the leased event arrives,
-//! then acks. The Enqueue RPC's own round trip is an extra figure.
+//! then acks. The Enqueue RPC's own round trip is an extra figure, and so
+//! is `send_lag`: how late each send went out against its schedule. The
+//! latencies count from the actual send, so a producer that fell behind
+//! (a starved client, tokio's 1 ms timer) shows there, not in the server's
+//! figures.
+//!
+//! The latencies are stamped in the send's own task, so its lag includes
+//! the time that task waited to be scheduled.
 
 use std::{
     sync::{Arc, Mutex},
@@ -48,16 +55,22 @@ pub async fn run(
     // has room: its sends should not queue behind acks.
     let client = pool.client(args.latency_workers.max(1));
     let rpc = Arc::new(Mutex::new(Latencies::default()));
+    let lag = Arc::new(Mutex::new(Latencies::default()));
     let period = Duration::from_secs_f64(1.0 / f64::from(args.rate));
     let start = Instant::now();
     let mut sends = JoinSet::new();
     for seq in 0..total {
-        tokio::time::sleep_until((start + period.mul_f64(seq as f64)).into()).await;
+        let due = start + period.mul_f64(seq as f64);
+        tokio::time::sleep_until(due.into()).await;
         let (client, queue, rpc) = (client.clone(), queue.clone(), Arc::clone(&rpc));
+        let lag = Arc::clone(&lag);
         let payload_bytes = args.payload_bytes;
         sends.spawn(async move {
             let payload = stamp::payload(payload_bytes, seq);
             let sent = Instant::now();
+            lag.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(sent.saturating_duration_since(due));
             client
                 .enqueue(queue.as_str(), KIND, payload, EnqueueOptions::new())
                 .await
@@ -76,6 +89,7 @@ pub async fn run(
     let elapsed = start.elapsed();
     bar.finish_and_clear();
     let enqueue_rpc = rpc.lock().unwrap_or_else(|e| e.into_inner()).summary();
+    let send_lag = lag.lock().unwrap_or_else(|e| e.into_inner()).summary();
     Ok(Outcome::new(
         workload,
         total,
@@ -85,6 +99,7 @@ pub async fn run(
     )
     .extra("enqueue_rpc", enqueue_rpc)
     .extra("enqueue_to_acked", stats.acked.summary())
+    .extra("send_lag", send_lag)
     .param("rate", args.rate)
     .param("workers", args.latency_workers)
     .param("capacity", args.capacity)

@@ -39,9 +39,11 @@ pub async fn run(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::
         .mixed_backlog
         .unwrap_or(2 * workers_n as u64 * u64::from(args.capacity))
         .max(1);
-    shared
-        .credits
-        .add_permits(usize::try_from(backlog).unwrap_or(usize::MAX >> 4));
+    shared.credits.add_permits(
+        usize::try_from(backlog)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS / 2),
+    );
     let workers = worker::start(pool, &queue, workers_n, args.capacity, &shared).await?;
 
     let tickets = Tickets::new(args.mixed_jobs.unwrap_or(u64::MAX));
