@@ -341,3 +341,28 @@ async fn the_operator_commands_of_the_cli() {
         pb::JobStatus::Running as i32
     );
 }
+
+#[tokio::test]
+async fn a_cancel_without_a_reason_says_cancelled_and_the_dashboard_lists_it_by_status_in_any_case()
+{
+    let data = tempfile::tempdir().expect("tempdir");
+    let server = ServerProcess::start(data.path(), &[]);
+    let c = server.client().await;
+    let (job, _) = c
+        .enqueue("q", "k", "x", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let cancelled = c.cancel_job(job.id.clone(), "").await.expect("cancel");
+    assert_eq!(cancelled.status, pb::JobStatus::Failed as i32);
+    assert_eq!(cancelled.last_error, "cancelled", "no dangling colon");
+    for status in ["FAILED", "failed", "Failed"] {
+        let (code, page) = http_get(server.http, &format!("/jobs?status={status}")).await;
+        assert_eq!(code, 200, "status={status}: {page}");
+        assert!(
+            page.contains(&format!(r#"data-id="{}""#, job.id)),
+            "status={status} lists the cancelled job"
+        );
+    }
+    let (code, _) = http_get(server.http, "/jobs?status=nope").await;
+    assert_eq!(code, 400, "an unknown status is still refused");
+}

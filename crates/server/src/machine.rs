@@ -389,9 +389,13 @@ pub fn deletable(job: &Job) -> Result<(), TransitionError> {
     }
 }
 
-/// The `last_error` of a cancelled job.
+/// The `last_error` of a cancelled job: `cancelled: <reason>`, or
+/// `cancelled` without one.
 pub fn cancelled(reason: &str) -> String {
-    format!("cancelled: {reason}")
+    match reason.trim() {
+        "" => "cancelled".to_owned(),
+        _ => format!("cancelled: {reason}"),
+    }
 }
 
 fn not_allowed(job: &Job, event: &'static str) -> TransitionError {

@@ -45,7 +45,8 @@ pub struct Filter {
 fn status(s: &str) -> Result<Option<Status>, Error> {
     Status::ALL
         .into_iter()
-        .find(|st| st.to_string() == s)
+        // Any case, as the CLI's --status.
+        .find(|st| st.to_string().eq_ignore_ascii_case(s))
         .map(Some)
         .or_else(|| s.is_empty().then_some(None))
         .ok_or_else(|| Error::InvalidArgument(format!("unknown status {s:?}")))
