@@ -24,6 +24,8 @@
 //! without a heartbeat (a frozen worker) gets no new jobs until its worker
 //! heartbeats or acks again.
 
+mod in_flight;
+
 use std::{
     collections::{HashMap, HashSet},
     pin::Pin,
@@ -167,6 +169,50 @@ struct Registry {
     /// took over, put back if the check fails ([`LeaseHub::adopt`]), and
     /// told too if the lease ends before the check.
     displaced: HashMap<LeaseId, Displaced>,
+    /// Takes not yet registered as owners, and the unowned lease ends they
+    /// may have raced with.
+    in_flight: in_flight::InFlight,
+}
+
+/// A stream's take until its lease is owned (or it returned nothing); a
+/// take dropped midway still counts as finished.
+struct TakeInFlight<'a> {
+    registry: &'a Mutex<Registry>,
+    since: Option<u64>,
+}
+
+impl<'a> TakeInFlight<'a> {
+    fn begin(registry: &'a Mutex<Registry>) -> TakeInFlight<'a> {
+        let since = lock(registry).in_flight.begin();
+        TakeInFlight {
+            registry,
+            since: Some(since),
+        }
+    }
+
+    /// The take returned `lease`: whether it ended meanwhile, decided
+    /// under `reg`, so that the caller registers its owner before any later
+    /// end is published.
+    fn finish(mut self, reg: &mut Registry, lease: LeaseId) -> bool {
+        match self.since.take() {
+            Some(since) => reg.in_flight.finish(since, Some(lease)),
+            None => false,
+        }
+    }
+}
+
+impl Drop for TakeInFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(since) = self.since.take() {
+            lock(self.registry).in_flight.finish(since, None);
+        }
+    }
+}
+
+fn lock(registry: &Mutex<Registry>) -> MutexGuard<'_, Registry> {
+    // A panic elsewhere must not wedge every stream: the registry holds
+    // no invariant that a half-finished update could break badly.
+    registry.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The registry of live Lease streams.
@@ -221,9 +267,7 @@ impl<S: Store> LeaseHub<S> {
     }
 
     fn registry(&self) -> MutexGuard<'_, Registry> {
-        // A panic elsewhere must not wedge every stream: the registry holds
-        // no invariant that a half-finished update could break badly.
-        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.registry)
     }
 
     /// Opens a stream for a validated Lease request and starts its task;
@@ -287,6 +331,10 @@ impl<S: Store> LeaseHub<S> {
         let mut reg = self.registry();
         reg.orphans.remove(&ended.lease);
         let owner = reg.owners.remove(&ended.lease).map(|(stream, _)| stream);
+        if owner.is_none() {
+            // Perhaps a take that has not registered it yet.
+            reg.in_flight.ended_unowned(ended.lease);
+        }
         // Declared by a stream that has not checked it yet: the stream it
         // was taken over from (if the declaration was wrong, the one that
         // really holds it) hears of it too.
@@ -543,6 +591,7 @@ impl<S: Store> LeaseHub<S> {
                     Err(mpsc::error::TrySendError::Closed(())) => break 'stream End::WorkerGone,
                 };
                 if let Some(permit) = permit {
+                    let in_flight = TakeInFlight::begin(&self.registry);
                     match self
                         .store
                         .take_streamed(
@@ -556,9 +605,19 @@ impl<S: Store> LeaseHub<S> {
                     {
                         Ok(Some(leased)) => {
                             let (job, lease) = (leased.job.id, leased.lease_id);
-                            // Owned before it is sent, so an ack that races
-                            // the send still finds its stream.
-                            self.registry().owners.insert(lease, (id, job));
+                            {
+                                let mut reg = self.registry();
+                                if in_flight.finish(&mut reg, lease) {
+                                    // Ended before it was ours (cancelled
+                                    // right after the take): not pushed,
+                                    // and the slot stays free.
+                                    debug!(job.id = %job, lease.id = %lease, "lease ended before it was pushed");
+                                    continue;
+                                }
+                                // Owned before it is sent, so an ack that
+                                // races the send still finds its stream.
+                                reg.owners.insert(lease, (id, job));
+                            }
                             pipe.unpulled().insert(lease);
                             held.insert(lease, job);
                             debug!(job.id = %job, lease.id = %lease, "pushed");
