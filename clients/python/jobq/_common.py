@@ -107,7 +107,9 @@ def check_queues(queues: object) -> List[str]:
 def parse_server(server: Optional[str]) -> Tuple[str, bool]:
     """(host:port, tls) from a URL as the CLI takes it: `http://host:port`,
     `https://host:port`, or a bare `host:port` (plaintext). None reads
-    $JOBQ_SERVER, then the default http://127.0.0.1:50051."""
+    $JOBQ_SERVER, then the default http://127.0.0.1:50051. Without a port,
+    the scheme's: 80 for http (and a bare host), 443 for https, as the Rust
+    client and the CLI (gRPC's own default would be 443 for both)."""
     url = server if server is not None else os.environ.get("JOBQ_SERVER") or DEFAULT_SERVER
     url = url.strip()
     tls = False
@@ -122,6 +124,10 @@ def parse_server(server: Optional[str]) -> Tuple[str, bool]:
     rest = rest.rstrip("/")
     if not rest or "/" in rest:
         raise ValueError(f"jobq server {url!r}: expected http://host:port or https://host:port")
+    # `[::1]:50051` has a port; `[::1]` and `host` do not.
+    has_port = "]:" in rest if rest.startswith("[") else ":" in rest
+    if not has_port:
+        rest += ":443" if tls else ":80"
     return rest, tls
 
 

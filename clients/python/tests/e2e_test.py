@@ -371,7 +371,19 @@ def schedules(tmp, client, addr):
     asyncio.run(via_aio())
 
 
-TESTS = [kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens,
+def server_urls(tmp, client, addr):
+    """A URL without a port means the scheme's, as in the Rust client."""
+    from jobq._common import parse_server
+    assert parse_server("http://jobs.internal") == ("jobs.internal:80", False)
+    assert parse_server("https://jobs.internal/") == ("jobs.internal:443", True)
+    assert parse_server("jobs.internal") == ("jobs.internal:80", False)
+    assert parse_server("https://[::1]") == ("[::1]:443", True)
+    assert parse_server("http://[::1]:50051") == ("[::1]:50051", False)
+    assert parse_server("https://jobs.internal:8443") == ("jobs.internal:8443", True)
+    assert parse_server("http://" + addr) == (addr, False)
+
+
+TESTS = [server_urls, kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens,
          tls_and_token, operator_calls, schedules]
 
 

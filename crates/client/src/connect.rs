@@ -140,7 +140,7 @@ impl Connect {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(20))
             .keep_alive_while_idle(true);
-        let tls_asked = self.ca_cert.is_some() || self.identity.is_some();
+        let tls_asked = self.ca_cert.is_some() || self.identity.is_some() || self.domain.is_some();
         if self.url.starts_with("https://") {
             let mut tls = ClientTlsConfig::new();
             tls = match &self.ca_cert {
@@ -158,7 +158,7 @@ impl Connect {
                 .map_err(|e| self.error(crate::error::chain(&e), None))?;
         } else if tls_asked {
             return Err(Error::Config(format!(
-                "a CA or client certificate was given, but {} is not an https:// URL",
+                "a CA, a client certificate or a TLS domain was given, but {} is not an https:// URL",
                 self.url
             )));
         }
@@ -221,6 +221,21 @@ impl Connect {
 #[cfg(test)]
 mod tests {
     use super::Connect;
+
+    #[test]
+    fn tls_settings_on_a_plaintext_url_are_refused_not_ignored() {
+        for connect in [
+            Connect::new("http://127.0.0.1:1".into()).domain("jobs.internal"),
+            Connect::new("http://127.0.0.1:1".into()).ca_cert(b"pem".to_vec()),
+        ] {
+            let err = connect.endpoint().expect_err("plaintext with TLS settings");
+            assert!(err.to_string().contains("not an https:// URL"), "{err}");
+        }
+        assert!(Connect::new("https://127.0.0.1:1".into())
+            .domain("jobs.internal")
+            .endpoint()
+            .is_ok());
+    }
 
     #[test]
     fn an_empty_token_is_no_token() {
