@@ -32,6 +32,14 @@ pub async fn set_paused(pg: &Pg, queue: &str, paused: bool) -> Result<(), PgErro
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
     if paused {
+        // A take locks jobq_paused (shared) before it reads it, and holds
+        // the lock until it commits: this waits for the takes in flight
+        // (their jobs leave before the pause returns), and a take that
+        // starts meanwhile waits for this commit and then reads the pause. Without it, a
+        // take that had read "not paused" just before could still hand a
+        // job out after PauseQueue returned (DESIGN.md §1 rule 6).
+        tx.batch_execute("LOCK TABLE jobq_paused IN ACCESS EXCLUSIVE MODE")
+            .await?;
         tx.execute(
             "INSERT INTO jobq_paused (queue) VALUES ($1) ON CONFLICT DO NOTHING",
             &[&queue],

@@ -58,10 +58,15 @@ pub async fn take(
 ) -> Result<Option<Change>, PgError> {
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
+    // The lock on jobq_paused, held until this commits, orders the take
+    // with PauseQueue (`operator::set_paused`): taken in a statement of its
+    // own, so the read of the paused queues below starts after it.
     let sync_off = async {
-        tx.batch_execute("SET LOCAL synchronous_commit = off")
-            .await
-            .map_err(PgError::from)
+        tx.batch_execute(
+            "SET LOCAL synchronous_commit = off; LOCK TABLE jobq_paused IN ACCESS SHARE MODE",
+        )
+        .await
+        .map_err(PgError::from)
     };
     let db_now = queries::now(&tx, pg.now_param(now));
     // Pipelined with the two above: one round trip for all three.
