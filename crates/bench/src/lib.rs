@@ -344,6 +344,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// `on_outcome` as each one finishes. The server (if spawned) is stopped
 /// before this returns.
 ///
+/// A spawned server is killed when the *thread* that polled this future
+/// when it spawned the server exits (`PR_SET_PDEATHSIG`): poll it from a
+/// thread that outlives the run (a runtime's worker or `block_on`
+/// thread), not from a short-lived one.
+///
 /// # Errors
 /// As [`run`].
 pub async fn measure(
@@ -376,7 +381,10 @@ pub async fn measure(
         args.mixed_backlog != Some(0),
         "--mixed-backlog must be at least 1"
     );
-    anyhow::ensure!(!args.duration.is_zero(), "--duration must be more than 0");
+    anyhow::ensure!(
+        args.mixed_jobs.is_some() || !args.duration.is_zero(),
+        "--duration must be more than 0"
+    );
     let server = match &args.server.0 {
         Some(url) => server::Server::attach(url.clone(), args.server_pid),
         None => server::Server::spawn(args.data_dir.as_deref(), &args.serve_args).await?,

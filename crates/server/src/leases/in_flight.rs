@@ -12,7 +12,7 @@
 //! Only ends that happen while some take is in flight are kept, and only
 //! as long as a take that began before them is still in flight.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::job::LeaseId;
 
@@ -23,8 +23,13 @@ pub(super) struct InFlight {
     next: u64,
     /// Takes in flight, counted by the number they began at.
     takes: BTreeMap<u64, usize>,
-    /// Leases that ended unowned while a take was in flight, by number.
+    /// Leases that ended unowned while a take was in flight, by number
+    /// (oldest first, to prune)...
     ended: VecDeque<(u64, LeaseId)>,
+    /// ...and the same by lease, to look up: a finish must not scan them
+    /// all under the hub's lock (a shared store's other servers end many
+    /// leases this one does not own).
+    by_lease: HashMap<LeaseId, u64>,
 }
 
 impl InFlight {
@@ -38,6 +43,7 @@ impl InFlight {
     pub(super) fn ended_unowned(&mut self, lease: LeaseId) {
         if !self.takes.is_empty() {
             self.ended.push_back((self.next, lease));
+            self.by_lease.insert(lease, self.next);
             self.next += 1;
         }
     }
@@ -45,11 +51,8 @@ impl InFlight {
     /// The take begun at `since` returned `lease` (or nothing): whether
     /// that lease ended meanwhile.
     pub(super) fn finish(&mut self, since: u64, lease: Option<LeaseId>) -> bool {
-        let ended = lease.is_some_and(|lease| {
-            self.ended
-                .iter()
-                .any(|&(n, ended)| n >= since && ended == lease)
-        });
+        let ended =
+            lease.is_some_and(|lease| self.by_lease.get(&lease).is_some_and(|&n| n >= since));
         if let Some(count) = self.takes.get_mut(&since) {
             *count -= 1;
             if *count == 0 {
@@ -57,10 +60,17 @@ impl InFlight {
             }
         }
         match self.takes.keys().next() {
-            None => self.ended.clear(),
+            None => {
+                self.ended.clear();
+                self.by_lease.clear();
+            }
             Some(&oldest) => {
-                while self.ended.front().is_some_and(|&(n, _)| n < oldest) {
+                while let Some(&(n, lease)) = self.ended.front().filter(|&&(n, _)| n < oldest) {
                     self.ended.pop_front();
+                    // Unless the same lease ended again later (a duplicate event).
+                    if self.by_lease.get(&lease) == Some(&n) {
+                        self.by_lease.remove(&lease);
+                    }
                 }
             }
         }
@@ -70,6 +80,7 @@ impl InFlight {
     /// Unowned ends kept (tests).
     #[cfg(test)]
     fn kept(&self) -> usize {
+        assert!(self.by_lease.len() <= self.ended.len());
         self.ended.len()
     }
 }
@@ -104,6 +115,18 @@ mod tests {
             "ended before `second` began"
         );
         assert!(!f.finish(first, Some(LeaseId(3))), "another lease");
+    }
+
+    #[test]
+    fn a_lease_that_ends_twice_is_still_known_after_its_first_end_is_pruned() {
+        let mut f = InFlight::default();
+        let old = f.begin();
+        f.ended_unowned(LeaseId(9));
+        let young = f.begin();
+        f.ended_unowned(LeaseId(9));
+        f.finish(old, None);
+        assert_eq!(f.kept(), 1);
+        assert!(f.finish(young, Some(LeaseId(9))), "its second end is still kept");
     }
 
     #[test]

@@ -47,6 +47,7 @@ use std::{
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 pub use error::PgError;
+pub use operator::{pause_lock_key, PAUSE_LOCK};
 pub use queries::{list_sizes, ListFilters, NEXT_RUN_AT};
 pub use take::dequeue;
 use tokio::task::AbortHandle;

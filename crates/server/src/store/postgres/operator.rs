@@ -26,20 +26,40 @@ pub async fn delete(pg: &Pg, id: JobId) -> Result<()> {
     Ok(())
 }
 
+/// The first key of the per-queue pause locks (PostgreSQL's two-key
+/// advisory locks, a key space apart from the migrations' one-key lock):
+/// "jqpa" in ASCII.
+pub const PAUSE_LOCK: i32 = 0x6a71_7061;
+
+/// How long a pause waits for the takes in flight of its queue.
+const PAUSE_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The second key of `queue`'s pause lock: a stable hash of its name (a
+/// collision only makes a pause wait for another queue's takes too).
+pub fn pause_lock_key(queue: &str) -> i32 {
+    i32::from_ne_bytes(crc32fast::hash(queue.as_bytes()).to_ne_bytes())
+}
+
 /// Pauses or resumes a queue (idempotent). A resume tells every server
 /// (this one included, through its listener) that jobs may be due.
 pub async fn set_paused(pg: &Pg, queue: &str, paused: bool) -> Result<(), PgError> {
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
     if paused {
-        // A take locks jobq_paused (shared) before it reads it, and holds
-        // the lock until it commits: this waits for the takes in flight
-        // (their jobs leave before the pause returns), and a take that
-        // starts meanwhile waits for this commit and then reads the pause. Without it, a
-        // take that had read "not paused" just before could still hand a
-        // job out after PauseQueue returned (DESIGN.md §1 rule 6).
-        tx.batch_execute("LOCK TABLE jobq_paused IN ACCESS EXCLUSIVE MODE")
-            .await?;
+        // A take holds its queues' pause locks (shared) from before it
+        // reads jobq_paused until it commits: this waits for the takes of
+        // this queue in flight (their jobs are taken before the pause
+        // returns), and a take that starts meanwhile waits for this commit
+        // and then reads the pause. Without it, a take that had read "not
+        // paused" just before could still take a job after PauseQueue
+        // returned (DESIGN.md §1 rule 6). A take stuck mid-transaction
+        // makes this fail (UNAVAILABLE, retryable) rather than wait on.
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '{}ms'; SELECT pg_advisory_xact_lock({PAUSE_LOCK}, {})",
+            PAUSE_LOCK_TIMEOUT.as_millis(),
+            pause_lock_key(queue)
+        ))
+        .await?;
         tx.execute(
             "INSERT INTO jobq_paused (queue) VALUES ($1) ON CONFLICT DO NOTHING",
             &[&queue],

@@ -22,7 +22,7 @@
 
 use std::{collections::HashSet, sync::LazyLock, time::SystemTime};
 
-use super::{error::PgError, queries, row::COLUMNS, write, Pg};
+use super::{error::PgError, operator, queries, row::COLUMNS, write, Pg};
 use crate::{machine::Event, store::Change};
 
 /// The dequeue statement for one queue (`$1`) at `$2` (or the database's
@@ -58,16 +58,19 @@ pub async fn take(
 ) -> Result<Option<Change>, PgError> {
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
-    // The lock on jobq_paused, held until this commits, orders the take
-    // with PauseQueue (`operator::set_paused`): taken in a statement of its
-    // own, so the read of the paused queues below starts after it.
-    let sync_off = async {
-        tx.batch_execute(
-            "SET LOCAL synchronous_commit = off; LOCK TABLE jobq_paused IN ACCESS SHARE MODE",
-        )
-        .await
-        .map_err(PgError::from)
-    };
+    // The queues' pause locks (shared), held until this commits, order the
+    // take with PauseQueue (`operator::set_paused`): taken in a statement
+    // of their own, so the read of the paused queues below starts after
+    // them. Keys are integers: nothing of the queue names is spliced in.
+    let mut batch = String::from("SET LOCAL synchronous_commit = off; SELECT 1");
+    for queue in queues {
+        batch.push_str(&format!(
+            ", pg_advisory_xact_lock_shared({}, {})",
+            operator::PAUSE_LOCK,
+            operator::pause_lock_key(queue)
+        ));
+    }
+    let sync_off = async { tx.batch_execute(&batch).await.map_err(PgError::from) };
     let db_now = queries::now(&tx, pg.now_param(now));
     // Pipelined with the two above: one round trip for all three.
     let paused = async {
