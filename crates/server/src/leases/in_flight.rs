@@ -126,7 +126,10 @@ mod tests {
         f.ended_unowned(LeaseId(9));
         f.finish(old, None);
         assert_eq!(f.kept(), 1);
-        assert!(f.finish(young, Some(LeaseId(9))), "its second end is still kept");
+        assert!(
+            f.finish(young, Some(LeaseId(9))),
+            "its second end is still kept"
+        );
     }
 
     #[test]

@@ -58,21 +58,29 @@ pub async fn take(
 ) -> Result<Option<Change>, PgError> {
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
-    // The queues' pause locks (shared), held until this commits, order the
-    // take with PauseQueue (`operator::set_paused`): taken in a statement
-    // of their own, so the read of the paused queues below starts after
-    // them. Keys are integers: nothing of the queue names is spliced in.
-    let mut batch = String::from("SET LOCAL synchronous_commit = off; SELECT 1");
-    for queue in queues {
-        batch.push_str(&format!(
-            ", pg_advisory_xact_lock_shared({}, {})",
-            operator::PAUSE_LOCK,
-            operator::pause_lock_key(queue)
-        ));
-    }
-    let sync_off = async { tx.batch_execute(&batch).await.map_err(PgError::from) };
+    let sync_off = async {
+        tx.batch_execute("SET LOCAL synchronous_commit = off")
+            .await
+            .map_err(PgError::from)
+    };
     let db_now = queries::now(&tx, pg.now_param(now));
-    // Pipelined with the two above: one round trip for all three.
+    // The queues' pause locks (shared), held until this commits, order the
+    // take with PauseQueue (`operator::set_paused`): a statement of their
+    // own, sent before the read of the paused queues (`try_join!` polls in
+    // order, and a connection runs its statements in the order sent), so
+    // that read starts after them.
+    let keys: Vec<i32> = queues.iter().map(|q| operator::pause_lock_key(q)).collect();
+    let locked = async {
+        let stmt = tx
+            .prepare_cached(
+                "SELECT count(pg_advisory_xact_lock_shared($1, k)) FROM unnest($2::int4[]) AS k",
+            )
+            .await?;
+        tx.query_one(&stmt, &[&operator::PAUSE_LOCK, &keys])
+            .await
+            .map_err(PgError::from)
+    };
+    // Pipelined with the three above: one round trip for all four.
     let paused = async {
         let stmt = tx
             .prepare_cached("SELECT queue FROM jobq_paused WHERE queue = ANY($1)")
@@ -83,7 +91,7 @@ pub async fn take(
             .collect::<Result<HashSet<String>, _>>()
             .map_err(PgError::from)
     };
-    let (_, now, paused) = futures::try_join!(sync_off, db_now, paused)?;
+    let (_, now, _, paused) = futures::try_join!(sync_off, db_now, locked, paused)?;
     let stmt = tx.prepare_cached(&DEQUEUE_ROW).await?;
     let now_param = pg.now_param(now);
     for queue in queues.iter().filter(|q| !paused.contains(*q)) {
