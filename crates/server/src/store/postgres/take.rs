@@ -69,10 +69,16 @@ pub async fn take(
     // own, sent before the read of the paused queues (`try_join!` polls in
     // order, and a connection runs its statements in the order sent), so
     // that read starts after them.
-    let keys: Vec<i32> = queues.iter().map(|q| operator::pause_lock_key(q)).collect();
+    // In key order, as every take: then takes waiting behind pauses can
+    // never wait on each other in a cycle (a pause holds nothing while it
+    // waits).
+    let mut keys: Vec<i32> = queues.iter().map(|q| operator::pause_lock_key(q)).collect();
+    keys.sort_unstable();
+    keys.dedup();
     let locked = async {
         let stmt = tx
             .prepare_cached(
+                // unnest yields the array's elements in order.
                 "SELECT count(pg_advisory_xact_lock_shared($1, k)) FROM unnest($2::int4[]) AS k",
             )
             .await?;
