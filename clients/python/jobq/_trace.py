@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from jobq.v1 import jobq_pb2 as pb
 
@@ -28,6 +28,18 @@ def with_trace_context(metadata: Optional[Mapping[str, str]]) -> Dict[str, str]:
         _otel["propagate"].inject(out)
     out.update(metadata or {})
     return out
+
+
+def call_headers() -> Tuple[Tuple[str, str], ...]:
+    """The current span's trace context as gRPC headers (`traceparent`,
+    `tracestate`), so the server's span for the call joins the caller's
+    trace, as with the Rust client. Empty when untraced or without
+    opentelemetry-api."""
+    if _otel is None:
+        return ()
+    carrier: Dict[str, str] = {}
+    _otel["propagate"].inject(carrier)
+    return tuple((k.lower(), v) for k, v in carrier.items())
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import grpc.aio
 from jobq import _common as c
 from jobq._book import Book
 from jobq._common import Fatal, JobLost, Seconds, StatusLike
-from jobq._trace import job_span
+from jobq._trace import call_headers, job_span
 from jobq.context import JobContext
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -52,7 +52,7 @@ class AsyncClient:
             raise TypeError("AsyncClient needs a grpc.aio.Channel; for a blocking channel "
                             "use jobq.Client")
         self.timeout = timeout
-        self._md = c.auth_metadata(token)
+        self._auth = c.auth_metadata(token)
         if channel is None:
             target, url_tls = c.parse_server(server)
             self.target = target
@@ -67,6 +67,12 @@ class AsyncClient:
         # JobQueueAsyncStub exists in the typed stubs only: at run time
         # JobQueueStub over an aio channel is the async stub.
         self.stub: pb_grpc.JobQueueAsyncStub = pb_grpc.JobQueueStub(channel)
+
+    @property
+    def _md(self) -> c.Metadata:
+        """Each call's headers: the token, and the current span's trace
+        context (the server's span for the call joins the caller's trace)."""
+        return self._auth + call_headers()
 
     async def close(self) -> None:
         await self.channel.close()

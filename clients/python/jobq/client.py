@@ -7,6 +7,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Uni
 import grpc
 
 from jobq import _common as c
+from jobq import _trace
 from jobq._common import JobLost, Seconds, StatusLike
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -45,7 +46,7 @@ class Client:
         if channel is not None and not isinstance(channel, grpc.Channel):
             raise TypeError(f"channel must be a grpc.Channel, got {type(channel).__name__}")
         self.timeout = timeout
-        self._md = c.auth_metadata(token)
+        self._auth = c.auth_metadata(token)
         if channel is None:
             target, url_tls = c.parse_server(server)
             self.target = target
@@ -58,6 +59,12 @@ class Client:
             self.target = server or ""
         self.channel: grpc.Channel = channel
         self.stub = pb_grpc.JobQueueStub(channel)
+
+    @property
+    def _md(self) -> c.Metadata:
+        """Each call's headers: the token, and the current span's trace
+        context (the server's span for the call joins the caller's trace)."""
+        return self._auth + _trace.call_headers()
 
     # -- lifecycle ---------------------------------------------------------
     def close(self) -> None:

@@ -153,6 +153,13 @@ def trace_follows_the_job(tmp, client, addr):
     ctx = producer.get_span_context()
     assert job.metadata["request-id"] == "r-1", job.metadata
     assert f"{ctx.trace_id:032x}" in job.metadata["traceparent"], job.metadata
+    # Every call also carries the caller's trace context as gRPC headers,
+    # for the server's span of the call (as the Rust client does).
+    with tracer.start_as_current_span("stats") as call:
+        headers = dict(client._md)
+        client.stats("traced")
+    assert f"{call.get_span_context().trace_id:032x}" in headers["traceparent"], headers
+    assert "traceparent" not in dict(client._md), "no span, no header"
 
     runs = []
 
