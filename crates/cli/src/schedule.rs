@@ -32,8 +32,9 @@ struct AddArgs {
     queue: String,
     /// Their kind.
     kind: String,
-    /// A cron expression: 5 fields, or 6 with leading seconds
-    /// ("0 3 * * *" is 03:00 daily; "*/10 * * * * *" every 10 seconds).
+    /// A cron expression: 5 fields, 6 with leading seconds, or 7 with a
+    /// trailing year ("0 3 * * *" is 03:00 daily; "*/10 * * * * *" every
+    /// 10 seconds).
     #[arg(long)]
     cron: String,
     /// The IANA time zone the expression is read in (default UTC).

@@ -39,7 +39,8 @@ pub struct Schedule {
     pub kind: String,
     /// Their payload.
     pub payload: Vec<u8>,
-    /// The cron expression (five fields, or six with leading seconds).
+    /// The cron expression (five fields, six with leading seconds, or seven
+    /// with a trailing year).
     pub cron: String,
     /// The IANA time zone the expression is read in.
     pub timezone: String,
@@ -66,7 +67,8 @@ pub struct Timetable {
 pub struct TimetableError(pub String);
 
 impl Timetable {
-    /// Compiles `cron` (five fields, or six with a leading seconds field)
+    /// Compiles `cron` (five fields, six with a leading seconds field, or
+    /// seven with a trailing year)
     /// in `timezone` (an IANA name; empty means UTC).
     ///
     /// # Errors

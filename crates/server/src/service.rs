@@ -299,7 +299,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         )
         .await?;
         let existing = self.store.schedules().await?;
-        validate::schedule_room(&existing, &schedule.name, &self.config)?;
+        validate::schedule_room(&existing, &schedule, &self.config)?;
         self.store.put_schedule(schedule.clone()).await?;
         Ok(Response::new(pb::CreateScheduleResponse {
             schedule: Some(convert::schedule(schedule, now)),

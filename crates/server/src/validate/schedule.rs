@@ -104,15 +104,44 @@ pub fn create_schedule(
 
 /// Whether one more schedule named `name` fits `--max-schedules`, given
 /// the `existing` ones (replacing one by name always fits).
-pub fn schedule_room(existing: &[Schedule], name: &str, config: &Config) -> Result<()> {
-    if existing.len() >= config.max_schedules && !existing.iter().any(|s| s.name == name) {
+pub fn schedule_room(existing: &[Schedule], new: &Schedule, config: &Config) -> Result<()> {
+    let name = &new.name;
+    if existing.len() >= config.max_schedules && !existing.iter().any(|s| s.name == *name) {
         return Err(Error::ResourceExhausted(format!(
             "there are {} schedules; the limit is {} (--max-schedules)",
             existing.len(),
             config.max_schedules
         )));
     }
+    // ListSchedules answers with every schedule in one reply, and the
+    // scheduler reads them all every second: together they stay within one
+    // page (a reply over --max-message-bytes could not be sent at all).
+    let total: usize = existing
+        .iter()
+        .filter(|s| s.name != *name)
+        .chain(std::iter::once(new))
+        .map(listed_bytes)
+        .sum();
+    if total > config.max_page_bytes {
+        return Err(Error::ResourceExhausted(format!(
+            "the schedules would take {total} bytes with this one; ListSchedules answers \
+             in one page of at most {} bytes (--max-page-bytes)",
+            config.max_page_bytes
+        )));
+    }
     Ok(())
+}
+
+/// About what a schedule takes in a ListSchedules reply: its strings and
+/// payload, plus room for its numbers, times and field tags.
+fn listed_bytes(s: &Schedule) -> usize {
+    s.name.len()
+        + s.queue.len()
+        + s.kind.len()
+        + s.payload.len()
+        + s.cron.len()
+        + s.timezone.len()
+        + 64
 }
 
 #[cfg(test)]
@@ -127,6 +156,26 @@ mod tests {
             cron: "0 3 * * *".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn schedules_together_stay_within_one_list_page() {
+        let mut c = Config::with_data("unused");
+        c.max_page_bytes = 10_000;
+        let now = SystemTime::now();
+        let with = |name: &str, bytes: usize| {
+            let mut r = req();
+            r.name = name.into();
+            r.payload = vec![b'x'; bytes];
+            create_schedule(r, &c, now).expect("valid").0
+        };
+        let existing = vec![with("a", 4_000), with("b", 4_000)];
+        let err = schedule_room(&existing, &with("c", 4_000), &c).expect_err("over a page");
+        assert!(matches!(err, Error::ResourceExhausted(_)), "{err}");
+        assert!(err.to_string().contains("--max-page-bytes"), "{err}");
+        // Replacing one counts its new size, not both.
+        schedule_room(&existing, &with("b", 5_000), &c).expect("a replacement fits");
+        schedule_room(&existing, &with("c", 1_000), &c).expect("a small one fits");
     }
 
     #[test]
