@@ -90,7 +90,8 @@ pub struct Config {
     pub max_message_bytes: usize,
 
     /// Most bytes of jobs on one ListJobs page (besides `page_size`); a page
-    /// holds at least one job whatever its size.
+    /// holds at least one job whatever its size. Also the most bytes of all
+    /// schedules together (ListSchedules answers in one page).
     #[arg(long, env = "JOBQ_MAX_PAGE_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub max_page_bytes: usize,
 
