@@ -11,7 +11,7 @@ use jobq_client::{Client, EnqueueOptions, HandlerError, JobContext, Worker};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use crate::harness::{http_get, until, ServerProcess, TestServer};
+use crate::harness::{http, http_get, until, ServerProcess, TestServer};
 
 async fn open(c: &Client, queue: &str, lease: Duration) -> tonic::Streaming<pb::LeaseEvent> {
     let req = pb::LeaseRequest {
@@ -356,13 +356,54 @@ async fn a_cancel_without_a_reason_says_cancelled_and_the_dashboard_lists_it_by_
     assert_eq!(cancelled.status, pb::JobStatus::Failed as i32);
     assert_eq!(cancelled.last_error, "cancelled", "no dangling colon");
     for status in ["FAILED", "failed", "Failed"] {
-        let (code, page) = http_get(server.http, &format!("/jobs?status={status}")).await;
+        let (code, head, page) = http(
+            server.http,
+            "GET",
+            &format!("/jobs?status={status}"),
+            &[],
+            "",
+        )
+        .await;
         assert_eq!(code, 200, "status={status}: {page}");
         assert!(
             page.contains(&format!(r#"data-id="{}""#, job.id)),
             "status={status} lists the cancelled job"
         );
+        assert!(
+            page.contains(r#"action="/retry""#),
+            "status={status} offers to retry the dead letters"
+        );
+        // No other site may frame the dashboard (clickjacking its buttons).
+        let head = head.to_ascii_lowercase();
+        assert!(head.contains("x-frame-options: deny"), "{head}");
+        assert!(head.contains("frame-ancestors 'none'"), "{head}");
     }
     let (code, _) = http_get(server.http, "/jobs?status=nope").await;
     assert_eq!(code, 400, "an unknown status is still refused");
+}
+
+#[tokio::test]
+async fn the_job_page_shows_a_big_payload_cut_short() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let server = ServerProcess::start(data.path(), &[]);
+    let c = server.client().await;
+    // Nested JSON: pretty-printed whole, each element on its own deeply
+    // indented line, 1 MiB of it made a page of over 100 MB.
+    let depth = 100;
+    let body = vec!["0"; 200_000].join(",");
+    let payload = format!("{}{body}{}", "[".repeat(depth), "]".repeat(depth));
+    let (job, _) = c
+        .enqueue("q", "k", payload.clone(), EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let (code, page) = http_get(server.http, &format!("/jobs/{}", job.id)).await;
+    assert_eq!(code, 200);
+    assert!(page.len() < 200 * 1024, "a page of {} bytes", page.len());
+    assert!(
+        page.contains(&format!(
+            "{} more bytes not shown",
+            payload.len() - 64 * 1024
+        )),
+        "says what it left out"
+    );
 }

@@ -18,18 +18,41 @@ use crate::{
     validate,
 };
 
+/// Most payload bytes the job page shows (`jobq get` shows it whole).
+const SHOWN_PAYLOAD: usize = 64 * 1024;
+
 /// The payload as people read it: pretty JSON when it parses, text when it
-/// is UTF-8, hex otherwise.
+/// is UTF-8, hex otherwise; at most [`SHOWN_PAYLOAD`] bytes of it, and
+/// pretty only while that stays small. Pretty-printing indents every
+/// element: 1 MiB of deeply nested JSON became a 130 MB page.
 fn payload(job: &Job) -> String {
-    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&job.payload) {
-        if let Ok(pretty) = serde_json::to_string_pretty(&value) {
-            return pretty;
+    let all = &job.payload;
+    if all.len() <= SHOWN_PAYLOAD {
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(all) {
+            if let Ok(pretty) = serde_json::to_string_pretty(&value) {
+                if pretty.len() <= 4 * SHOWN_PAYLOAD {
+                    return pretty;
+                }
+            }
         }
     }
-    match std::str::from_utf8(&job.payload) {
+    let shown = &all[..all.len().min(SHOWN_PAYLOAD)];
+    let mut text = match std::str::from_utf8(shown) {
         Ok(text) => text.to_owned(),
-        Err(_) => job.payload.iter().map(|b| format!("{b:02x}")).collect(),
+        // Text cut in the middle of a character.
+        Err(e) if e.error_len().is_none() => {
+            String::from_utf8_lossy(&shown[..e.valid_up_to()]).into_owned()
+        }
+        Err(_) => shown.iter().map(|b| format!("{b:02x}")).collect(),
+    };
+    if all.len() > shown.len() {
+        text.push_str(&format!(
+            "\n… {} more bytes not shown (`jobq get {}` shows them)",
+            all.len() - shown.len(),
+            job.id
+        ));
     }
+    text
 }
 
 fn outcome(o: Option<Outcome>) -> &'static str {

@@ -22,8 +22,11 @@ use crate::{
 
 /// Jobs per page.
 const PAGE: usize = 50;
-/// Most dead letters one "retry all" click brings back.
+/// Most dead letters one "retry all" click brings back...
 const RETRY_ALL_LIMIT: usize = 10_000;
+/// ...and most it reads to find them (a `kind` or a token's queues may
+/// match few of them).
+const RETRY_ALL_EXAMINED: usize = 10 * RETRY_ALL_LIMIT;
 
 /// The filter, from the query string (or the retry form).
 #[derive(Debug, Default, Deserialize)]
@@ -98,6 +101,12 @@ pub async fn page<S: Store>(
     Extension(who): Extension<Who>,
     Query(filter): Query<Filter>,
 ) -> Result<Markup, WebError> {
+    // Any case in, the canonical name out: the form and its Retry button
+    // compare with it.
+    let mut filter = filter;
+    if let Some(s) = status(&filter.status)? {
+        filter.status = s.to_string();
+    }
     let after = if filter.after.is_empty() {
         None
     } else {
@@ -193,10 +202,14 @@ pub async fn retry_matching<S: Store>(
     filter.status = "FAILED".into();
     opt("kind", &filter.kind)?;
     let mut after = None;
-    let mut retried = 0;
-    while retried < RETRY_ALL_LIMIT {
+    let (mut retried, mut examined) = (0, 0);
+    'pages: while retried < RETRY_ALL_LIMIT && examined < RETRY_ALL_EXAMINED {
         let page = web.store.list(filter.list(after, 500)?).await?;
         for job in &page.jobs {
+            if retried >= RETRY_ALL_LIMIT {
+                break 'pages;
+            }
+            examined += 1;
             if !filter.kind.is_empty() && job.kind != filter.kind
                 || !who.may(Role::Admin, &job.queue)
             {

@@ -65,7 +65,30 @@ pub fn router<S: Store>(web: Arc<Web<S>>) -> Router {
         ))
         .route("/login", get(login::form).post(login::submit::<S>))
         .layer(middleware::from_fn(same_origin_posts))
+        .layer(middleware::map_response(security_headers))
         .with_state(web)
+}
+
+/// No page may be framed by another site (a framed dashboard's own Retry
+/// button would pass the same-origin check: clickjacking), nor sniffed as
+/// another content type, nor leak its address (job ids, filters) to links.
+async fn security_headers(mut res: Response) -> Response {
+    use axum::http::{header, HeaderValue};
+    let h = res.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    res
 }
 
 /// Refuses a POST another site's page made the browser send (cross-site
