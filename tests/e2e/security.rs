@@ -366,9 +366,27 @@ async fn the_dashboard_asks_for_a_token_read_to_view_admin_to_retry() {
     let (status, _, body) = http(web, "GET", "/", &viewer, "").await;
     assert_eq!(status, 200);
     assert!(body.contains("mine") && !body.contains("theirs"), "{body}");
+    // Rates and streams are summed over every queue: not for this token.
+    assert!(!body.contains("enqueue-rate"), "{body}");
+    let (_, _, body) = http(
+        web,
+        "GET",
+        "/",
+        &[("Authorization", "Bearer ops-secret")],
+        "",
+    )
+    .await;
+    assert!(
+        body.contains("enqueue-rate"),
+        "a token that reads all sees them"
+    );
     let (status, _, body) = http(web, "GET", "/jobs", &viewer, "").await;
     assert_eq!(status, 200);
     assert!(!body.contains("theirs"), "{body}");
+    // A queue it may not read is refused, as ListJobs refuses it.
+    let (status, _, body) = http(web, "GET", "/jobs?queue=theirs&status=FAILED", &viewer, "").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(!body.contains(r#"action="/retry""#), "{body}");
     // /metrics counts every queue: it takes a token that reads them all.
     assert_eq!(http(web, "GET", "/metrics", &viewer, "").await.0, 403);
     let ops_token = [("Authorization", "Bearer ops-secret")];

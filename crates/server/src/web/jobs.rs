@@ -107,6 +107,15 @@ pub async fn page<S: Store>(
     if let Some(s) = status(&filter.status)? {
         filter.status = s.to_string();
     }
+    // As ListJobs: a queue the token may not read is refused, not shown
+    // empty (with its Retry form).
+    if !filter.queue.is_empty() && !who.sees(&filter.queue) {
+        return Err(Error::PermissionDenied(format!(
+            "this token may not read queue {:?}",
+            filter.queue
+        ))
+        .into());
+    }
     let after = if filter.after.is_empty() {
         None
     } else {

@@ -22,13 +22,13 @@ pub async fn page<S: Store>(
     let streams = (web.streams)();
     let body = html! {
         (PreEscaped(r#"<meta http-equiv="refresh" content="5">"#))
-        p.muted {
+        @if who.sees_everything() { p.muted {
             "Enqueued " strong #enqueue-rate { (format!("{:.1}", minute.enqueued)) } "/min over the last minute ("
             (format!("{:.1}", ten.enqueued)) "/min over 10 min) · acked "
             strong #ack-rate { (format!("{:.1}", minute.acked)) } "/min ("
             (format!("{:.1}", ten.acked)) "/min over 10 min) · "
             (streams) " Lease streams open"
-        }
+        } }
         @if stats.is_empty() {
             p { "No jobs yet." }
         } @else {
