@@ -71,7 +71,11 @@ pub fn router<S: Store>(web: Arc<Web<S>>) -> Router {
 
 /// No page may be framed by another site (a framed dashboard's own Retry
 /// button would pass the same-origin check: clickjacking), nor sniffed as
-/// another content type, nor leak its address (job ids, filters) to links.
+/// another content type, nor leak its address (job ids, filters) to other
+/// sites. `same-origin`, not `no-referrer`: under `no-referrer` a browser
+/// sends `Origin: null` on the dashboard's own POSTs, which
+/// [`same_origin_posts`] would refuse for a browser that sends no
+/// `Sec-Fetch-Site`.
 async fn security_headers(mut res: Response) -> Response {
     use axum::http::{header, HeaderValue};
     let h = res.headers_mut();
@@ -86,7 +90,7 @@ async fn security_headers(mut res: Response) -> Response {
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     res
 }
