@@ -142,3 +142,65 @@ async fn a_pause_waits_for_the_takes_in_flight_of_its_queue_only() {
         .expect("take");
     assert!(taken.is_none(), "both queues are paused: {taken:?}");
 }
+
+/// The take's side: a take that starts while a pause of its queue is
+/// committing waits for it, then reads the pause and takes nothing. Without
+/// the take's shared lock it would read "not paused" and take the job.
+#[tokio::test]
+async fn a_take_that_starts_during_a_pause_waits_and_then_sees_it() {
+    let url = testing::fresh_database("jobq_pause").await;
+    let store = store(&url).await;
+    store
+        .enqueue(job("q"), SystemTime::now())
+        .await
+        .expect("enqueue");
+
+    // A pause of "q" holding its lock, its row not yet committed.
+    let (pause, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    pause
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({PAUSE_LOCK}, {}); \
+             INSERT INTO jobq_paused (queue) VALUES ('q')",
+            pause_lock_key("q")
+        ))
+        .await
+        .expect("a pause's lock and row");
+
+    let take = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .take(
+                    &["q".into()],
+                    "w",
+                    None,
+                    Duration::from_secs(60),
+                    SystemTime::now(),
+                )
+                .await
+        })
+    };
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pause
+        .query_one(waiting, &[])
+        .await
+        .expect("pg_locks")
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the take never asked for q's pause lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!take.is_finished(), "the take waits for the pause");
+    pause
+        .batch_execute("COMMIT")
+        .await
+        .expect("the pause commits");
+    let taken = take.await.expect("join").expect("take");
+    assert!(taken.is_none(), "the take saw the pause: {taken:?}");
+}
