@@ -177,6 +177,83 @@ async fn a_database_stall_longer_than_the_timeout_reclaims_no_live_lease() {
         .expect("the stream's lease still acks");
 }
 
+/// Every connection the servers hold to the database is cut at once, as a
+/// failover or a database restart cuts them: pools, LISTEN connections and
+/// heartbeats. The README promises that the servers keep running and
+/// reconnect: calls may fail UNAVAILABLE meanwhile, and then an enqueue
+/// through one server reaches a stream on another, and an ack through a
+/// third frees that stream's slot, with no server restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_database_connection_cut_the_servers_reconnect_and_serve_on() {
+    let mut cluster = Cluster::start().await;
+    let (c1, c2, c3) = (
+        cluster.client(0).await,
+        cluster.client(1).await,
+        cluster.client(2).await,
+    );
+    c1.enqueue("q", "k", vec![], EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let mut stream = open(&c1, "w", 1).await;
+    let first = next_leased(&mut stream).await;
+
+    let (db, connection) = tokio_postgres::connect(&cluster.url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let cut: i64 = db
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("terminate the servers' connections")
+        .get(0);
+    // Each server holds at least its LISTEN connection and a pooled one.
+    assert!(cut >= 6, "cut {cut} connections");
+
+    // The second job, through server 2, retried while it is UNAVAILABLE.
+    let second = until(
+        Duration::from_secs(20),
+        "an enqueue through server 2",
+        || {
+            let c2 = &c2;
+            async move {
+                match c2.enqueue("q", "k", vec![], EnqueueOptions::new()).await {
+                    Ok((job, _)) => Some(job.id),
+                    Err(e) => {
+                        assert_eq!(e.code(), Some(tonic::Code::Unavailable), "{e}");
+                        None
+                    }
+                }
+            }
+        },
+    )
+    .await;
+    // The slot is full until the ack through server 3 is heard by server
+    // 1, over its new LISTEN connection or its re-check after reconnecting.
+    until(Duration::from_secs(20), "an ack through server 3", || {
+        let (c3, first) = (&c3, &first);
+        async move {
+            match c3.ack(job_id(first), first.lease_id.clone()).await {
+                Ok(_) => Some(()),
+                Err(e) => {
+                    assert_eq!(e.code(), Some(tonic::Code::Unavailable), "{e}");
+                    None
+                }
+            }
+        }
+    })
+    .await;
+    let next = next_leased(&mut stream).await;
+    assert_eq!(job_id(&next), second, "the job enqueued after the cut");
+    for s in &mut cluster.servers {
+        let exited = s.child.try_wait().expect("try_wait");
+        assert_eq!(exited, None, "no server exited");
+    }
+}
+
 /// A worker's connection to server 1 goes half-open: the worker gives up
 /// on it, reconnects to server 2 and declares its lease, which server 2
 /// adopts. When server 1 finally sees its old stream end, it must not
