@@ -62,11 +62,9 @@ mod postgres {
         config.backoff_base = BACKOFF.base;
         config.backoff_cap = BACKOFF.cap;
         let options = PgOptions {
-            url: url.to_owned(),
-            pool_size: 8,
-            server_timeout: std::time::Duration::from_secs(5),
             clock: Clock::Caller,
             group_commit: 1,
+            ..testing::options(url)
         };
         PgStore::connect(&config, options)
             .await

@@ -17,12 +17,9 @@ use std::{
 use jobq_server::{
     job::{NewJob, Status},
     store::{
-        postgres::{
-            dequeue, list_sizes, testing, Clock, ListFilters, PgOptions, PgStore, NEXT_RUN_AT,
-        },
+        postgres::{dequeue, list_sizes, testing, ListFilters, PgOptions, PgStore, NEXT_RUN_AT},
         ListFilter, Store,
     },
-    Config,
 };
 
 const DONE_ROWS: i64 = 100_000;
@@ -30,16 +27,11 @@ const DRAIN_JOBS: usize = 2_000;
 const WORKERS: usize = 8;
 
 async fn store(url: &str) -> PgStore {
-    let options = PgOptions {
-        url: url.to_owned(),
+    testing::store(PgOptions {
         pool_size: WORKERS + 2,
-        server_timeout: Duration::from_secs(5),
-        clock: Clock::Database,
-        group_commit: 256,
-    };
-    PgStore::connect(&Config::with_data("unused"), options)
-        .await
-        .expect("connect")
+        ..testing::options(url)
+    })
+    .await
 }
 
 fn new_job() -> NewJob {

@@ -12,10 +12,9 @@ use std::{
 use jobq_server::{
     job::{NewJob, Status},
     store::{
-        postgres::{testing, Clock, PgOptions, PgStore},
+        postgres::{testing, PgStore},
         Store,
     },
-    Config,
 };
 use tonic::Code;
 
@@ -24,18 +23,7 @@ async fn store() -> Arc<PgStore> {
 }
 
 async fn store_on(url: &str) -> Arc<PgStore> {
-    let options = PgOptions {
-        url: url.to_owned(),
-        pool_size: 8,
-        server_timeout: Duration::from_secs(5),
-        clock: Clock::Database,
-        group_commit: 256,
-    };
-    Arc::new(
-        PgStore::connect(&Config::with_data("unused"), options)
-            .await
-            .expect("connect"),
-    )
+    Arc::new(testing::store(testing::options(url)).await)
 }
 
 fn job(key: Option<&str>) -> NewJob {

@@ -17,7 +17,7 @@ use jobq_server::{
     leases::{self, LeaseHub},
     service::JobQueueService,
     store::{
-        postgres::{testing, Clock, PgOptions, PgStore},
+        postgres::{testing, PgOptions, PgStore},
         LeaseEnded, Store,
     },
     Config,
@@ -29,27 +29,7 @@ use tonic::Request;
 const LEASE: Duration = Duration::from_secs(60);
 
 async fn store(url: &str) -> Arc<PgStore> {
-    store_with(url, 8, 256, Duration::from_secs(5)).await
-}
-
-async fn store_with(
-    url: &str,
-    pool_size: usize,
-    group_commit: usize,
-    server_timeout: Duration,
-) -> Arc<PgStore> {
-    let options = PgOptions {
-        url: url.to_owned(),
-        pool_size,
-        server_timeout,
-        clock: Clock::Database,
-        group_commit,
-    };
-    Arc::new(
-        PgStore::connect(&Config::with_data("unused"), options)
-            .await
-            .expect("connect"),
-    )
+    Arc::new(testing::store(testing::options(url)).await)
 }
 
 fn job(key: &str) -> NewJob {
@@ -251,7 +231,14 @@ async fn a_lease_ended_elsewhere_while_listen_was_down_frees_its_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_pool_does_not_stop_the_servers_heartbeat() {
     let url = testing::fresh_database("jobq_beat").await;
-    let store = store_with(&url, 2, 1, Duration::from_secs(5)).await;
+    let store = Arc::new(
+        testing::store(PgOptions {
+            pool_size: 2,
+            group_commit: 1,
+            ..testing::options(&url)
+        })
+        .await,
+    );
     let now = SystemTime::now();
     store.enqueue(job("locked"), now).await.unwrap();
     let leased = store
@@ -377,7 +364,15 @@ async fn the_reaper_does_not_spin_on_an_expired_lease_it_cannot_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_frozen_inside_a_transaction_does_not_hold_its_locks_for_good() {
     let url = testing::fresh_database("jobq_frozen").await;
-    let frozen = store_with(&url, 2, 1, Duration::from_secs(1)).await;
+    let frozen = Arc::new(
+        testing::store(PgOptions {
+            pool_size: 2,
+            group_commit: 1,
+            server_timeout: Duration::from_secs(1),
+            ..testing::options(&url)
+        })
+        .await,
+    );
     let other = store(&url).await;
     let now = SystemTime::now();
     other.enqueue(job("frozen"), now).await.unwrap();

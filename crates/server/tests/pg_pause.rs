@@ -9,24 +9,20 @@ use std::time::{Duration, Instant, SystemTime};
 use jobq_server::{
     job::NewJob,
     store::{
-        postgres::{pause_lock_key, testing, Clock, PgOptions, PgStore, PAUSE_LOCK},
+        postgres::{pause_lock_key, testing, PgOptions, PgStore, PAUSE_LOCK},
         Store,
     },
-    Config, Error,
+    Error,
 };
 use tokio_postgres::NoTls;
 
 async fn store(url: &str) -> PgStore {
-    let options = PgOptions {
-        url: url.to_owned(),
+    testing::store(PgOptions {
         pool_size: 4,
-        server_timeout: Duration::from_secs(5),
-        clock: Clock::Database,
         group_commit: 1,
-    };
-    PgStore::connect(&Config::with_data("unused"), options)
-        .await
-        .expect("connect")
+        ..testing::options(url)
+    })
+    .await
 }
 
 fn job(queue: &str) -> NewJob {

@@ -6,13 +6,13 @@
 //! would fail every other caller's change in the same batch. Needs
 //! `JOBQ_TEST_PG` (see `scripts/pg-test.sh`).
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use jobq::pb::{self, job_queue_server::JobQueue};
 use jobq_server::{
     leases::LeaseHub,
     service::JobQueueService,
-    store::postgres::{testing, Clock, PgOptions, PgStore},
+    store::postgres::{testing, PgStore},
     Config,
 };
 use tokio_util::sync::CancellationToken;
@@ -20,13 +20,7 @@ use tonic::{Code, Request};
 
 async fn service() -> JobQueueService<PgStore> {
     let config = Arc::new(Config::with_data("unused"));
-    let options = PgOptions {
-        url: testing::fresh_database("jobq_text").await,
-        pool_size: 8,
-        server_timeout: Duration::from_secs(5),
-        clock: Clock::Database,
-        group_commit: 256,
-    };
+    let options = testing::options(&testing::fresh_database("jobq_text").await);
     let store = Arc::new(PgStore::connect(&config, options).await.expect("connect"));
     let shutdown = CancellationToken::new();
     let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());

@@ -2,7 +2,12 @@
 //! `JOBQ_TEST_PG`, so tests run in parallel without seeing each other's
 //! jobs or notifications.
 
+use std::time::Duration;
+
 use tokio_postgres::NoTls;
+
+use super::{Clock, PgOptions, PgStore};
+use crate::Config;
 
 /// The environment variable naming the test cluster.
 pub const TEST_PG_ENV: &str = "JOBQ_TEST_PG";
@@ -62,4 +67,27 @@ fn with_database(url: &str, name: &str) -> String {
         Some(q) => format!("{base}/{name}?{q}"),
         None => format!("{base}/{name}"),
     }
+}
+
+/// The options of a test store on `url`, unless a test says otherwise: 8
+/// pooled connections, a 5 s server timeout, the database's clock, group
+/// commits of up to 256 transitions.
+pub fn options(url: &str) -> PgOptions {
+    PgOptions {
+        url: url.to_owned(),
+        pool_size: 8,
+        server_timeout: Duration::from_secs(5),
+        clock: Clock::Database,
+        group_commit: 256,
+    }
+}
+
+/// A store with `options` (see [`options`]) and the default configuration.
+///
+/// # Panics
+/// When it cannot connect or migrate.
+pub async fn store(options: PgOptions) -> PgStore {
+    PgStore::connect(&Config::with_data("unused"), options)
+        .await
+        .expect("connect to the test database")
 }
