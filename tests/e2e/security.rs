@@ -187,6 +187,67 @@ async fn sighup_reloads_the_tokens_file_without_dropping_connections() {
     )
     .await;
     alice.stats(None).await.expect("alice is still known");
+    // Alice may now only read: her stream, which consumes `reload`, ends.
+    let ended = tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("the stream ends within 30 s")
+        .expect_err("an error ends it");
+    assert_eq!(ended.code(), Code::PermissionDenied, "{ended:?}");
+    assert!(ended.message().contains("reload"), "{ended:?}");
+}
+
+/// A token removed from the file loses its open Lease stream at the next
+/// SIGHUP, not only its next calls: the stream ends UNAUTHENTICATED and
+/// the job it held comes back for other workers, as a gone worker's does.
+/// Another token's heartbeat for the same worker id touches nothing.
+#[tokio::test]
+async fn sighup_ends_the_lease_streams_of_a_revoked_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let admin = ("root", "root-secret", &["admin"][..], &["*"][..]);
+    let worker = ("leaked", "leaked-secret", &["consume"][..], &["q"][..]);
+    tokens_file(&tokens, &[admin, worker]);
+    let tokens_arg = tokens.to_str().unwrap();
+    let server = ServerProcess::start(&dir.path().join("data"), &["--auth-tokens", tokens_arg]);
+    let connect = |secret: &str| Client::builder(server.url()).token(secret).connect();
+    let root = connect("root-secret").await.expect("connect");
+    let leaked = connect("leaked-secret").await.expect("connect");
+    let (job, _) = root
+        .enqueue("q", "k", b"x".to_vec(), EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let mut stream = leaked
+        .lease(["q"], "w", 1, Some(Duration::from_secs(60)))
+        .await
+        .expect("lease stream");
+    let event = tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("an event within 30 s")
+        .expect("the stream is open")
+        .expect("an event");
+    assert!(
+        matches!(event.event, Some(pb::lease_event::Event::Leased(_))),
+        "{event:?}"
+    );
+
+    tokens_file(&tokens, &[admin]);
+    signal(&server.child, libc::SIGHUP);
+    let ended = tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("the stream ends within 30 s")
+        .expect_err("an error ends it");
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(ended.message().contains("revoked"), "{ended:?}");
+    let back = until(Duration::from_secs(30), "the job to come back", || async {
+        let j = root.get_job(job.id.clone()).await.ok()?;
+        (j.status == pb::JobStatus::Pending as i32).then_some(j)
+    })
+    .await;
+    assert_eq!(back.attempts, 1, "{back:?}");
+    assert_eq!(
+        leaked.stats(None).await.unwrap_err().code(),
+        Some(Code::Unauthenticated)
+    );
 }
 
 #[tokio::test]
@@ -518,4 +579,83 @@ async fn metrics_token_free_opens_metrics_only() {
     assert_eq!(status, 200);
     assert!(body.contains("jobq_"), "{body}");
     assert_eq!(http(server.http, "GET", "/", &[], "").await.0, 401);
+}
+
+async fn next_event(stream: &mut tonic::Streaming<pb::LeaseEvent>) -> pb::lease_event::Event {
+    tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("an event within 30 s")
+        .expect("the stream is open")
+        .expect("an event")
+        .event
+        .expect("an event")
+}
+
+/// A stream whose delivered lease expired without a heartbeat (a frozen
+/// worker) gets nothing more until its worker heartbeats. Only a heartbeat
+/// with the stream's own token counts: another token that names the same
+/// worker id cannot wake it and have jobs pushed to a hung worker.
+#[tokio::test]
+async fn another_tokens_heartbeat_does_not_wake_a_stalled_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    tokens_file(
+        &tokens,
+        &[
+            ("root", "root-secret", &["admin"], &["*"]),
+            ("a", "a-secret", &["consume"], &["q"]),
+            ("b", "b-secret", &["consume"], &["other"]),
+        ],
+    );
+    let server = ServerProcess::start(
+        &dir.path().join("data"),
+        &[
+            "--auth-tokens",
+            tokens.to_str().unwrap(),
+            "--min-lease",
+            "10ms",
+        ],
+    );
+    let connect = |secret: &str| Client::builder(server.url()).token(secret).connect();
+    let (root, a, b) = (
+        connect("root-secret").await.expect("connect"),
+        connect("a-secret").await.expect("connect"),
+        connect("b-secret").await.expect("connect"),
+    );
+    let enqueue = || async {
+        root.enqueue("q", "k", b"x".to_vec(), EnqueueOptions::new())
+            .await
+            .expect("enqueue")
+            .0
+    };
+    let first = enqueue().await;
+    let mut stream = a
+        .lease(["q"], "w", 1, Some(Duration::from_millis(200)))
+        .await
+        .expect("lease stream");
+    assert!(matches!(
+        next_event(&mut stream).await,
+        pb::lease_event::Event::Leased(_)
+    ));
+    // No heartbeat: the lease expires, and the stream stalls.
+    match next_event(&mut stream).await {
+        pb::lease_event::Event::Revoked(r) => assert_eq!(r.job_id, first.id),
+        other => panic!("expected revoked, got {other:?}"),
+    }
+    let second = enqueue().await;
+    b.heartbeat("w", vec![], None)
+        .await
+        .expect("b's heartbeat is accepted, and changes nothing");
+    // The first job is due again too; either would show the stream woke.
+    let woke = tokio::time::timeout(Duration::from_millis(1500), stream.message()).await;
+    assert!(woke.is_err(), "b's heartbeat woke a's stream: {woke:?}");
+    // a's own heartbeat does wake it.
+    a.heartbeat("w", vec![], None).await.expect("a's heartbeat");
+    match next_event(&mut stream).await {
+        pb::lease_event::Event::Leased(l) => {
+            let id = l.job.expect("job").id;
+            assert!(id == first.id || id == second.id, "{id}");
+        }
+        other => panic!("expected a leased job, got {other:?}"),
+    }
 }

@@ -331,6 +331,30 @@ impl Auth {
         Ok(n)
     }
 
+    /// Why a Lease stream that `caller` opened on `queues` may no longer
+    /// run under the current tokens (after a reload): its token is gone
+    /// (or its secret changed), or no longer consumes one of the queues.
+    /// `None` while it still may, and when tokens are off.
+    pub fn stream_refused(&self, caller: &Caller, queues: &[String]) -> Option<Error> {
+        let tokens = self.current()?;
+        let Some(now) = tokens
+            .entries
+            .iter()
+            .find(|t| t.digest == caller.0.digest)
+            .map(|t| Caller(Arc::clone(t)))
+        else {
+            return Some(Error::Unauthenticated(format!(
+                "token {:?} was revoked",
+                caller.name()
+            )));
+        };
+        let queue = queues.iter().find(|q| !now.may(Role::Consume, q))?;
+        Some(Error::PermissionDenied(format!(
+            "token {:?} may no longer consume on queue {queue:?}",
+            now.name()
+        )))
+    }
+
     fn current(&self) -> Option<Arc<Tokens>> {
         self.table
             .as_ref()
@@ -419,6 +443,14 @@ pub enum Who {
 }
 
 impl Who {
+    /// The token, when tokens are on.
+    pub fn caller(&self) -> Option<&Caller> {
+        match self {
+            Who::Anyone => None,
+            Who::Token(c) => Some(c),
+        }
+    }
+
     /// The owner recorded on the leases this caller takes.
     pub fn owner(&self) -> Option<String> {
         match self {

@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::{
+    auth::Caller,
     config::Config,
     error::Error,
     job::{JobId, LeaseId, Outcome, Status},
@@ -75,6 +76,10 @@ enum Notice {
     },
     /// The worker heartbeated through this stream's token.
     Heartbeat { draining: bool },
+    /// The stream's token was revoked, or lost its queues (a tokens
+    /// reload): the stream ends with this error, as if its worker went
+    /// away.
+    Refused(tonic::Status),
 }
 
 /// What a stream's task and its outgoing event stream share.
@@ -142,6 +147,9 @@ impl Stream for LeaseEvents {
 struct StreamEntry {
     worker_id: String,
     token: String,
+    /// The token that opened it, and its queues: checked again when the
+    /// tokens are reloaded.
+    caller: Option<(Caller, Vec<String>)>,
     notices: mpsc::UnboundedSender<Notice>,
     pipe: Arc<Pipe>,
 }
@@ -244,6 +252,8 @@ pub struct StreamSpec {
     pub capacity: usize,
     /// Leases the worker declares it still holds.
     pub held: Vec<(JobId, LeaseId)>,
+    /// The token that opened it (tokens on).
+    pub caller: Option<Caller>,
 }
 
 impl<S: Store> LeaseHub<S> {
@@ -296,6 +306,10 @@ impl<S: Store> LeaseHub<S> {
                 StreamEntry {
                     worker_id: spec.take.worker_id.clone(),
                     token: token.clone(),
+                    caller: spec
+                        .caller
+                        .take()
+                        .map(|caller| (caller, spec.take.queues.clone())),
                     notices: notices_tx,
                     pipe: Arc::clone(&pipe),
                 },
@@ -492,24 +506,59 @@ impl<S: Store> LeaseHub<S> {
     /// pushes no more jobs. Without a token (an older client), the
     /// worker's streams learn it is alive, and `draining` does nothing:
     /// worker ids are not unique enough to stop other workers' streams.
+    /// Either way only streams opened by the heartbeat's own token
+    /// (`owner`; `None` with tokens off) are touched: another token's
+    /// heartbeat cannot wake a stalled worker's stream.
     pub fn heartbeat(
         &self,
         worker_id: &str,
         leases: &[(JobId, LeaseId)],
         draining: bool,
         token: &str,
+        owner: Option<&str>,
     ) {
         let mut reg = self.registry();
         for (_, lease) in leases {
             reg.orphans.remove(lease);
         }
+        let ours = |e: &&StreamEntry| e.caller.as_ref().map(|(c, _)| c.name()) == owner;
         if token.is_empty() {
-            for entry in reg.streams.values().filter(|e| e.worker_id == worker_id) {
+            for entry in reg
+                .streams
+                .values()
+                .filter(|e| e.worker_id == worker_id)
+                .filter(ours)
+            {
                 let _ = entry.notices.send(Notice::Heartbeat { draining: false });
             }
-        } else if let Some(entry) = reg.tokens.get(token).and_then(|id| reg.streams.get(id)) {
+        } else if let Some(entry) = reg
+            .tokens
+            .get(token)
+            .and_then(|id| reg.streams.get(id))
+            .filter(ours)
+        {
             let _ = entry.notices.send(Notice::Heartbeat { draining });
         }
+    }
+
+    /// Ends every stream whose token `refused` now turns away (see
+    /// [`crate::auth::Auth::stream_refused`]), after a tokens reload: the
+    /// worker gets the error, and the stream's jobs come back as a gone
+    /// worker's do. Returns how many streams it ended.
+    pub fn refuse_streams(&self, refused: impl Fn(&Caller, &[String]) -> Option<Error>) -> usize {
+        let reg = self.registry();
+        let mut ended = 0;
+        for entry in reg.streams.values() {
+            let Some((caller, queues)) = &entry.caller else {
+                continue;
+            };
+            if let Some(err) = refused(caller, queues) {
+                if entry.notices.send(Notice::Refused(err.into())).is_ok() {
+                    ended += 1;
+                }
+            }
+        }
+        ended
     }
 
     /// How many streams are open.
@@ -572,6 +621,7 @@ impl<S: Store> LeaseHub<S> {
             take,
             capacity,
             held,
+            caller: _,
         } = spec;
         let mut held = self.adopt(id, &held).await;
         if !held.is_empty() {
@@ -683,6 +733,11 @@ impl<S: Store> LeaseHub<S> {
                     Notice::Heartbeat { draining: d } => {
                         stalled = false;
                         draining |= d;
+                    }
+                    Notice::Refused(status) => {
+                        info!(cause = status.message(), "lease stream ended: its token no longer allows it");
+                        let _ = tx.try_send(Outgoing { lease: None, item: Err(status) });
+                        break 'stream End::WorkerGone;
                     }
                 },
                 () = pipe.pulled.notified(), if waiting_for_pull => {}

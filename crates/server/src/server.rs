@@ -255,7 +255,12 @@ async fn serve_store<S: Store + CommitHook>(
     // serving: a SIGHUP that arrived before a spawned task got to it would
     // take the default action and kill the process.
     let hangups = hangups(&auth);
-    let reload = tokio::spawn(reload_on_sighup(auth.clone(), hangups, shutdown.clone()));
+    let reload = tokio::spawn(reload_on_sighup(
+        auth.clone(),
+        Arc::clone(&hub),
+        hangups,
+        shutdown.clone(),
+    ));
     let addr = listener
         .local_addr()
         .map_err(|e| Error::Io(e.to_string()))?;
@@ -365,9 +370,12 @@ fn hangups(auth: &Auth) -> Option<tokio::signal::unix::Signal> {
 }
 
 /// Reloads the tokens file on SIGHUP until `shutdown`; connections and
-/// calls in flight are not touched. A bad file keeps the old tokens.
-async fn reload_on_sighup(
+/// calls in flight are not touched, but a Lease stream whose token was
+/// revoked (or no longer consumes its queues) ends. A bad file keeps the
+/// old tokens.
+async fn reload_on_sighup<S: Store>(
     auth: Auth,
+    hub: Arc<LeaseHub<S>>,
     hangups: Option<tokio::signal::unix::Signal>,
     shutdown: CancellationToken,
 ) {
@@ -381,7 +389,13 @@ async fn reload_on_sighup(
                     return;
                 }
                 match auth.reload() {
-                    Ok(n) => info!(tokens = n, "SIGHUP: tokens file reloaded"),
+                    Ok(n) => {
+                        info!(tokens = n, "SIGHUP: tokens file reloaded");
+                        let ended = hub.refuse_streams(|caller, queues| auth.stream_refused(caller, queues));
+                        if ended > 0 {
+                            info!(streams = ended, "SIGHUP: ended the Lease streams whose token no longer allows them");
+                        }
+                    }
                     Err(err) => error!(cause = %err, "SIGHUP: tokens file refused; keeping the old tokens"),
                 }
             }

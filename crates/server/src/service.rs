@@ -356,6 +356,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         };
         auth::authorize(&*self.store, &who, access).await?;
         spec.take.owner = who.owner();
+        spec.caller = who.caller().cloned();
         let slot = self.quota.acquire(&who)?;
         let permit = self.waiter_permit()?;
         let (events, token) = self.hub.open(spec, (permit, slot));
@@ -386,7 +387,13 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             .filter(|(_, r)| r.is_err())
             .map(|(lease, _)| *lease)
             .collect();
-        self.hub.heartbeat(&worker_id, &leases, draining, &token);
+        self.hub.heartbeat(
+            &worker_id,
+            &leases,
+            draining,
+            &token,
+            who.owner().as_deref(),
+        );
         if !lost.is_empty() {
             // A lost lease that a stream here still counts: its lease-ended
             // event was missed; free the slot now.

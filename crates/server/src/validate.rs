@@ -317,6 +317,7 @@ pub fn lease_stream(req: pb::LeaseRequest, config: &Config) -> Result<StreamSpec
         take,
         capacity: capacity as usize,
         held,
+        caller: None,
     })
 }
 

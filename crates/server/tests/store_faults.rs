@@ -538,6 +538,7 @@ async fn a_job_given_back_unpulled_is_never_sent_under_its_old_lease() {
         },
         capacity: 1,
         held: vec![],
+        caller: None,
     };
     // Opened, never read (yet).
     let (mut events, _token) = hub.open(spec, ());
