@@ -562,6 +562,61 @@ async fn the_dashboard_refuses_a_cross_site_post() {
     );
 }
 
+/// DNS rebinding: a page on `http://evil.example:PORT` re-points its name
+/// at 127.0.0.1, and the browser then treats the dashboard as that page's
+/// own origin (its POSTs say `Sec-Fetch-Site: same-origin`). Without
+/// tokens, only the `Host` header still tells: a name that is not an IP
+/// address, `localhost` or an `--http-allow-host` name is refused, for
+/// reading and acting alike.
+#[tokio::test]
+async fn without_tokens_the_dashboard_refuses_an_unknown_host_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(
+        &dir.path().join("data"),
+        &["--http-allow-host", "jobq.internal"],
+    );
+    let c = server.client().await;
+    c.enqueue("q", "k", b"secret".to_vec(), EnqueueOptions::new())
+        .await
+        .unwrap();
+    let id = dead_letter(&c, "q").await.id;
+    let web = server.http;
+    let port = web.port();
+    let evil = format!("evil.example:{port}");
+    let rebound = [("Host", evil.as_str())];
+    for path in [
+        "/",
+        "/jobs?status=FAILED",
+        &format!("/jobs/{id}"),
+        "/metrics",
+    ] {
+        let (status, _, body) = http(web, "GET", path, &rebound, "").await;
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(!body.contains("secret"), "{body}");
+    }
+    let form = ("Content-Type", "application/x-www-form-urlencoded");
+    let post = [
+        form,
+        ("Host", evil.as_str()),
+        ("Sec-Fetch-Site", "same-origin"),
+    ];
+    let (status, _, _) = http(web, "POST", "/retry", &post, "status=FAILED").await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        c.get_job(id.clone()).await.unwrap().status,
+        pb::JobStatus::Failed as i32,
+        "a refused POST changed nothing"
+    );
+    // Addresses, localhost and the allowed name are answered.
+    let localhost = format!("localhost:{port}");
+    let allowed = format!("jobq.internal:{port}");
+    for host in [web.to_string(), localhost, allowed] {
+        let (status, _, body) =
+            http(web, "GET", &format!("/jobs/{id}"), &[("Host", &host)], "").await;
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+}
+
 #[tokio::test]
 async fn metrics_token_free_opens_metrics_only() {
     let dir = tempfile::tempdir().unwrap();

@@ -19,6 +19,14 @@ pub struct Config {
     #[arg(long, env = "JOBQ_HTTP_LISTEN", default_value = "127.0.0.1:9464", value_parser = parse_http_listen)]
     pub http_listen: HttpListen,
 
+    /// Host names the dashboard answers to when tokens are off, besides IP
+    /// addresses and `localhost`, which it always answers to (any other
+    /// name is refused: a web page could otherwise point its own name at
+    /// 127.0.0.1 — DNS rebinding — and read and act on the dashboard).
+    /// Repeat, or separate with commas; `*` allows every name.
+    #[arg(long, env = "JOBQ_HTTP_ALLOW_HOST", value_delimiter = ',')]
+    pub http_allow_host: Vec<String>,
+
     /// Where jobs live: a PostgreSQL URL (`postgres://user:pass@host/db`)
     /// shared by any number of servers. Unset: the embedded sled database
     /// in `--data`.

@@ -195,6 +195,7 @@ async fn serve_store<S: Store + CommitHook>(
                 },
                 auth: auth.clone(),
                 metrics_token_free: config.metrics_token_free,
+                allow_hosts: config.http_allow_host.clone(),
             });
             Some(tokio::spawn(web::serve(
                 listener,

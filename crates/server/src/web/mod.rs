@@ -48,6 +48,8 @@ pub struct Web<S> {
     pub auth: Auth,
     /// `/metrics` needs no token (`--metrics-token-free`).
     pub metrics_token_free: bool,
+    /// Host names answered to without tokens (`--http-allow-host`).
+    pub allow_hosts: Vec<String>,
 }
 
 /// The routes.
@@ -65,8 +67,66 @@ pub fn router<S: Store>(web: Arc<Web<S>>) -> Router {
         ))
         .route("/login", get(login::form).post(login::submit::<S>))
         .layer(middleware::from_fn(same_origin_posts))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&web),
+            known_host::<S>,
+        ))
         .layer(middleware::map_response(security_headers))
         .with_state(web)
+}
+
+/// Without tokens, answers only requests addressed to an IP address,
+/// `localhost` (or a name under it) or a `--http-allow-host` name. A page
+/// on `http://evil.example:9464` that re-points its own name at 127.0.0.1
+/// (DNS rebinding) is same-origin with the dashboard as far as the browser
+/// knows, and could read every job and retry every dead letter; its
+/// requests still carry `Host: evil.example`. With tokens, such a page has
+/// no token (the cookie belongs to the real name), so no name is refused.
+async fn known_host<S: Store>(
+    axum::extract::State(web): axum::extract::State<Arc<Web<S>>>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().host());
+    match host {
+        Some(host) if !web.auth.enabled() && !host_allowed(host, &web.allow_hosts) => (
+            StatusCode::FORBIDDEN,
+            layout::page(
+                "Forbidden",
+                maud::html! {
+                    p.error {
+                        "This dashboard has no tokens, so it answers only to IP addresses, "
+                        "localhost and the names given with --http-allow-host; "
+                        (host) " is none of them."
+                    }
+                },
+            ),
+        )
+            .into_response(),
+        _ => next.run(req).await,
+    }
+}
+
+/// Whether `host` (a `Host` header: a name or address, maybe a port) is
+/// an IP address, `localhost`, a name under `localhost`, or in `allowed`.
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let host = host.trim();
+    // `[::1]:9464`, `[::1]`, `127.0.0.1:9464`, `name:9464`, `name`.
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || allowed
+            .iter()
+            .any(|a| a == "*" || a.trim().trim_end_matches('.').eq_ignore_ascii_case(&name))
 }
 
 /// No page may be framed by another site (a framed dashboard's own Retry
@@ -183,5 +243,40 @@ impl IntoResponse for WebError {
             layout::page("Error", maud::html! { p.error { (message) } }),
         )
             .into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn without_tokens_only_addresses_localhost_and_allowed_names_pass() {
+        let none: &[String] = &[];
+        for host in [
+            "127.0.0.1:9464",
+            "127.0.0.1",
+            "[::1]:9464",
+            "[::1]",
+            "10.0.0.7:80",
+            "localhost:9464",
+            "LOCALHOST",
+            "localhost.",
+            "jobq.localhost:9464",
+        ] {
+            assert!(host_allowed(host, none), "{host}");
+        }
+        for host in [
+            "evil.example:9464",
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!host_allowed(host, none), "{host}");
+        }
+        let allowed = ["jobq.internal".to_owned()];
+        assert!(host_allowed("JOBQ.internal:9464", &allowed));
+        assert!(!host_allowed("other.internal", &allowed));
+        assert!(host_allowed("anything", &["*".to_owned()]));
     }
 }
