@@ -441,9 +441,19 @@ async fn the_dashboard_asks_for_a_token_read_to_view_admin_to_retry() {
         body.contains("enqueue-rate"),
         "a token that reads all sees them"
     );
-    let (status, _, body) = http(web, "GET", "/jobs", &viewer, "").await;
+    // Without a queue: its queues to pick from, no jobs (across queues
+    // the next-page link would name other queues' jobs).
+    let (status, _, body) = http(web, "GET", "/jobs?status=FAILED", &viewer, "").await;
     assert_eq!(status, 200);
     assert!(!body.contains("theirs"), "{body}");
+    assert!(!body.contains(r#"id="jobs""#), "{body}");
+    assert!(
+        body.contains(r#"href="/jobs?queue=mine&amp;status=FAILED""#),
+        "{body}"
+    );
+    let (status, _, body) = http(web, "GET", "/jobs?queue=mine", &viewer, "").await;
+    assert_eq!(status, 200);
+    assert!(body.contains(r#"id="jobs""#), "{body}");
     // A queue it may not read is refused, as ListJobs refuses it.
     let (status, _, body) = http(web, "GET", "/jobs?queue=theirs&status=FAILED", &viewer, "").await;
     assert_eq!(status, 403, "{body}");

@@ -6,8 +6,8 @@
 //! - no token and unknown tokens are UNAUTHENTICATED on every RPC; health
 //!   and reflection stay open.
 //! - a lease belongs to the token that took it.
-//! - ListJobs, Stats without a queue and ListSchedules show only the
-//!   token's queues.
+//! - Stats without a queue and ListSchedules show only the token's
+//!   queues; ListJobs across queues needs read on every queue.
 
 use jobq::pb;
 use tonic::{transport::Channel, Code, Request};
@@ -459,7 +459,7 @@ async fn a_lease_belongs_to_the_token_that_took_it() {
 }
 
 #[tokio::test]
-async fn listing_without_a_queue_shows_only_the_tokens_queues() {
+async fn listing_without_a_queue_needs_every_queue_stats_show_only_the_tokens() {
     let server = TestServer::start().await;
     let mut c = server.client().await;
     enqueue(&mut c, "in.mine", "root").await;
@@ -470,8 +470,22 @@ async fn listing_without_a_queue_shows_only_the_tokens_queues() {
         .unwrap()
         .into_inner();
     assert_eq!(all.jobs.len(), 2);
-    let mine = c
+    // Across queues, a page token could name another queue's job (and
+    // say it matched the filter): a token that reads only some queues
+    // names one.
+    let across = c
         .list_jobs(req(pb::ListJobsRequest::default(), Some("reader")))
+        .await
+        .unwrap_err();
+    assert_eq!(across.code(), Code::PermissionDenied, "{across:?}");
+    let mine = c
+        .list_jobs(req(
+            pb::ListJobsRequest {
+                queue: "in.mine".into(),
+                ..Default::default()
+            },
+            Some("reader"),
+        ))
         .await
         .unwrap()
         .into_inner();

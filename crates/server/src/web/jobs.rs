@@ -95,6 +95,28 @@ impl Filter {
     }
 }
 
+/// The filter's form.
+fn form(filter: &Filter) -> Markup {
+    html! {
+        form method="get" action="/jobs" {
+            input name="queue" placeholder="queue" value=(filter.queue);
+            " "
+            select name="status" {
+                option value="" selected[filter.status.is_empty()] { "any status" }
+                @for s in Status::ALL {
+                    option value=(s) selected[filter.status == s.to_string()] { (s) }
+                }
+            }
+            " "
+            input name="kind" placeholder="kind" value=(filter.kind);
+            " "
+            input name="key" placeholder="key" value=(filter.key);
+            " "
+            button type="submit" { "Filter" }
+        }
+    }
+}
+
 /// The page.
 pub async fn page<S: Store>(
     State(web): State<Arc<Web<S>>>,
@@ -122,32 +144,40 @@ pub async fn page<S: Store>(
         Some(validate::job_id("after", &filter.after)?)
     };
     opt("kind", &filter.kind)?;
+    // As ListJobs: a token that reads only some queues lists one of them.
+    // Across queues, its pages would step through the others' jobs, and
+    // the next-page link would name them.
+    if filter.queue.is_empty() && !who.sees_everything() {
+        let queues: Vec<String> = web
+            .store
+            .stats(None, SystemTime::now())
+            .await?
+            .into_iter()
+            .map(|s| s.queue)
+            .filter(|q| who.sees(q))
+            .collect();
+        let rest = filter.query();
+        let body = html! {
+            (form(&filter))
+            p #pick { "This token reads only some queues: pick one." }
+            ul #queues {
+                @for q in &queues {
+                    li { a href={ "/jobs?queue=" (q) "&" (rest) } { (q) } }
+                }
+            }
+        };
+        return Ok(layout::page("Jobs", body));
+    }
     let page = web.store.list(filter.list(after, PAGE)?).await?;
     // The kind filter applies to each page as it is read.
     let jobs: Vec<_> = page
         .jobs
         .iter()
         .filter(|j| filter.kind.is_empty() || j.kind == filter.kind)
-        .filter(|j| who.sees(&j.queue))
         .collect();
     let now = SystemTime::now();
     let body = html! {
-        form method="get" action="/jobs" {
-            input name="queue" placeholder="queue" value=(filter.queue);
-            " "
-            select name="status" {
-                option value="" selected[filter.status.is_empty()] { "any status" }
-                @for s in Status::ALL {
-                    option value=(s) selected[filter.status == s.to_string()] { (s) }
-                }
-            }
-            " "
-            input name="kind" placeholder="kind" value=(filter.kind);
-            " "
-            input name="key" placeholder="key" value=(filter.key);
-            " "
-            button type="submit" { "Filter" }
-        }
+        (form(&filter))
         @if let Some(n) = filter.retried {
             p #flash { "Retried " (n) " dead letters." }
         }
