@@ -262,6 +262,20 @@ impl Caller {
         let roles = self.0.roles;
         (roles & (role.bit() | Role::Admin.bit())) != 0 && self.0.queues.is_match(queue)
     }
+
+    /// `role` on job `id`, which is in `queue`. The refusal names the job,
+    /// not its queue: a caller that may not see the job may not learn
+    /// where it is either.
+    fn require_on_job(&self, role: Role, queue: &str, id: JobId) -> Result<()> {
+        if self.may(role, queue) {
+            return Ok(());
+        }
+        Err(Error::PermissionDenied(format!(
+            "token {:?} may not {} job {id}",
+            self.name(),
+            verb(role)
+        )))
+    }
 }
 
 /// The reloadable token table, and the interceptor in front of the
@@ -556,13 +570,13 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             for q in queues {
                 who.require(Role::Consume, q)?;
             }
-            leases(store, who, caller, held).await
+            leases(store, caller, held).await
         }
-        Access::Leases(held) => leases(store, who, caller, held).await,
-        Access::ReadJob(id) => job_role(store, who, caller, id, Role::Read).await,
+        Access::Leases(held) => leases(store, caller, held).await,
+        Access::ReadJob(id) => job_role(store, caller, id, Role::Read).await,
         Access::ReadQueue(Some(queue)) => who.require(Role::Read, queue),
-        // Every queue, filtered afterwards; a token that reads no queue at
-        // all is told so rather than shown an empty list.
+        // Every queue (Stats), filtered afterwards; a token that reads no
+        // queue at all is told so rather than shown an empty list.
         Access::ReadQueue(None) => match who {
             Who::Token(c) if !c.has_role(Role::Read) => Err(Error::PermissionDenied(format!(
                 "token {:?} has no read role on any queue",
@@ -570,11 +584,18 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             ))),
             _ => Ok(()),
         },
-        Access::Administer(id) => job_role(store, who, caller, id, Role::Admin).await,
+        Access::Administer(id) => job_role(store, caller, id, Role::Admin).await,
         Access::AdministerQueue(queue) => who.require(Role::Admin, queue),
         Access::AdministerSchedule(name) => {
             match store.schedules().await?.iter().find(|s| s.name == name) {
-                Some(schedule) => who.require(Role::Admin, &schedule.queue),
+                // Not naming the queue: the caller may not know it.
+                Some(schedule) if !caller.may(Role::Admin, &schedule.queue) => {
+                    Err(Error::PermissionDenied(format!(
+                        "token {:?} may not administer schedule {name:?}",
+                        caller.name()
+                    )))
+                }
+                Some(_) => Ok(()),
                 // Unknown: NOT_FOUND from the store, but only for a token
                 // that administers something.
                 None if caller.has_role(Role::Admin) => Ok(()),
@@ -592,13 +613,7 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
 /// whether the id names a job or not, so it cannot learn which ids (or
 /// queues) exist. A job that does not exist passes, and is NOT_FOUND from
 /// the store.
-async fn job_role<S: Store>(
-    store: &S,
-    who: &Who,
-    caller: &Caller,
-    id: JobId,
-    role: Role,
-) -> Result<()> {
+async fn job_role<S: Store>(store: &S, caller: &Caller, id: JobId, role: Role) -> Result<()> {
     if !caller.has_role(role) {
         return Err(Error::PermissionDenied(format!(
             "token {:?} has no {role} role on any queue",
@@ -606,25 +621,20 @@ async fn job_role<S: Store>(
         )));
     }
     match store.peek(id).await {
-        Ok(job) => who.require(role, &job.queue),
+        Ok(job) => caller.require_on_job(role, &job.queue, id),
         Err(Error::NotFound(_)) => Ok(()),
         Err(e) => Err(e),
     }
 }
 
-async fn leases<S: Store>(
-    store: &S,
-    who: &Who,
-    caller: &Caller,
-    held: &[(JobId, LeaseId)],
-) -> Result<()> {
+async fn leases<S: Store>(store: &S, caller: &Caller, held: &[(JobId, LeaseId)]) -> Result<()> {
     for &(id, lease_id) in held {
         let job = match store.peek(id).await {
             Ok(job) => job,
             Err(Error::NotFound(_)) => continue,
             Err(e) => return Err(e),
         };
-        who.require(Role::Consume, &job.queue)?;
+        caller.require_on_job(Role::Consume, &job.queue, id)?;
         let Some(lease) = job.lease.as_ref().filter(|l| l.id == lease_id) else {
             // Not the current lease: the store answers ABORTED.
             continue;

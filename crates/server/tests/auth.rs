@@ -619,3 +619,33 @@ async fn create_schedule_cannot_replace_a_schedule_on_a_queue_the_token_may_not_
         .await
         .unwrap();
 }
+
+/// A refusal for a job in a queue the token may not use names the job,
+/// never its queue: the caller may not learn where another tenant's job
+/// is.
+#[tokio::test]
+async fn a_refusal_for_another_queues_job_does_not_name_the_queue() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let id = enqueue(&mut c, "out.secret-queue", "root").await;
+    let refused = c
+        .get_job(req(pb::GetJobRequest { id: id.clone() }, Some("reader")))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(!refused.message().contains("secret"), "{refused:?}");
+    assert!(refused.message().contains(&id), "{refused:?}");
+    let (job, lease) = leased(&mut c, "out.secret-queue", "root").await;
+    let refused = c
+        .ack(req(
+            pb::AckRequest {
+                job_id: job,
+                lease_id: lease,
+            },
+            Some("consumer"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(!refused.message().contains("secret"), "{refused:?}");
+}
