@@ -802,8 +802,9 @@ async fn work_kills_a_command_that_outlives_the_drain() {
         (!alive(pid)).then_some(())
     })
     .await;
-    // Neither acked nor failed: the server took it back when the stream closed.
-    let back = until(LIMIT, "the job to be reclaimed", || {
+    // Told to stop (SIGTERM at the deadline): failed, and due again at
+    // once for another worker.
+    let back = until(LIMIT, "the job to come back", || {
         let client = client.clone();
         let id = job.id.clone();
         async move {
@@ -813,6 +814,129 @@ async fn work_kills_a_command_that_outlives_the_drain() {
     })
     .await;
     assert_eq!(back.attempts, 1);
+    assert!(back.last_error.contains("draining"), "{back:?}");
+}
+
+/// `--timeout`: a command that runs too long gets SIGTERM, and one that
+/// ignores it (with everything it started) SIGKILL `--kill-grace` later;
+/// the job fails with "timed out".
+#[tokio::test]
+async fn work_times_out_a_command_and_kills_what_ignores_sigterm() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    let (job, _) = client
+        .enqueue("slow", "shell", "", EnqueueOptions::new().max_attempts(1))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // Ignored signals stay ignored across exec: the sleep ignores TERM too.
+    let script = format!(
+        "trap '' TERM; sleep 600 & echo $! > {}; wait",
+        pidfile.display()
+    );
+    let mut worker = command(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "slow",
+            "--timeout",
+            "300ms",
+            "--kill-grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let pid: libc::pid_t = until(LIMIT, "the command to start", || {
+        let read = std::fs::read_to_string(&pidfile).ok();
+        async move { read.and_then(|s| s.trim().parse().ok()) }
+    })
+    .await;
+    let failed = until(LIMIT, "the job to time out", || {
+        let client = client.clone();
+        let id = job.id.clone();
+        async move {
+            let job = client.get_job(id).await.unwrap();
+            (job.status == pb::JobStatus::Failed as i32).then_some(job)
+        }
+    })
+    .await;
+    assert_eq!(
+        failed.last_error, "timed out after 300ms (--timeout)",
+        "{failed:?}"
+    );
+    until(LIMIT, "what ignored SIGTERM to be killed", || async move {
+        (!alive(pid)).then_some(())
+    })
+    .await;
+    signal(&worker, libc::SIGTERM);
+    let status = tokio::time::timeout(LIMIT, worker.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// A command that exits but leaves a background process holding its
+/// stderr (a daemon it started) has finished: its job is acked at once,
+/// not held RUNNING until that process exits. The command does not see
+/// the worker's `JOBQ_TOKEN`.
+#[tokio::test]
+async fn work_acks_a_command_whose_background_child_keeps_stderr_open() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    let (job, _) = client
+        .enqueue("bg", "shell", "", EnqueueOptions::new().max_attempts(1))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!(
+        "[ -z \"${{JOBQ_TOKEN:-}}\" ] || exit 3; sleep 600 & echo $! > {}; echo started >&2; exit 0",
+        pidfile.display()
+    );
+    let mut worker = command(&url, &["work", "--queue", "bg", "--", "sh", "-c", &script])
+        .env("JOBQ_TOKEN", "the-workers-own-secret")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let done = until(LIMIT, "the job to finish", || {
+        let client = client.clone();
+        let id = job.id.clone();
+        async move {
+            let job = client.get_job(id).await.unwrap();
+            (job.status == pb::JobStatus::Done as i32 || job.status == pb::JobStatus::Failed as i32)
+                .then_some(job)
+        }
+    })
+    .await;
+    assert_eq!(done.status, pb::JobStatus::Done as i32, "{done:?}");
+    signal(&worker, libc::SIGTERM);
+    let status = tokio::time::timeout(LIMIT, worker.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    if let Some(pid) = std::fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::pid_t>().ok())
+    {
+        // SAFETY: kill(2) on the sleep this test started.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
 }
 
 /// Issue 11 hole 9: a SIGKILLed `jobq work` left its command running, and

@@ -11,9 +11,14 @@
 //!   except a `--fatal-exit-code`, which fails it fatally (dead letter at
 //!   once);
 //! - the child runs in its own process group, so a Ctrl-C at the terminal
-//!   reaches only `jobq work` (which drains) and not the running jobs; when
-//!   a job's lease is lost, or the drain deadline passes, the Worker drops
-//!   the job's future and [`KillOnDrop`] SIGKILLs the whole group;
+//!   reaches only `jobq work` (which drains) and not the running jobs; at
+//!   `--timeout`, or when the drain deadline passes, the group gets
+//!   SIGTERM, and `--kill-grace` later SIGKILL; when a job's lease is lost
+//!   the Worker drops the job's future and [`KillOnDrop`] SIGKILLs the
+//!   whole group at once (another worker may hold the job now);
+//! - the command's exit ends the run even when something it started in the
+//!   background still holds its stderr;
+//! - `JOBQ_TOKEN` is not passed on to the command;
 //! - when `jobq work` itself dies (SIGKILL, OOM), each command gets SIGKILL
 //!   from the kernel (`PR_SET_PDEATHSIG`) and the [`Watchdog`] kills the
 //!   rest of its process group.
@@ -30,6 +35,9 @@ use crate::watchdog::Watchdog;
 
 /// How much of the child's stderr becomes the job's error.
 const STDERR_TAIL: usize = 2048;
+/// After the command exits, how long its stderr is still read: something
+/// it started in the background may hold the pipe open for good.
+const STDERR_LINGER: Duration = Duration::from_millis(200);
 
 /// Options of `jobq work`.
 #[derive(Debug, clap::Args)]
@@ -58,10 +66,23 @@ pub struct Args {
     #[arg(long)]
     worker_id: Option<String>,
 
-    /// On SIGINT/SIGTERM, how long running commands get to finish before
-    /// they are killed (and their jobs left for the server to reclaim).
+    /// On SIGINT/SIGTERM, how long running commands get to finish; then
+    /// they get SIGTERM, and `--kill-grace` later SIGKILL (their jobs are
+    /// left for the server to reclaim).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
+
+    /// Most time one run of the command may take; then it gets SIGTERM,
+    /// `--kill-grace` later SIGKILL, and the job fails (retryably) with
+    /// "timed out". Default: no limit (the lease is heartbeated while it
+    /// runs).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+
+    /// How long a command told to stop (SIGTERM, at `--timeout` or the
+    /// drain deadline) gets before SIGKILL, for its whole process group.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    kill_grace: Duration,
 
     /// An exit code that means "never retry": the job is dead-lettered
     /// (FAILED) at once whatever its attempts, e.g. for a payload the
@@ -95,10 +116,15 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
             None
         }
     };
+    let shutdown = crate::shutdown::on_signal();
     let command = Job {
         command: args.command.into(),
         fatal_exit_codes: args.fatal_exit_codes.into(),
         watchdog,
+        timeout: args.timeout,
+        kill_grace: args.kill_grace,
+        drain: shutdown.clone(),
+        drain_timeout: args.drain_timeout,
     };
     let command = Arc::new(command);
     let mut builder = conn
@@ -106,8 +132,11 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
         .queues(args.queues)
         .capacity(args.capacity)
         .lease(args.lease)
-        .drain_timeout(args.drain_timeout)
-        .shutdown(crate::shutdown::on_signal());
+        // The commands still running at the drain deadline get SIGTERM
+        // then (see `run_job`), and the grace before the Worker gives up
+        // on them (and `KillOnDrop` sends SIGKILL).
+        .drain_timeout(args.drain_timeout.saturating_add(args.kill_grace))
+        .shutdown(shutdown);
     if let Some(id) = args.worker_id {
         builder = builder.worker_id(id);
     }
@@ -174,6 +203,20 @@ struct Job {
     /// Exit codes that dead-letter the job at once.
     fatal_exit_codes: Box<[i32]>,
     watchdog: Option<Arc<Watchdog>>,
+    /// Most time one run may take (`--timeout`).
+    timeout: Option<Duration>,
+    /// SIGTERM to SIGKILL (`--kill-grace`).
+    kill_grace: Duration,
+    /// Cancelled when the drain starts...
+    drain: tokio_util::sync::CancellationToken,
+    /// ...and the commands get this long before SIGTERM.
+    drain_timeout: Duration,
+}
+
+/// Why a command was told to stop before it finished.
+enum Stop {
+    TimedOut(Duration),
+    Drained,
 }
 
 /// Runs `command` for one job and maps its exit to ack (Ok) or fail (Err).
@@ -191,6 +234,9 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
         .env("JOBQ_JOB_MAX_ATTEMPTS", ctx.max_attempts().to_string())
         .env("JOBQ_JOB_QUEUE", ctx.queue())
         .env("JOBQ_WORKER_ID", ctx.worker_id())
+        // The worker's own secret is not the command's to use (it may run
+        // third-party code on untrusted payloads).
+        .env_remove("JOBQ_TOKEN")
         .stdin(Stdio::piped())
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped())
@@ -241,11 +287,44 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
             let _ = stdin.write_all(payload).await;
         }
     };
+    let mut tail = Vec::new();
     let run = async {
-        let (_, tail, status) = tokio::join!(feed, tee_tail(stderr), child.wait());
-        (tail, status)
+        let tee = tee_tail(stderr, &mut tail);
+        let wait = child.wait();
+        tokio::pin!(feed, tee, wait);
+        let (mut fed, mut teed, mut stop) = (false, false, None);
+        let mut kill_at = None;
+        let stopping = stop_after(job);
+        tokio::pin!(stopping);
+        let status = loop {
+            tokio::select! {
+                status = &mut wait => break status,
+                () = &mut feed, if !fed => fed = true,
+                () = &mut tee, if !teed => teed = true,
+                why = &mut stopping, if stop.is_none() => {
+                    if let Stop::TimedOut(after) = why {
+                        tracing::warn!(job.id = ctx.id(), ?after, "the command timed out; SIGTERM to its process group");
+                    } else {
+                        tracing::warn!(job.id = ctx.id(), "drain deadline passed; SIGTERM to the command's process group");
+                    }
+                    guard.signal(TERM);
+                    stop = Some(why);
+                    kill_at = Some(tokio::time::Instant::now() + job.kill_grace);
+                }
+                // Then SIGKILL (by `KillOnDrop`) if it outlives the grace.
+                () = sleep_until_opt(kill_at), if kill_at.is_some() => {
+                    break Err(std::io::Error::other("it did not stop within --kill-grace"));
+                }
+            }
+        };
+        // Exited. Whatever it started in the background may hold stderr
+        // open for good: take what is there, briefly, then go on.
+        if !teed {
+            let _ = tokio::time::timeout(STDERR_LINGER, &mut tee).await;
+        }
+        (status, stop)
     };
-    let (tail, status) = tokio::select! {
+    let (status, stop) = tokio::select! {
         // The Worker drops this future when the lease is lost anyway; the
         // explicit arm makes the kill visible here and in the logs.
         _ = ctx.cancelled() => {
@@ -254,8 +333,36 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
         }
         done = run => done,
     };
-    let status =
-        status.map_err(|err| HandlerError::retry(format!("wait for {program:?}: {err}")))?;
+    let status = match (status, stop) {
+        (Ok(status), None) => status,
+        (Err(err), None) => {
+            return Err(HandlerError::retry(format!("wait for {program:?}: {err}")));
+        }
+        // Told to stop: whatever its exit status, the run did not finish
+        // (retried), and nothing it started may live on.
+        (status, Some(why)) => {
+            if status.is_ok() {
+                // Reaped just now: its group id is not reused while the
+                // group has members, and those are killed here.
+                guard.signal(KILL);
+                guard.disarm();
+            }
+            // Otherwise `KillOnDrop` kills the group on return.
+            return Err(HandlerError::retry(match why {
+                Stop::TimedOut(after) => format!(
+                    "timed out after {} (--timeout)",
+                    humantime::format_duration(after)
+                ),
+                // Due again at once: another worker takes it now.
+                Stop::Drained => {
+                    return Err(HandlerError::retry_after(
+                        "stopped: the worker was draining and --drain-timeout passed",
+                        Duration::ZERO,
+                    ));
+                }
+            }));
+        }
+    };
     guard.disarm();
     if status.success() {
         return Ok(());
@@ -277,13 +384,12 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
     })
 }
 
-/// Copies the child's stderr to ours as it comes and returns its last
-/// [`STDERR_TAIL`] bytes.
-async fn tee_tail(stderr: Option<impl AsyncRead + Unpin>) -> Vec<u8> {
+/// Copies the child's stderr to ours as it comes and keeps its last
+/// [`STDERR_TAIL`] bytes in `tail` (also when the copy is given up midway).
+async fn tee_tail(stderr: Option<impl AsyncRead + Unpin>, tail: &mut Vec<u8>) {
     let Some(mut stderr) = stderr else {
-        return Vec::new();
+        return;
     };
-    let mut tail = Vec::with_capacity(2 * STDERR_TAIL);
     let mut buf = [0u8; 8192];
     loop {
         let n = match stderr.read(&mut buf).await {
@@ -297,7 +403,36 @@ async fn tee_tail(stderr: Option<impl AsyncRead + Unpin>) -> Vec<u8> {
             tail.drain(..tail.len() - STDERR_TAIL);
         }
     }
-    tail
+}
+
+/// Sleeps until `at`; never without one.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// When a running command must be told to stop: at `--timeout`, or
+/// `--drain-timeout` after the drain began. Never, without either.
+async fn stop_after(job: &Job) -> Stop {
+    let timeout = async {
+        match job.timeout {
+            Some(after) => {
+                tokio::time::sleep(after).await;
+                after
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let drained = async {
+        job.drain.cancelled().await;
+        tokio::time::sleep(job.drain_timeout).await;
+    };
+    tokio::select! {
+        after = timeout => Stop::TimedOut(after),
+        () = drained => Stop::Drained,
+    }
 }
 
 /// The tail as trimmed text, starting at a character boundary.
@@ -334,7 +469,32 @@ struct KillOnDrop {
     watchdog: Option<Arc<Watchdog>>,
 }
 
+/// The signals [`KillOnDrop::signal`] sends.
+#[cfg(unix)]
+const TERM: libc::c_int = libc::SIGTERM;
+#[cfg(unix)]
+const KILL: libc::c_int = libc::SIGKILL;
+#[cfg(not(unix))]
+const TERM: i32 = 15;
+#[cfg(not(unix))]
+const KILL: i32 = 9;
+
 impl KillOnDrop {
+    /// Sends `signal` to the child's process group (not yet reaped).
+    fn signal(&self, signal: i32) {
+        let Some(pid) = self.pid else { return };
+        #[cfg(unix)]
+        if let Ok(pgid) = libc::pid_t::try_from(pid) {
+            // SAFETY: as in `drop`: kill(2) on the group our unreaped child
+            // leads; no memory is involved.
+            unsafe {
+                libc::kill(-pgid, signal);
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (pid, signal);
+    }
+
     /// The child was reaped: its pid, and so its group id, may be reused.
     fn disarm(&mut self) {
         if let (Some(w), Some(pid)) = (&self.watchdog, self.pid.take()) {
