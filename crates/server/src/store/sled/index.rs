@@ -217,7 +217,10 @@ impl Index {
         self.add_state(job);
     }
 
-    /// Removes a job whose record is deleted (purge): also frees its key.
+    /// Removes a job whose record is deleted (purge): also frees its key,
+    /// and forgets its queue when that was the queue's last job (queue
+    /// names clients make up per tenant or per request would otherwise
+    /// pile up here, and in the saved indexes, for good).
     pub(crate) fn remove(&mut self, job: &Job) {
         self.remove_state(job);
         if let Some(key) = &job.key {
@@ -225,6 +228,26 @@ impl Index {
             if queue.keys.get(key.as_str()) == Some(&job.id) {
                 queue.keys.remove(key.as_str());
             }
+        }
+        self.forget_if_empty(&job.queue);
+    }
+
+    fn forget_if_empty(&mut self, name: &str) {
+        let Some(&q) = self.by_name.get(name) else {
+            return;
+        };
+        let queue = &self.queues[q];
+        let empty = queue.pending.is_empty()
+            && queue.keys.is_empty()
+            && queue.by_status.iter().all(RoaringTreemap::is_empty);
+        if !empty {
+            return;
+        }
+        self.by_name.remove(name);
+        self.queues.swap_remove(q);
+        // The queue that was last now has number `q`.
+        if let Some(moved) = self.queues.get(q) {
+            self.by_name.insert(moved.name.clone(), q);
         }
     }
 
@@ -506,10 +529,32 @@ mod tests {
         let stats = index.stats(Some("a"), s(60));
         assert_eq!(stats[0].oldest_pending_age, Some(Duration::from_secs(10)));
         index.remove(&jobs[1]);
-        assert!(
-            index.queue("a").unwrap().pending.is_empty(),
-            "no empty sets"
+        // No empty sets, and with its last job gone, no queue.
+        assert!(index.queue("a").is_none());
+    }
+
+    #[test]
+    fn a_queue_whose_last_job_is_removed_is_forgotten() {
+        let mut index = Index::default();
+        let (a, b, c) = (
+            job(1, "a", Some("k"), 1),
+            job(2, "b", None, 1),
+            job(3, "c", None, 1),
         );
+        for j in [&a, &b, &c] {
+            index.insert(j);
+        }
+        index.remove(&a);
+        assert!(index.queue("a").is_none());
+        // The last queue took the forgotten one's number.
+        assert_eq!(index.queue("c").map(|q| &*q.name), Some("c"));
+        assert_eq!(index.stats(Some("c"), SystemTime::UNIX_EPOCH).len(), 1);
+        index.insert(&job(4, "a", Some("k"), 1));
+        assert_eq!(index.key("a", "k"), Some(JobId(4)));
+        index.remove(&b);
+        index.remove(&c);
+        assert_eq!(index.queues.len(), 1);
+        assert!(index.queue("c").is_none());
     }
 
     #[test]
