@@ -248,6 +248,46 @@ async fn a_refusal_waits_until_the_state_it_read_is_durable() {
     first.await.unwrap().unwrap();
 }
 
+/// A heartbeat whose every lease is refused (the ack that ended it applied,
+/// its round still running) replies "lost" only once that state is
+/// durable: the worker drops the job, and a crash must not bring the lease
+/// back.
+#[tokio::test]
+async fn a_heartbeat_whose_leases_are_all_refused_waits_for_durability() {
+    let dir = TempDir::new().unwrap();
+    let mut config = config(&dir);
+    config.fault_sync_delay = Some(Duration::from_millis(300));
+    let store = Arc::new(SledStore::open(&config).unwrap());
+    let job = store
+        .enqueue(new_job(None), SystemTime::now())
+        .await
+        .unwrap()
+        .job;
+    let leased = store
+        .take(&queues(), "w", None, LEASE, SystemTime::now())
+        .await
+        .unwrap()
+        .expect("due");
+    let ack = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.ack(job.id, leased.lease_id, SystemTime::now()).await }
+    });
+    while store.get(job.id).await.unwrap().status != Status::Done {
+        tokio::task::yield_now().await;
+    }
+    let rounds = store.flush_rounds();
+    let results = store
+        .extend(&[(job.id, leased.lease_id)], None, SystemTime::now())
+        .await
+        .unwrap();
+    assert!(results[0].is_err(), "{results:?}");
+    assert!(
+        store.flush_rounds() > rounds,
+        "the heartbeat said lost before the ack that ended the lease was durable"
+    );
+    ack.await.unwrap().unwrap();
+}
+
 /// A payload big enough for a file of its own makes the enqueue wait for
 /// that file's fsync before it writes anything else: a caller who leaves
 /// meanwhile still gets the job enqueued and the waiters woken.

@@ -514,7 +514,17 @@ impl<B: Backend> Store for Jobs<B> {
             .filter_map(|r| r.as_ref().ok().cloned())
             .collect();
         if !changed.is_empty() {
+            // Its round also covers the state that refused the others.
             self.commit(&changed, false).await?;
+        } else if !results.is_empty() {
+            // Every lease refused: the state that refused them (a reclaim
+            // or cancel applied, its round still running) may not be
+            // durable yet, and a worker told "lost" drops its job; a crash
+            // must not bring that lease back.
+            self.backend
+                .durable()
+                .await
+                .map_err(|e| self.stop.stop(&e.to_string()))?;
         }
         Ok(results
             .into_iter()
