@@ -1772,13 +1772,10 @@ async fn run_auth_case(calls: &[(HeaderGen, AuthCall)]) -> Checked {
                     Ok(req) => h.svc.list_jobs(req).await,
                     Err(s) => Err(s),
                 };
-                if let (Ok(resp), Some(true)) = (&r, header.token()) {
-                    prop_assert!(
-                        resp.get_ref().jobs.iter().all(|j| j.queue == "emails"),
-                        "step {step}: a narrow token listed another queue's jobs"
-                    );
-                }
-                (code_of(&r), None)
+                // Across queues: needs read on every queue, so the narrow
+                // token is outside (its page tokens would name other
+                // queues' jobs).
+                (code_of(&r), Some("every-queue"))
             }
             AuthCall::GetJob(i) => {
                 let id = job(*i);

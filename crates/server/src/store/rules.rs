@@ -51,7 +51,27 @@ pub struct Retention {
     pub queue: Option<String>,
 }
 
+/// How far past the later cutoff a purge's walk in id order goes before
+/// it stops (see [`Retention::past_every_cutoff`]).
+const ENQUEUE_ORDER_SLACK: Duration = Duration::from_secs(60);
+
 impl Retention {
+    /// Whether a walk of finished jobs in id order may stop at `job`: it
+    /// was enqueued well after both cutoffs, so it finished after them (a
+    /// job finishes after its enqueue), and so did every job after it, as
+    /// ids are handed out in enqueue order. The slack covers enqueues whose
+    /// clock read and id came in a different order, and small clock steps
+    /// back; a job it misses waits for the next pass (after a clock that
+    /// ran ahead by more, the jobs enqueued then hold the walk back, and
+    /// purging waits as long as the clock was ahead). A pass then reads the
+    /// purgeable jobs, not every retained one.
+    pub fn past_every_cutoff(&self, job: &Job) -> bool {
+        let cutoff = self.done_before.max(self.failed_before);
+        cutoff
+            .checked_add(ENQUEUE_ORDER_SLACK)
+            .is_some_and(|late| job.enqueued_at > late)
+    }
+
     /// Whether a job is old enough to purge. Never a PENDING or RUNNING
     /// job.
     pub fn purgeable(&self, job: &Job) -> bool {
@@ -140,6 +160,31 @@ mod tests {
             priority: 0,
             metadata: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_purge_walk_stops_only_past_both_cutoffs_and_the_slack() {
+        let t = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let retention = Retention {
+            done_before: t(10_000),
+            failed_before: t(5_000),
+            queue: None,
+        };
+        let enqueued = |at| crate::machine::create(crate::job::JobId(1), new("q", None), t(at));
+        // The later cutoff counts (a DONE job enqueued at 9,000 may be
+        // purgeable), and the slack past it.
+        assert!(!retention.past_every_cutoff(&enqueued(9_000)));
+        assert!(!retention.past_every_cutoff(&enqueued(10_000)));
+        assert!(!retention.past_every_cutoff(&enqueued(10_060)));
+        assert!(retention.past_every_cutoff(&enqueued(10_061)));
+        // An operator's purge of everything finished so far never stops
+        // early.
+        let all = Retention {
+            done_before: SystemTime::now(),
+            failed_before: UNIX_EPOCH,
+            queue: Some("q".into()),
+        };
+        assert!(!all.past_every_cutoff(&enqueued(10_061)));
     }
 
     #[test]

@@ -739,15 +739,22 @@ impl Sled {
             return Ok((0, None, Vec::new()));
         };
         let mut candidates = Vec::new();
+        let mut next = Some(last);
         for id in ids {
             match self.load(id) {
+                // The rest finished too recently: the pass ends here, having
+                // read the purgeable jobs and not every retained one.
+                Ok(job) if retention.past_every_cutoff(&job) => {
+                    next = None;
+                    break;
+                }
                 Ok(job) if retention.purgeable(&job) => candidates.push(id),
                 Ok(_) | Err(Error::NotFound(_)) => {}
                 Err(e) => return Err(e),
             }
         }
         if candidates.is_empty() {
-            return Ok((0, Some(last), Vec::new()));
+            return Ok((0, next, Vec::new()));
         }
         let mut index = self.lock();
         let mut writes = Vec::new();
@@ -772,7 +779,7 @@ impl Sled {
         for job in &gone {
             index.remove(job);
         }
-        Ok((gone.len() as u64, Some(last), files))
+        Ok((gone.len() as u64, next, files))
     }
 
     fn list_scan(&self, filter: &ListFilter) -> Result<Page> {
