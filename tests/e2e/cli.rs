@@ -842,7 +842,7 @@ async fn work_times_out_a_command_and_kills_what_ignores_sigterm() {
             "--queue",
             "slow",
             "--timeout",
-            "300ms",
+            "2s",
             "--kill-grace",
             "300ms",
             "--",
@@ -871,7 +871,7 @@ async fn work_times_out_a_command_and_kills_what_ignores_sigterm() {
     })
     .await;
     assert_eq!(
-        failed.last_error, "timed out after 300ms (--timeout)",
+        failed.last_error, "timed out after 2s (--timeout)",
         "{failed:?}"
     );
     until(LIMIT, "what ignored SIGTERM to be killed", || async move {

@@ -35,6 +35,10 @@ use crate::watchdog::Watchdog;
 
 /// How much of the child's stderr becomes the job's error.
 const STDERR_TAIL: usize = 2048;
+/// How much longer than `--drain-timeout` + `--kill-grace` the Worker's
+/// drain waits, so that the commands' own SIGTERM and SIGKILL come first
+/// and their jobs are failed as "stopped", not left to be reclaimed.
+const DRAIN_SLACK: Duration = Duration::from_secs(1);
 /// After the command exits, how long its stderr is still read: something
 /// it started in the background may hold the pipe open for good.
 const STDERR_LINGER: Duration = Duration::from_millis(200);
@@ -109,6 +113,7 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
             )));
         }
     }
+    hide_environment();
     let watchdog = match Watchdog::start() {
         Ok(w) => Some(Arc::new(w)),
         Err(err) => {
@@ -117,6 +122,14 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
         }
     };
     let shutdown = crate::shutdown::on_signal();
+    let drain_began = Arc::new(std::sync::OnceLock::new());
+    tokio::spawn({
+        let (shutdown, began) = (shutdown.clone(), Arc::clone(&drain_began));
+        async move {
+            shutdown.cancelled().await;
+            began.get_or_init(tokio::time::Instant::now);
+        }
+    });
     let command = Job {
         command: args.command.into(),
         fatal_exit_codes: args.fatal_exit_codes.into(),
@@ -124,6 +137,7 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
         timeout: args.timeout,
         kill_grace: args.kill_grace,
         drain: shutdown.clone(),
+        drain_began,
         drain_timeout: args.drain_timeout,
     };
     let command = Arc::new(command);
@@ -133,9 +147,14 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
         .capacity(args.capacity)
         .lease(args.lease)
         // The commands still running at the drain deadline get SIGTERM
-        // then (see `run_job`), and the grace before the Worker gives up
-        // on them (and `KillOnDrop` sends SIGKILL).
-        .drain_timeout(args.drain_timeout.saturating_add(args.kill_grace))
+        // then (see `run_job`), `--kill-grace` later SIGKILL, and their
+        // jobs are failed; the Worker waits a little longer than that
+        // before it gives up on them (then `KillOnDrop` sends SIGKILL).
+        .drain_timeout(
+            args.drain_timeout
+                .saturating_add(args.kill_grace)
+                .saturating_add(DRAIN_SLACK),
+        )
         .shutdown(shutdown);
     if let Some(id) = args.worker_id {
         builder = builder.worker_id(id);
@@ -157,6 +176,18 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
     let worker = builder.build();
     tracing::info!(worker.id = worker.worker_id(), command = ?command.command, "jobq work starting");
     worker.run().await.context("jobq work")
+}
+
+/// Keeps the commands (same user) from reading `jobq work`'s environment,
+/// `JOBQ_TOKEN` included, through `/proc/<pid>/environ`: a process that is
+/// not dumpable has its `/proc` files owned by root. Also no core dumps
+/// and no ptrace by the same user, which a worker does not need.
+fn hide_environment() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl(PR_SET_DUMPABLE) only changes a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        tracing::warn!(cause = %std::io::Error::last_os_error(), "cannot make jobq work undumpable; its commands may read its environment");
+    }
 }
 
 /// Makes the command die with `jobq work` (issue 11 hole 9): a SIGKILLed
@@ -207,8 +238,9 @@ struct Job {
     timeout: Option<Duration>,
     /// SIGTERM to SIGKILL (`--kill-grace`).
     kill_grace: Duration,
-    /// Cancelled when the drain starts...
+    /// Cancelled when the drain starts, at `drain_began`...
     drain: tokio_util::sync::CancellationToken,
+    drain_began: Arc<std::sync::OnceLock<tokio::time::Instant>>,
     /// ...and the commands get this long before SIGTERM.
     drain_timeout: Duration,
 }
@@ -298,7 +330,19 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
         tokio::pin!(stopping);
         let status = loop {
             tokio::select! {
-                status = &mut wait => break status,
+                status = &mut wait => {
+                    if status.is_ok() {
+                        // Reaped: from here on its group id may be reused
+                        // (once the group is empty), so nothing is signalled
+                        // after this. A command told to stop takes what it
+                        // started with it now.
+                        if stop.is_some() {
+                            guard.signal(KILL);
+                        }
+                        guard.disarm();
+                    }
+                    break status;
+                }
                 () = &mut feed, if !fed => fed = true,
                 () = &mut tee, if !teed => teed = true,
                 why = &mut stopping, if stop.is_none() => {
@@ -340,14 +384,8 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
         }
         // Told to stop: whatever its exit status, the run did not finish
         // (retried), and nothing it started may live on.
-        (status, Some(why)) => {
-            if status.is_ok() {
-                // Reaped just now: its group id is not reused while the
-                // group has members, and those are killed here.
-                guard.signal(KILL);
-                guard.disarm();
-            }
-            // Otherwise `KillOnDrop` kills the group on return.
+        // Otherwise (not reaped) `KillOnDrop` kills the group on return.
+        (_, Some(why)) => {
             return Err(HandlerError::retry(match why {
                 Stop::TimedOut(after) => format!(
                     "timed out after {} (--timeout)",
@@ -427,7 +465,10 @@ async fn stop_after(job: &Job) -> Stop {
     };
     let drained = async {
         job.drain.cancelled().await;
-        tokio::time::sleep(job.drain_timeout).await;
+        // From when the drain began, not from when this job saw it (one
+        // taken just before the drain sees it at its start).
+        let began = *job.drain_began.get_or_init(tokio::time::Instant::now);
+        tokio::time::sleep_until(began + job.drain_timeout).await;
     };
     tokio::select! {
         after = timeout => Stop::TimedOut(after),

@@ -257,6 +257,12 @@ impl Caller {
         self.has_role(role) && self.0.all_queues
     }
 
+    /// True when both present the same secret (whatever the token's name
+    /// or rights are now).
+    pub fn same_secret(&self, other: &Caller) -> bool {
+        self.0.digest == other.0.digest
+    }
+
     /// True when the token has `role` (or admin) on `queue`.
     pub fn may(&self, role: Role, queue: &str) -> bool {
         let roles = self.0.roles;

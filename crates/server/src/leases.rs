@@ -58,6 +58,10 @@ pub use jobq::STREAM_TOKEN_HEADER;
 
 type StreamId = u64;
 
+/// How long a refused stream waits for room in its channel for the status
+/// that ends it.
+const REFUSAL_ROOM: Duration = Duration::from_secs(1);
+
 /// A message to one stream's task.
 #[derive(Debug, Clone)]
 enum Notice {
@@ -506,8 +510,8 @@ impl<S: Store> LeaseHub<S> {
     /// pushes no more jobs. Without a token (an older client), the
     /// worker's streams learn it is alive, and `draining` does nothing:
     /// worker ids are not unique enough to stop other workers' streams.
-    /// Either way only streams opened by the heartbeat's own token
-    /// (`owner`; `None` with tokens off) are touched: another token's
+    /// Either way only streams opened with the heartbeat's own secret
+    /// (`caller`; `None` with tokens off) are touched: another token's
     /// heartbeat cannot wake a stalled worker's stream.
     pub fn heartbeat(
         &self,
@@ -515,13 +519,17 @@ impl<S: Store> LeaseHub<S> {
         leases: &[(JobId, LeaseId)],
         draining: bool,
         token: &str,
-        owner: Option<&str>,
+        caller: Option<&Caller>,
     ) {
         let mut reg = self.registry();
         for (_, lease) in leases {
             reg.orphans.remove(lease);
         }
-        let ours = |e: &&StreamEntry| e.caller.as_ref().map(|(c, _)| c.name()) == owner;
+        let ours = |e: &&StreamEntry| match (&e.caller, caller) {
+            (None, None) => true,
+            (Some((opened, _)), Some(caller)) => opened.same_secret(caller),
+            _ => false,
+        };
         if token.is_empty() {
             for entry in reg
                 .streams
@@ -559,6 +567,15 @@ impl<S: Store> LeaseHub<S> {
             }
         }
         ended
+    }
+
+    /// Ends the stream whose token is `token` with `refused` (see
+    /// [`LeaseHub::refuse_streams`]).
+    pub fn refuse_stream(&self, token: &str, refused: Error) {
+        let reg = self.registry();
+        if let Some(entry) = reg.tokens.get(token).and_then(|id| reg.streams.get(id)) {
+            let _ = entry.notices.send(Notice::Refused(refused.into()));
+        }
     }
 
     /// How many streams are open.
@@ -736,7 +753,11 @@ impl<S: Store> LeaseHub<S> {
                     }
                     Notice::Refused(status) => {
                         info!(cause = status.message(), "lease stream ended: its token no longer allows it");
-                        let _ = tx.try_send(Outgoing { lease: None, item: Err(status) });
+                        // The channel may be full of revocations the worker
+                        // has not read: wait a little for room, so that the
+                        // stream ends with this status rather than OK.
+                        let last = Outgoing { lease: None, item: Err(status) };
+                        let _ = tokio::time::timeout(REFUSAL_ROOM, tx.send(last)).await;
                         break 'stream End::WorkerGone;
                     }
                 },

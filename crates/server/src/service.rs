@@ -357,9 +357,20 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         auth::authorize(&*self.store, &who, access).await?;
         spec.take.owner = who.owner();
         spec.caller = who.caller().cloned();
+        let queues = spec.take.queues.clone();
         let slot = self.quota.acquire(&who)?;
         let permit = self.waiter_permit()?;
         let (events, token) = self.hub.open(spec, (permit, slot));
+        // A tokens reload since the check above (it awaited the store)
+        // swept the streams before this one was registered: check again
+        // against the table now in force. Registered first, checked
+        // second, so a reload either finds the stream or is seen here.
+        if let Some(refused) = who
+            .caller()
+            .and_then(|caller| self.auth.stream_refused(caller, &queues))
+        {
+            self.hub.refuse_stream(&token, refused);
+        }
         let mut response = Response::new(events);
         if let Ok(value) = token.parse() {
             response
@@ -387,13 +398,8 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             .filter(|(_, r)| r.is_err())
             .map(|(lease, _)| *lease)
             .collect();
-        self.hub.heartbeat(
-            &worker_id,
-            &leases,
-            draining,
-            &token,
-            who.owner().as_deref(),
-        );
+        self.hub
+            .heartbeat(&worker_id, &leases, draining, &token, who.caller());
         if !lost.is_empty() {
             // A lost lease that a stream here still counts: its lease-ended
             // event was missed; free the slot now.

@@ -75,25 +75,32 @@ pub fn router<S: Store>(web: Arc<Web<S>>) -> Router {
         .with_state(web)
 }
 
-/// Without tokens, answers only requests addressed to an IP address,
-/// `localhost` (or a name under it) or a `--http-allow-host` name. A page
-/// on `http://evil.example:9464` that re-points its own name at 127.0.0.1
-/// (DNS rebinding) is same-origin with the dashboard as far as the browser
-/// knows, and could read every job and retry every dead letter; its
-/// requests still carry `Host: evil.example`. With tokens, such a page has
-/// no token (the cookie belongs to the real name), so no name is refused.
+/// Without tokens, the dashboard answers only requests addressed to an IP
+/// address, `localhost` (or a name under it) or a `--http-allow-host`
+/// name. A page on `http://evil.example:9464` that re-points its own name
+/// at 127.0.0.1 (DNS rebinding) is same-origin with the dashboard as far
+/// as the browser knows, and could read every job and retry every dead
+/// letter; its requests still carry `Host: evil.example`. With tokens,
+/// such a page has no token (the cookie belongs to the real name), so no
+/// name is refused. `/metrics` (counts, no jobs) is left out: Prometheus
+/// scrapes by whatever name its targets say.
 async fn known_host<S: Store>(
     axum::extract::State(web): axum::extract::State<Arc<Web<S>>>,
     req: axum::extract::Request,
     next: middleware::Next,
 ) -> Response {
-    let host = req
-        .headers()
-        .get(axum::http::header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| req.uri().host());
+    if web.auth.enabled() || req.uri().path() == "/metrics" {
+        return next.run(req).await;
+    }
+    let host = match req.headers().get(axum::http::header::HOST) {
+        Some(value) => value.to_str().ok(),
+        // HTTP/2 carries it in the URI (`:authority`).
+        None => req.uri().host(),
+    };
     match host {
-        Some(host) if !web.auth.enabled() && !host_allowed(host, &web.allow_hosts) => (
+        Some(host) if host_allowed(host, &web.allow_hosts) => next.run(req).await,
+        // No name, or one that is not text: refused as well.
+        host => (
             StatusCode::FORBIDDEN,
             layout::page(
                 "Forbidden",
@@ -101,13 +108,12 @@ async fn known_host<S: Store>(
                     p.error {
                         "This dashboard has no tokens, so it answers only to IP addresses, "
                         "localhost and the names given with --http-allow-host; "
-                        (host) " is none of them."
+                        (host.unwrap_or("a request without a readable Host")) " is none of them."
                     }
                 },
             ),
         )
             .into_response(),
-        _ => next.run(req).await,
     }
 }
 
@@ -116,17 +122,33 @@ async fn known_host<S: Store>(
 fn host_allowed(host: &str, allowed: &[String]) -> bool {
     let host = host.trim();
     // `[::1]:9464`, `[::1]`, `127.0.0.1:9464`, `name:9464`, `name`.
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(rest),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    // The name and, after a colon, the port (which must be digits).
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((address, "")) => (address, None),
+            Some((address, after)) => match after.strip_prefix(':') {
+                Some(port) => (address, Some(port)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match host.rsplit_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        },
     };
+    let port_ok = port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
     let name = name.trim_end_matches('.').to_ascii_lowercase();
+    if !port_ok || name.is_empty() {
+        return false;
+    }
     name.parse::<std::net::IpAddr>().is_ok()
         || name == "localhost"
         || name.ends_with(".localhost")
         || allowed
             .iter()
-            .any(|a| a == "*" || a.trim().trim_end_matches('.').eq_ignore_ascii_case(&name))
+            .map(|a| a.trim())
+            .any(|a| a == "*" || a.trim_end_matches('.').eq_ignore_ascii_case(&name))
 }
 
 /// No page may be framed by another site (a framed dashboard's own Retry
@@ -271,6 +293,11 @@ mod tests {
             "evil.example",
             "localhost.evil.example",
             "127.0.0.1.nip.io",
+            "[::1]evil",
+            "[::1",
+            "127.0.0.1:x",
+            "",
+            ":9464",
         ] {
             assert!(!host_allowed(host, none), "{host}");
         }
@@ -278,5 +305,6 @@ mod tests {
         assert!(host_allowed("JOBQ.internal:9464", &allowed));
         assert!(!host_allowed("other.internal", &allowed));
         assert!(host_allowed("anything", &["*".to_owned()]));
+        assert!(host_allowed("anything", &[" * ".to_owned()]));
     }
 }
