@@ -267,4 +267,41 @@ def stats_dict(resp: pb.StatsResponse) -> Dict[str, Dict[str, int]]:
 
 
 def error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    """``Type: message`` for a Fail; never raises. A message that cannot be
+    read (a broken ``__str__``) is left out, and one that is not valid
+    UTF-8 (a lone surrogate, say from a file name) is escaped, since the
+    request could not carry it."""
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - the handler's error, not ours
+        return f"{name} (its message could not be read)"
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return f"{name}: {text}" if text else name
+
+
+#: Status codes with which a Lease call will never succeed as sent: the
+#: worker gives up on the first stream rather than retrying (the Rust
+#: client's ``refused_for_good``).
+REFUSED_FOR_GOOD = frozenset({
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNIMPLEMENTED,
+})
+
+
+def check_worker_settings(capacity: int, lease: float, heartbeat_every: float,
+                          drain_timeout: float) -> None:
+    """Refuses settings with which no job could ever be acked (as the Rust
+    WorkerBuilder does)."""
+    if capacity < 1:
+        raise ValueError(f"capacity must be at least 1, not {capacity}")
+    if lease <= 0:
+        raise ValueError(f"lease must be positive, not {lease}")
+    if not 0 < heartbeat_every < lease:
+        raise ValueError(f"heartbeat_every ({heartbeat_every}s) must be positive and "
+                         f"shorter than the lease ({lease}s), or every lease runs out "
+                         "before its first heartbeat")
+    if drain_timeout < 0:
+        raise ValueError(f"drain_timeout must not be negative, not {drain_timeout}")

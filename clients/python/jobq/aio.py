@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import threading
@@ -21,7 +22,8 @@ from jobq._trace import call_headers, job_span
 from jobq.context import JobContext
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
-from jobq.worker import ABORT_GRACE, DRAIN_SETTLE, Queues, default_worker_id, handler_for
+from jobq.worker import (ABORT_GRACE, DRAIN_SETTLE, Queues, default_worker_id, handler_for,
+                         handler_list)
 
 log = logging.getLogger("jobq")
 
@@ -261,13 +263,22 @@ class AsyncWorker:
         self.queues = c.check_queues(queues)
         if not callable(handlers) and not isinstance(handlers, Mapping):
             raise TypeError("handlers must be a callable or a {kind: callable} mapping")
+        for h in handler_list(handlers):
+            # A plain function would run on the event loop, then fail as
+            # "cannot be awaited" and run again on every attempt.
+            if not (inspect.iscoroutinefunction(h)
+                    or inspect.iscoroutinefunction(getattr(h, "__call__", None))):
+                raise TypeError(f"{h!r} is not an async function: use jobq.Worker for "
+                                "sync handlers")
         self.handlers = handlers
         self.worker_id = worker_id or default_worker_id()
-        self.capacity = max(1, capacity)
+        self.capacity = capacity
         self.lease = c.seconds(lease)
         self.heartbeat_every = (c.seconds(heartbeat_every) if heartbeat_every is not None
                                 else self.lease / 3)
         self.drain_timeout = c.seconds(drain_timeout)
+        c.check_worker_settings(self.capacity, self.lease, self.heartbeat_every,
+                                self.drain_timeout)
         self._book = Book()
         self._tasks: Set["asyncio.Task[None]"] = set()
         self._stopping: Optional[asyncio.Event] = None
@@ -277,6 +288,9 @@ class AsyncWorker:
         self._stream_open = False
         self._stream_token = ""
         self._last_event = 0.0
+        self._beat_now: Optional[asyncio.Event] = None
+        self._refused: Optional[grpc.aio.AioRpcError] = None
+        self._ever_opened = False
 
     def stop(self) -> None:
         """Asks run() to drain and return (call from the loop's thread). A
@@ -290,6 +304,7 @@ class AsyncWorker:
     async def run(self, *, handle_signals: bool = True) -> None:
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        self._beat_now = asyncio.Event()
         self._slots = asyncio.Semaphore(self.capacity)
         signals: List[int] = []
         if handle_signals and threading.current_thread() is threading.main_thread():
@@ -311,6 +326,8 @@ class AsyncWorker:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             log.info("worker %s stopped", self.worker_id)
+        if self._refused is not None:
+            raise self._refused
 
     async def _stream_loop(self) -> None:
         assert self._stopping is not None
@@ -320,11 +337,20 @@ class AsyncWorker:
                 await self._stream_once(backoff)
                 why = "lease stream ended by the server"
             except grpc.aio.AioRpcError as e:
+                if not self._ever_opened and e.code() in c.REFUSED_FOR_GOOD:
+                    log.error("the server refused the lease stream: %s: %s", e.code(),
+                              e.details())
+                    self._refused = e
+                    self._stopping.set()
+                    return
                 why = f"lease stream failed: {e.code()}: {e.details()}"
             finally:
                 self._stream_open = False
             if self._stopping.is_set():
                 return
+            if len(self._book) and self._beat_now is not None:
+                # Learn now whether its jobs were reclaimed with the stream.
+                self._beat_now.set()
             delay = backoff.next_delay()
             log.warning("%s; reconnecting in %.1fs (%d in flight)", why, delay, len(self._book))
             try:
@@ -341,6 +367,7 @@ class AsyncWorker:
         headers = await call.initial_metadata()
         self._stream_token = str(dict(headers or ()).get("jobq-stream-token", ""))
         self._stream_open = True
+        self._ever_opened = self._ever_opened or bool(self._stream_token)
         if self._stream_token:  # no headers: the call failed, as iterating says
             log.info("lease stream open (%d in flight)", len(self._book))
         async for event in call:
@@ -379,19 +406,36 @@ class AsyncWorker:
                 try:
                     error = await run
                 except asyncio.CancelledError:
-                    if not ctx.is_cancelled():
-                        raise
+                    if not ctx.is_cancelled() and not run.cancelled():
+                        raise  # this task itself was cancelled
         if not self._book.holds(ctx) or (ctx.is_cancelled() and self._hard_stop):
             log.warning("job %s: %s; not acking", ctx.id, ctx.cancel_reason or "lease lost")
             self._book.remove(ctx)
             return
-        await self._settle(ctx, error)
+        try:
+            await self._settle(ctx, error)
+        except asyncio.CancelledError:
+            self._book.remove(ctx)
+            raise
+        except BaseException:  # noqa: BLE001 - a job must never stay in the book
+            # Not heartbeated from now on: its lease runs out and the server
+            # delivers it again.
+            log.exception("job %s: could not ack/fail; leaving it to the server", ctx.id)
+            self._book.remove(ctx)
 
     async def _execute(self, handler: AsyncHandler, ctx: JobContext) -> Optional[BaseException]:
         try:
             with job_span(ctx.job):
                 await handler(ctx)
-        except Exception as e:  # noqa: BLE001 - every handler error fails the job
+        except asyncio.CancelledError as e:
+            if ctx.is_cancelled():
+                raise  # the worker cancelled it: the lease is gone
+            # Something inside the handler was cancelled (a task it awaited
+            # that someone else cancelled): the handler failed.
+            return RuntimeError(f"the handler was cancelled: {c.error_text(e)}")
+        # Every other handler error fails the job, BaseExceptions too (the
+        # Rust worker fails a handler that panicked).
+        except BaseException as e:  # noqa: BLE001
             return e
         return None
 
@@ -444,7 +488,10 @@ class AsyncWorker:
                 log.warning("job %s: lease deadline passed without a successful heartbeat; "
                             "cancelling its handler", ctx.id)
                 ctx._cancel("lease deadline passed without a successful heartbeat")
-            if time.monotonic() >= next_beat:
+            if time.monotonic() >= next_beat or (self._beat_now is not None
+                                                 and self._beat_now.is_set()):
+                if self._beat_now is not None:
+                    self._beat_now.clear()
                 await self._beat()
                 next_beat = time.monotonic() + self.heartbeat_every
 

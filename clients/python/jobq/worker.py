@@ -3,6 +3,7 @@ Rust client's worker.rs, job.rs and heartbeat.rs)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
@@ -41,6 +42,13 @@ _TICK = 0.05
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def handler_list(handlers: Union[Any, Mapping[str, Any]]) -> List[Any]:
+    """Every handler given: the one callable, or each of the mapping's."""
+    if callable(handlers):
+        return [handlers]
+    return list(handlers.values())
 
 
 def handler_for(handlers: Union[Any, Mapping[str, Any]], kind: str) -> Optional[Any]:
@@ -94,13 +102,18 @@ class Worker:
         self.queues = c.check_queues(queues)
         if not callable(handlers) and not isinstance(handlers, Mapping):
             raise TypeError("handlers must be a callable or a {kind: callable} mapping")
+        for h in handler_list(handlers):
+            if inspect.iscoroutinefunction(h):
+                raise TypeError(f"{h!r} is async: use jobq.aio.AsyncWorker")
         self.handlers = handlers
         self.worker_id = worker_id or default_worker_id()
-        self.capacity = max(1, capacity)
+        self.capacity = capacity
         self.lease = c.seconds(lease)
         self.heartbeat_every = (c.seconds(heartbeat_every) if heartbeat_every is not None
                                 else self.lease / 3)
         self.drain_timeout = c.seconds(drain_timeout)
+        c.check_worker_settings(self.capacity, self.lease, self.heartbeat_every,
+                                self.drain_timeout)
         self._book = Book()
         self._slots = threading.Semaphore(self.capacity)
         self._stopping = threading.Event()
@@ -111,6 +124,12 @@ class Worker:
         self._stream_open = False
         self._stream_token = ""
         self._last_event = 0.0
+        # Set when the stream drops: heartbeat now, to learn at once whether
+        # its jobs were reclaimed with it (the Rust worker does the same).
+        self._beat_now = threading.Event()
+        # The first stream refused for good: run() raises it.
+        self._refused: Optional[grpc.RpcError] = None
+        self._ever_opened = False
 
     # -- public ------------------------------------------------------------
     def run(self, *, handle_signals: bool = True) -> None:
@@ -137,6 +156,8 @@ class Worker:
             for sig, old in restore:
                 signal.signal(sig, old)
             log.info("worker %s stopped", self.worker_id)
+        if self._refused is not None:
+            raise self._refused
 
     def stop(self) -> None:
         """Asks run() to drain and return. Returns at once; safe from a
@@ -154,11 +175,19 @@ class Worker:
                 why = "lease stream ended by the server"
             except grpc.RpcError as e:
                 code = e.code() if isinstance(e, grpc.Call) else None
+                if not self._ever_opened and code in c.REFUSED_FOR_GOOD:
+                    log.error("the server refused the lease stream: %s: %s", code,
+                              e.details() if isinstance(e, grpc.Call) else e)
+                    self._refused = e
+                    self._stopping.set()
+                    return
                 why = f"lease stream failed: {code}: {e.details() if isinstance(e, grpc.Call) else e}"
             finally:
                 self._stream_open = False
             if self._stopping.is_set():
                 return  # no reconnect while draining: in-flight jobs settle over unary calls
+            if len(self._book):
+                self._beat_now.set()
             delay = backoff.next_delay()
             log.warning("%s; reconnecting in %.1fs (%d in flight)", why, delay, len(self._book))
             self._stopping.wait(delay)
@@ -178,6 +207,7 @@ class Worker:
         headers = dict(call.initial_metadata() or ())
         self._stream_token = str(headers.get("jobq-stream-token", ""))
         self._stream_open = True
+        self._ever_opened = self._ever_opened or bool(self._stream_token)
         if self._stream_token:  # no headers: the call failed, as iterating says
             log.info("lease stream open (%d in flight)", len(self._book))
         for event in call:
@@ -229,7 +259,13 @@ class Worker:
             log.warning("job %s: %s; not acking", ctx.id, ctx.cancel_reason or "lease lost")
             self._book.remove(ctx)
             return
-        self._settle(ctx, error)
+        try:
+            self._settle(ctx, error)
+        except BaseException:  # noqa: BLE001 - a job must never stay in the book
+            # Not heartbeated from now on: its lease runs out and the server
+            # delivers it again.
+            log.exception("job %s: could not ack/fail; leaving it to the server", ctx.id)
+            self._book.remove(ctx)
 
     def _execute(self, ctx: JobContext) -> Optional[BaseException]:
         handler = handler_for(self.handlers, ctx.kind)
@@ -239,9 +275,15 @@ class Worker:
             return RuntimeError(f"no handler for kind {ctx.kind!r}")
         try:
             with job_span(ctx.job):
-                handler(ctx)
-        except Exception as e:  # noqa: BLE001 - every handler error fails the job
+                result: Any = handler(ctx)
+        # Every handler error fails the job: SystemExit and other
+        # BaseExceptions too (the Rust worker fails a handler that panicked).
+        except BaseException as e:  # noqa: BLE001
             return e
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            return TypeError(f"the handler for {ctx.kind!r} is async: use jobq.aio.AsyncWorker")
         return None
 
     def _settle(self, ctx: JobContext, error: Optional[BaseException]) -> None:
@@ -305,7 +347,8 @@ class Worker:
                 log.warning("job %s: lease deadline passed without a successful "
                             "heartbeat; cancelling its handler", ctx.id)
                 ctx._cancel("lease deadline passed without a successful heartbeat")
-            if time.monotonic() >= next_beat:
+            if time.monotonic() >= next_beat or self._beat_now.is_set():
+                self._beat_now.clear()
                 self._beat()
                 next_beat = time.monotonic() + self.heartbeat_every
 

@@ -473,7 +473,115 @@ def drain_deadline_does_not_ack(tmp, client, addr):
     client.cancel_job(job.id, "test over")
 
 
+def odd_handler_errors_fail_the_job(tmp, client, addr):
+    """As the Rust worker fails a handler that panicked: a handler that
+    calls sys.exit, raises an error whose message cannot be read, or one
+    with a lone surrogate (a file name that is not UTF-8) fails its job;
+    none stays RUNNING with the worker's only slot."""
+
+    class Unreadable(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no message")
+
+    def handler(ctx: JobContext) -> None:
+        if ctx.key == "exit":
+            sys.exit(3)
+        if ctx.key == "unreadable":
+            raise Unreadable()
+        raise RuntimeError("cannot read /tmp/caf\udce9")
+
+    jobs = [client.enqueue("odd", "k", b"", key=k, max_attempts=1)[0]
+            for k in ("exit", "unreadable", "surrogate")]
+    with Running(Worker(client, ["odd"], handler, capacity=1, lease=10)):
+        wait_for(lambda: all(client.get_job(j.id).status == pb.JOB_STATUS_FAILED
+                             for j in jobs), 30, "every job FAILED")
+    errors = [client.get_job(j.id).last_error for j in jobs]
+    assert errors[0] == "SystemExit: 3", errors
+    assert errors[1] == "Unreadable (its message could not be read)", errors
+    assert errors[2] == "RuntimeError: cannot read /tmp/caf\\udce9", errors
+
+    async def cancelled_inside() -> None:
+        aio = AsyncClient("http://" + addr)
+        try:
+            async def work(ctx: JobContext) -> None:
+                inner = asyncio.ensure_future(asyncio.sleep(60))
+                asyncio.get_running_loop().call_later(0.05, inner.cancel)
+                await inner
+
+            job, _ = await aio.enqueue("odd-aio", "k", b"", max_attempts=1)
+            worker = AsyncWorker(aio, ["odd-aio"], work, lease=10)
+            running = asyncio.ensure_future(worker.run(handle_signals=False))
+            deadline = time.monotonic() + 30
+            while (await aio.get_job(job.id)).status != pb.JOB_STATUS_FAILED:
+                assert time.monotonic() < deadline, "the job did not fail"
+                await asyncio.sleep(0.05)
+            assert "cancelled" in (await aio.get_job(job.id)).last_error
+            worker.stop()
+            await running
+        finally:
+            await aio.close()
+
+    asyncio.run(cancelled_inside())
+
+
+def settings_no_job_could_survive_are_refused(tmp, client, addr):
+    async def handle(ctx: JobContext) -> None:
+        pass
+
+    def sync_handle(ctx: JobContext) -> None:
+        pass
+
+    for kwargs in ({"capacity": 0}, {"lease": 0}, {"lease": 3, "heartbeat_every": 3},
+                   {"drain_timeout": -1}):
+        try:
+            Worker(client, ["q"], sync_handle, **kwargs)  # type: ignore[arg-type]
+            raise AssertionError(f"Worker took {kwargs}")
+        except ValueError:
+            pass
+    try:
+        Worker(client, ["q"], handle)  # type: ignore[arg-type]
+        raise AssertionError("Worker took an async handler (it would ack without running it)")
+    except TypeError as e:
+        assert "AsyncWorker" in str(e), e
+
+    async def aio_side() -> None:
+        aio = AsyncClient("http://" + addr)
+        try:
+            try:
+                AsyncWorker(aio, ["q"], {"k": sync_handle})  # type: ignore[dict-item]
+                raise AssertionError("AsyncWorker took a sync handler")
+            except TypeError as e:
+                assert "jobq.Worker" in str(e), e
+            # A first stream refused for good (a queue name the server
+            # refuses) ends run() with the error, as in Rust.
+            try:
+                await asyncio.wait_for(
+                    AsyncWorker(aio, ["bad queue!"], handle).run(handle_signals=False), 20)
+                raise AssertionError("run() returned")
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+        finally:
+            await aio.close()
+
+    asyncio.run(aio_side())
+    outcome: List[BaseException] = []
+
+    def run_refused() -> None:
+        try:
+            Worker(client, ["bad queue!"], sync_handle).run(handle_signals=False)
+        except BaseException as e:  # noqa: BLE001
+            outcome.append(e)
+
+    t = threading.Thread(target=run_refused, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "run() kept retrying a refused stream"
+    assert isinstance(outcome[0], grpc.RpcError), outcome
+    assert outcome[0].code() == grpc.StatusCode.INVALID_ARGUMENT, outcome
+
+
 TESTS = [attempt_is_one_based, drain_deadline_does_not_ack, unknown_kind_is_retryable, wrong_arguments_are_refused,
+         odd_handler_errors_fail_the_job, settings_no_job_could_survive_are_refused,
          jobq_server_env, cancel_revokes_the_running_handler, ack_survives_a_server_restart,
          lease_deadline_stops_the_handler, sigint_drains, sigterm_drains,
          asyncio_client_and_worker, asyncio_ack_survives_a_server_restart,
