@@ -22,8 +22,7 @@ from jobq._trace import call_headers, job_span
 from jobq.context import JobContext
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
-from jobq.worker import (ABORT_GRACE, DRAIN_SETTLE, Queues, default_worker_id, handler_for,
-                         handler_list)
+from jobq.worker import ABORT_GRACE, DRAIN_SETTLE, Queues, default_worker_id, handler_for
 
 log = logging.getLogger("jobq")
 
@@ -263,13 +262,6 @@ class AsyncWorker:
         self.queues = c.check_queues(queues)
         if not callable(handlers) and not isinstance(handlers, Mapping):
             raise TypeError("handlers must be a callable or a {kind: callable} mapping")
-        for h in handler_list(handlers):
-            # A plain function would run on the event loop, then fail as
-            # "cannot be awaited" and run again on every attempt.
-            if not (inspect.iscoroutinefunction(h)
-                    or inspect.iscoroutinefunction(getattr(h, "__call__", None))):
-                raise TypeError(f"{h!r} is not an async function: use jobq.Worker for "
-                                "sync handlers")
         self.handlers = handlers
         self.worker_id = worker_id or default_worker_id()
         self.capacity = capacity
@@ -401,13 +393,27 @@ class AsyncWorker:
             error = RuntimeError(f"no handler for kind {ctx.kind!r}")
         else:
             async with self._slots:
-                run = asyncio.ensure_future(self._execute(handler, ctx))
-                ctx._add_cancel_callback(run.cancel)
+                # Set before the handler's task is cancelled on purpose (its
+                # lease is gone, or this task was cancelled): any other
+                # CancelledError the handler raises is its own failure.
+                told = [False]
+                run = asyncio.ensure_future(self._execute(handler, ctx, told))
+
+                def stop_run() -> None:
+                    told[0] = True
+                    run.cancel()
+
+                ctx._add_cancel_callback(stop_run)
                 try:
-                    error = await run
+                    # Shielded: a cancel of this task reaches the handler
+                    # through stop_run, marked.
+                    error = await asyncio.shield(run)
                 except asyncio.CancelledError:
-                    if not ctx.is_cancelled() and not run.cancelled():
-                        raise  # this task itself was cancelled
+                    if not run.done():
+                        stop_run()  # this task itself was cancelled
+                        raise
+                    if not ctx.is_cancelled():
+                        raise
         if not self._book.holds(ctx) or (ctx.is_cancelled() and self._hard_stop):
             log.warning("job %s: %s; not acking", ctx.id, ctx.cancel_reason or "lease lost")
             self._book.remove(ctx)
@@ -423,16 +429,25 @@ class AsyncWorker:
             log.exception("job %s: could not ack/fail; leaving it to the server", ctx.id)
             self._book.remove(ctx)
 
-    async def _execute(self, handler: AsyncHandler, ctx: JobContext) -> Optional[BaseException]:
+    async def _execute(self, handler: AsyncHandler, ctx: JobContext,
+                       told: List[bool]) -> Optional[BaseException]:
         try:
             with job_span(ctx.job):
-                await handler(ctx)
+                result: Any = handler(ctx)
+                if not inspect.isawaitable(result):
+                    # A sync function: it ran (on the event loop) and would
+                    # run again on every retry, so the job fails for good.
+                    return Fatal(f"the handler for {ctx.kind!r} is not async: use jobq.Worker "
+                                 "for sync handlers")
+                await result
         except asyncio.CancelledError as e:
-            if ctx.is_cancelled():
-                raise  # the worker cancelled it: the lease is gone
+            if told[0] or ctx.is_cancelled():
+                raise  # cancelled on purpose: the lease is gone, or the worker
             # Something inside the handler was cancelled (a task it awaited
             # that someone else cancelled): the handler failed.
             return RuntimeError(f"the handler was cancelled: {c.error_text(e)}")
+        except KeyboardInterrupt:
+            raise
         # Every other handler error fails the job, BaseExceptions too (the
         # Rust worker fails a handler that panicked).
         except BaseException as e:  # noqa: BLE001

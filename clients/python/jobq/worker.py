@@ -103,7 +103,8 @@ class Worker:
         if not callable(handlers) and not isinstance(handlers, Mapping):
             raise TypeError("handlers must be a callable or a {kind: callable} mapping")
         for h in handler_list(handlers):
-            if inspect.iscoroutinefunction(h):
+            if (inspect.iscoroutinefunction(h)
+                    or inspect.iscoroutinefunction(getattr(h, "__call__", None))):
                 raise TypeError(f"{h!r} is async: use jobq.aio.AsyncWorker")
         self.handlers = handlers
         self.worker_id = worker_id or default_worker_id()

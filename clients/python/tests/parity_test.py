@@ -547,11 +547,39 @@ def settings_no_job_could_survive_are_refused(tmp, client, addr):
     async def aio_side() -> None:
         aio = AsyncClient("http://" + addr)
         try:
-            try:
-                AsyncWorker(aio, ["q"], {"k": sync_handle})  # type: ignore[dict-item]
-                raise AssertionError("AsyncWorker took a sync handler")
-            except TypeError as e:
-                assert "jobq.Worker" in str(e), e
+            # A sync function (it cannot be told from a lambda that returns
+            # a coroutine until it runs): it ran once, so its job fails for
+            # good rather than running again on every attempt.
+            runs: List[str] = []
+
+            def sync_side_effect(ctx: JobContext) -> None:
+                runs.append(ctx.id)
+
+            job, _ = await aio.enqueue("sync-on-aio", "k", b"", max_attempts=3)
+            worker = AsyncWorker(aio, ["sync-on-aio"], sync_side_effect,  # type: ignore[arg-type]
+                                 lease=10)
+            running = asyncio.ensure_future(worker.run(handle_signals=False))
+            deadline = time.monotonic() + 30
+            while (await aio.get_job(job.id)).status != pb.JOB_STATUS_FAILED:
+                assert time.monotonic() < deadline, "the job did not fail"
+                await asyncio.sleep(0.05)
+            assert runs == [job.id], runs
+            assert "jobq.Worker" in (await aio.get_job(job.id)).last_error
+            worker.stop()
+            await running
+
+            async def coro_of(ctx: JobContext) -> None:
+                runs.append("lambda")
+
+            # A lambda that returns a coroutine is an async handler.
+            job, _ = await aio.enqueue("lambda-on-aio", "k", b"")
+            worker = AsyncWorker(aio, ["lambda-on-aio"], lambda ctx: coro_of(ctx), lease=10)
+            running = asyncio.ensure_future(worker.run(handle_signals=False))
+            while (await aio.get_job(job.id)).status != pb.JOB_STATUS_DONE:
+                assert time.monotonic() < deadline, "the lambda's job was not acked"
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await running
             # A first stream refused for good (a queue name the server
             # refuses) ends run() with the error, as in Rust.
             try:

@@ -41,7 +41,10 @@ impl Watchdog {
             .arg(SUBCOMMAND)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .stderr(Stdio::inherit())
+            // Not for it to hold: `jobq work` keeps its environment from
+            // its commands (undumpable), and an exec is dumpable again.
+            .env_remove("JOBQ_TOKEN");
         // Its own group: a Ctrl-C at the terminal, meant for `jobq work`'s
         // drain, must not stop it.
         #[cfg(unix)]

@@ -288,11 +288,21 @@ impl<S: Store> LeaseHub<S> {
     /// returns its events and its token. `permit` is held while the
     /// stream lives: what counts it against `--max-waiters` and its
     /// token's `--max-streams-per-token`.
+    ///
+    /// `refused` is asked, under the registry's lock, just before the
+    /// stream is registered: whether its token is still allowed (a tokens
+    /// reload may have swept the streams since the call's checks). A
+    /// reload swaps the tokens before it takes that lock to sweep, so it
+    /// either finds this stream or `refused` sees the new tokens.
+    ///
+    /// # Errors
+    /// What `refused` says; nothing is registered or started then.
     pub fn open(
         self: &Arc<Self>,
         mut spec: StreamSpec,
         permit: impl Send + 'static,
-    ) -> (LeaseEvents, String) {
+        refused: impl FnOnce() -> Option<Error>,
+    ) -> Result<(LeaseEvents, String), Error> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         // A lease declared twice counts once, for its first job.
         let mut declared = HashSet::new();
@@ -305,6 +315,9 @@ impl<S: Store> LeaseHub<S> {
         let token = format!("{:032x}", rand::random::<u128>());
         {
             let mut reg = self.registry();
+            if let Some(err) = refused() {
+                return Err(err);
+            }
             reg.streams.insert(
                 id,
                 StreamEntry {
@@ -340,7 +353,7 @@ impl<S: Store> LeaseHub<S> {
             }
             .instrument(span),
         );
-        (LeaseEvents { rx, pipe }, token)
+        Ok((LeaseEvents { rx, pipe }, token))
     }
 
     /// The store ended a lease: the stream that held it frees its slot, and
@@ -567,15 +580,6 @@ impl<S: Store> LeaseHub<S> {
             }
         }
         ended
-    }
-
-    /// Ends the stream whose token is `token` with `refused` (see
-    /// [`LeaseHub::refuse_streams`]).
-    pub fn refuse_stream(&self, token: &str, refused: Error) {
-        let reg = self.registry();
-        if let Some(entry) = reg.tokens.get(token).and_then(|id| reg.streams.get(id)) {
-            let _ = entry.notices.send(Notice::Refused(refused.into()));
-        }
     }
 
     /// How many streams are open.

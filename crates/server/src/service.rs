@@ -360,17 +360,13 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let queues = spec.take.queues.clone();
         let slot = self.quota.acquire(&who)?;
         let permit = self.waiter_permit()?;
-        let (events, token) = self.hub.open(spec, (permit, slot));
-        // A tokens reload since the check above (it awaited the store)
-        // swept the streams before this one was registered: check again
-        // against the table now in force. Registered first, checked
-        // second, so a reload either finds the stream or is seen here.
-        if let Some(refused) = who
-            .caller()
-            .and_then(|caller| self.auth.stream_refused(caller, &queues))
-        {
-            self.hub.refuse_stream(&token, refused);
-        }
+        // A tokens reload since the checks above (they awaited the store)
+        // swept the streams before this one existed: the hub asks again,
+        // against the tokens in force, as it registers the stream.
+        let (events, token) = self.hub.open(spec, (permit, slot), || {
+            who.caller()
+                .and_then(|caller| self.auth.stream_refused(caller, &queues))
+        })?;
         let mut response = Response::new(events);
         if let Ok(value) = token.parse() {
             response

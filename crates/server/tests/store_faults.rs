@@ -581,7 +581,7 @@ async fn a_job_given_back_unpulled_is_never_sent_under_its_old_lease() {
         caller: None,
     };
     // Opened, never read (yet).
-    let (mut events, _token) = hub.open(spec, ());
+    let (mut events, _token) = hub.open(spec, (), || None).expect("open");
     let first = loop {
         let got = store.get(job.id).await.unwrap();
         if let Some(lease) = got.lease_id() {
