@@ -262,3 +262,55 @@ async fn sigterm_does_not_wait_for_idle_or_non_reading_peers() {
         "SIGTERM took {took:?} (the shutdown timeout is 10 s)"
     );
 }
+
+/// `Connect::timeout` bounds every unary call, on the client and (by the
+/// `grpc-timeout` header) on the server: an Enqueue stuck behind a disk
+/// that takes 60 s to sync fails DEADLINE_EXCEEDED in about the timeout.
+/// A Lease stream opened by the same client outlives it.
+#[tokio::test]
+async fn a_client_timeout_bounds_unary_calls_but_not_lease_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = ServerProcess::start(&dir.path().join("slow"), &["--fault-sync-delay", "60s"]);
+    let bounded = Client::builder(slow.url())
+        .timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    let started = std::time::Instant::now();
+    let err = bounded
+        .enqueue("q", "k", b"x".to_vec(), EnqueueOptions::new())
+        .await
+        .expect_err("the sync takes 60 s");
+    assert_eq!(err.code(), Some(tonic::Code::DeadlineExceeded), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let server = TestServer::start().await;
+    let bounded = Client::builder(server.url())
+        .timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    let mut stream = bounded
+        .lease(["q"], "w", 1, Some(Duration::from_secs(30)))
+        .await
+        .expect("lease");
+    // Well past the timeout, the stream still delivers.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (job, _) = bounded
+        .enqueue("q", "k", b"x".to_vec(), EnqueueOptions::new())
+        .await
+        .expect("a quick enqueue is within the timeout");
+    let event = tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("an event within 30 s")
+        .expect("the stream is still open")
+        .expect("an event");
+    let Some(jobq::pb::lease_event::Event::Leased(leased)) = event.event else {
+        panic!("expected a leased job, got {event:?}");
+    };
+    assert_eq!(leased.job.expect("job").id, job.id);
+}

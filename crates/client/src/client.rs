@@ -24,6 +24,8 @@ pub type RawClient = JobQueueClient<InterceptedService<Channel, Credentials>>;
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: RawClient,
+    /// Most time a unary call may take ([`Connect::timeout`]).
+    timeout: Option<Duration>,
 }
 
 impl Client {
@@ -64,7 +66,26 @@ impl Client {
             // bigger than tonic's 4 MiB default.
             inner: JobQueueClient::with_interceptor(channel, credentials)
                 .max_decoding_message_size(jobq::MAX_DECODE_BYTES),
+            timeout: None,
         }
+    }
+
+    /// This client with every unary call bounded by `timeout` (`None`:
+    /// unbounded); see [`Connect::timeout`].
+    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// A unary call's request: the caller's trace context, and the
+    /// timeout, which tonic enforces on this side too (its channel's
+    /// `grpc-timeout` layer) and sends to the server.
+    pub(crate) fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = trace::request(message);
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        request
     }
 
     /// The raw generated client, for calls this wrapper does not cover.
@@ -86,7 +107,7 @@ impl Client {
         let resp = self
             .inner
             .clone()
-            .enqueue(trace::request(req))
+            .enqueue(self.request(req))
             .await?
             .into_inner();
         Ok((resp.job.ok_or(Error::MissingField("job"))?, resp.created))
@@ -119,7 +140,7 @@ impl Client {
         Ok(self
             .inner
             .clone()
-            .enqueue_batch(trace::request(req))
+            .enqueue_batch(self.request(req))
             .await?
             .into_inner()
             .results)
@@ -148,7 +169,7 @@ impl Client {
         Ok(self
             .inner
             .clone()
-            .dequeue(trace::request(req))
+            .dequeue(self.request(req))
             .await?
             .into_inner()
             .leased)
@@ -171,7 +192,7 @@ impl Client {
         let resp = self
             .inner
             .clone()
-            .ack(trace::request(req))
+            .ack(self.request(req))
             .await?
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
@@ -201,7 +222,7 @@ impl Client {
         let resp = self
             .inner
             .clone()
-            .fail(trace::request(req))
+            .fail(self.request(req))
             .await?
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
@@ -215,7 +236,7 @@ impl Client {
         let resp = self
             .inner
             .clone()
-            .retry(trace::request(req))
+            .retry(self.request(req))
             .await?
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
@@ -285,7 +306,7 @@ impl Client {
             lost.extend(
                 self.inner
                     .clone()
-                    .heartbeat(trace::request(req))
+                    .heartbeat(self.request(req))
                     .await?
                     .into_inner()
                     .lost,
@@ -358,7 +379,7 @@ impl Client {
         Ok(self
             .inner
             .clone()
-            .get_job(trace::request(req))
+            .get_job(self.request(req))
             .await?
             .into_inner())
     }
@@ -369,7 +390,7 @@ impl Client {
         Ok(self
             .inner
             .clone()
-            .list_jobs(trace::request(req))
+            .list_jobs(self.request(req))
             .await?
             .into_inner())
     }
@@ -382,7 +403,7 @@ impl Client {
         Ok(self
             .inner
             .clone()
-            .stats(trace::request(req))
+            .stats(self.request(req))
             .await?
             .into_inner()
             .queues)

@@ -68,6 +68,7 @@ pub struct Connect {
     ca_cert: Option<Vec<u8>>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
     domain: Option<String>,
+    timeout: Option<Duration>,
 }
 
 impl fmt::Debug for Connect {
@@ -78,6 +79,7 @@ impl fmt::Debug for Connect {
             .field("ca_cert", &self.ca_cert.is_some())
             .field("identity", &self.identity.is_some())
             .field("domain", &self.domain)
+            .field("timeout", &self.timeout)
             .finish()
     }
 }
@@ -90,7 +92,19 @@ impl Connect {
             ca_cert: None,
             identity: None,
             domain: None,
+            timeout: None,
         }
+    }
+
+    /// Most time each call may take, Lease streams aside (they last as long
+    /// as the worker): past it the call fails with `DEADLINE_EXCEEDED`,
+    /// and the server, told by the `grpc-timeout` header, stops working on
+    /// it. Default: none. A timed-out Enqueue may still have happened:
+    /// retry it with a `key`. The [`Worker`](crate::Worker) bounds its own
+    /// calls whatever this says.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// Sends `authorization: Bearer <token>` with every call.
@@ -201,7 +215,7 @@ impl Connect {
             .connect()
             .await
             .map_err(|e| self.transport_error(e))?;
-        Ok(Client::with_credentials(channel, credentials))
+        Ok(Client::with_credentials(channel, credentials).with_timeout(self.timeout))
     }
 
     /// Connects on first use, so it succeeds while the server is still
@@ -211,10 +225,10 @@ impl Connect {
     /// As [`connect`](Self::connect), except that nothing is dialled yet.
     pub fn connect_lazy(self) -> Result<Client> {
         let credentials = self.credentials()?;
-        Ok(Client::with_credentials(
-            self.endpoint()?.connect_lazy(),
-            credentials,
-        ))
+        Ok(
+            Client::with_credentials(self.endpoint()?.connect_lazy(), credentials)
+                .with_timeout(self.timeout),
+        )
     }
 }
 

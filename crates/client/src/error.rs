@@ -52,7 +52,7 @@ impl Error {
     /// call) reported one; `None` for local errors.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
-            Error::Status(status) => Some(status.code()),
+            Error::Status(status) => Some(code_of(status)),
             _ => None,
         }
     }
@@ -64,10 +64,23 @@ impl Error {
             Error::Transport(_) => true,
             // A malformed URL will not fix itself; a refused connection may.
             Error::Connect { source, .. } => source.is_some(),
-            Error::Status(status) => is_transient_code(status.code()),
+            Error::Status(status) => is_transient_code(code_of(status)),
             _ => false,
         }
     }
+}
+
+/// The status's code, except that a call's timeout ([`Connect::timeout`]
+/// (crate::Connect::timeout)) passing is `DEADLINE_EXCEEDED`, as gRPC has
+/// it: tonic reports its own timeout, on either side, as `CANCELLED`
+/// "Timeout expired".
+fn code_of(status: &tonic::Status) -> tonic::Code {
+    if status.code() == tonic::Code::Cancelled
+        && status.message() == tonic::TimeoutExpired(()).to_string()
+    {
+        return tonic::Code::DeadlineExceeded;
+    }
+    status.code()
 }
 
 /// A status the server sent, or one tonic made up for a call that never
@@ -79,9 +92,9 @@ fn status_text(status: &tonic::Status) -> String {
         Some(cause) => {
             let mut text = status.message().to_owned();
             append_causes(&mut text, Some(cause));
-            format!("no reply ({:?}): {text}", status.code())
+            format!("no reply ({:?}): {text}", code_of(status))
         }
-        None => format!("server replied {:?}: {}", status.code(), status.message()),
+        None => format!("server replied {:?}: {}", code_of(status), status.message()),
     }
 }
 

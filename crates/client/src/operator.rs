@@ -4,7 +4,7 @@
 
 use std::time::SystemTime;
 
-use crate::{trace, Client, Error, Result, Schedule};
+use crate::{Client, Error, Result, Schedule};
 use jobq::pb;
 
 impl Client {
@@ -26,7 +26,7 @@ impl Client {
         };
         let resp = self
             .inner()
-            .cancel_job(trace::request(req))
+            .cancel_job(self.request(req))
             .await?
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
@@ -39,7 +39,7 @@ impl Client {
         let req = pb::PauseQueueRequest {
             queue: queue.into(),
         };
-        self.inner().pause_queue(trace::request(req)).await?;
+        self.inner().pause_queue(self.request(req)).await?;
         Ok(())
     }
 
@@ -51,7 +51,7 @@ impl Client {
     /// `NOT_FOUND` for an unknown one.
     pub async fn delete_job(&self, id: impl Into<String>) -> Result<()> {
         let req = pb::DeleteJobRequest { id: id.into() };
-        self.inner().delete_job(trace::request(req)).await?;
+        self.inner().delete_job(self.request(req)).await?;
         Ok(())
     }
 
@@ -72,7 +72,7 @@ impl Client {
             status: status.unwrap_or(pb::JobStatus::Unspecified) as i32,
             finished_before: finished_before.map(Into::into),
         };
-        let resp = self.inner().purge_jobs(trace::request(req)).await?;
+        let resp = self.inner().purge_jobs(self.request(req)).await?;
         Ok(resp.into_inner().deleted)
     }
 
@@ -81,7 +81,7 @@ impl Client {
         let req = pb::ResumeQueueRequest {
             queue: queue.into(),
         };
-        self.inner().resume_queue(trace::request(req)).await?;
+        self.inner().resume_queue(self.request(req)).await?;
         Ok(())
     }
 
@@ -117,7 +117,7 @@ impl Client {
         };
         let resp = self
             .inner()
-            .create_schedule(trace::request(req))
+            .create_schedule(self.request(req))
             .await?
             .into_inner();
         resp.schedule
@@ -131,7 +131,7 @@ impl Client {
     /// `NOT_FOUND` for an unknown name.
     pub async fn delete_schedule(&self, name: impl Into<String>) -> Result<()> {
         let req = pb::DeleteScheduleRequest { name: name.into() };
-        self.inner().delete_schedule(trace::request(req)).await?;
+        self.inner().delete_schedule(self.request(req)).await?;
         Ok(())
     }
 
@@ -140,7 +140,7 @@ impl Client {
         let req = pb::ListSchedulesRequest {};
         let resp = self
             .inner()
-            .list_schedules(trace::request(req))
+            .list_schedules(self.request(req))
             .await?
             .into_inner();
         Ok(resp.schedules.into_iter().map(Into::into).collect())
