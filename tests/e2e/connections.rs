@@ -294,6 +294,13 @@ async fn a_client_timeout_bounds_unary_calls_but_not_lease_streams() {
         .connect()
         .await
         .expect("connect");
+    // A Dequeue's wait comes on top of the timeout: an empty long-poll
+    // answers None.
+    let none = bounded
+        .dequeue(["empty"], "w", None, Some(Duration::from_millis(600)))
+        .await
+        .expect("a long-poll longer than the timeout");
+    assert!(none.is_none(), "{none:?}");
     let mut stream = bounded
         .lease(["q"], "w", 1, Some(Duration::from_secs(30)))
         .await

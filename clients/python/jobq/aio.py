@@ -22,7 +22,8 @@ from jobq._trace import call_headers, job_span
 from jobq.context import JobContext
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
-from jobq.worker import ABORT_GRACE, DRAIN_SETTLE, Queues, default_worker_id, handler_for
+from jobq.worker import (ABORT_GRACE, DRAIN_SETTLE, Queues, check_callables,
+                         default_worker_id, handler_for)
 
 log = logging.getLogger("jobq")
 
@@ -262,6 +263,7 @@ class AsyncWorker:
         self.queues = c.check_queues(queues)
         if not callable(handlers) and not isinstance(handlers, Mapping):
             raise TypeError("handlers must be a callable or a {kind: callable} mapping")
+        check_callables(handlers)
         self.handlers = handlers
         self.worker_id = worker_id or default_worker_id()
         self.capacity = capacity
@@ -395,7 +397,10 @@ class AsyncWorker:
             async with self._slots:
                 # Set before the handler's task is cancelled on purpose (its
                 # lease is gone, or this task was cancelled): any other
-                # CancelledError the handler raises is its own failure.
+                # CancelledError the handler raises is its own failure. (At
+                # loop shutdown asyncio may cancel the handler's task before
+                # this one; the error it then returns is dropped below, as
+                # this task is cancelled too, and nothing is sent.)
                 told = [False]
                 run = asyncio.ensure_future(self._execute(handler, ctx, told))
 

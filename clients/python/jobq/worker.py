@@ -51,6 +51,14 @@ def handler_list(handlers: Union[Any, Mapping[str, Any]]) -> List[Any]:
     return list(handlers.values())
 
 
+def check_callables(handlers: Union[Any, Mapping[str, Any]]) -> None:
+    """Refuses a {kind: handler} mapping with a value that cannot be called
+    (every job of that kind would fail, on every attempt)."""
+    for kind, h in ([] if callable(handlers) else list(handlers.items())):
+        if not callable(h):
+            raise TypeError(f"the handler for kind {kind!r} is not callable: {h!r}")
+
+
 def handler_for(handlers: Union[Any, Mapping[str, Any]], kind: str) -> Optional[Any]:
     if callable(handlers):
         return handlers
@@ -102,6 +110,7 @@ class Worker:
         self.queues = c.check_queues(queues)
         if not callable(handlers) and not isinstance(handlers, Mapping):
             raise TypeError("handlers must be a callable or a {kind: callable} mapping")
+        check_callables(handlers)
         for h in handler_list(handlers):
             if (inspect.iscoroutinefunction(h)
                     or inspect.iscoroutinefunction(getattr(h, "__call__", None))):

@@ -543,6 +543,11 @@ def settings_no_job_could_survive_are_refused(tmp, client, addr):
         raise AssertionError("Worker took an async handler (it would ack without running it)")
     except TypeError as e:
         assert "AsyncWorker" in str(e), e
+    try:
+        Worker(client, ["q"], {"k": "not a function"})  # type: ignore[dict-item]
+        raise AssertionError("Worker took a handler that cannot be called")
+    except TypeError as e:
+        assert "'k'" in str(e), e
 
     async def aio_side() -> None:
         aio = AsyncClient("http://" + addr)

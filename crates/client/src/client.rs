@@ -16,6 +16,10 @@ use crate::{
 /// The generated client under [`Client`], with the token interceptor.
 pub type RawClient = JobQueueClient<InterceptedService<Channel, Credentials>>;
 
+/// The longest timeout a call carries (about eleven years; `grpc-timeout`
+/// cannot say much more, and tonic panics on what it cannot say).
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(99_999 * 3600);
+
 /// A cheap-to-clone handle on a jobq server.
 ///
 /// Every method is one RPC; errors the server reports keep their gRPC code
@@ -73,7 +77,7 @@ impl Client {
     /// This client with every unary call bounded by `timeout` (`None`:
     /// unbounded); see [`Connect::timeout`].
     pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.timeout = timeout;
+        self.timeout = timeout.map(|t| t.min(MAX_TIMEOUT));
         self
     }
 
@@ -166,10 +170,16 @@ impl Client {
             lease_duration: lease.map(pb_duration),
             wait: wait.map(pb_duration),
         };
+        let mut request = self.request(req);
+        if let (Some(timeout), Some(wait)) = (self.timeout, wait) {
+            // The wait is the server's to spend: a long-poll that finds
+            // nothing must answer None, not DEADLINE_EXCEEDED.
+            request.set_timeout(timeout.saturating_add(wait).min(MAX_TIMEOUT));
+        }
         Ok(self
             .inner
             .clone()
-            .dequeue(self.request(req))
+            .dequeue(request)
             .await?
             .into_inner()
             .leased)

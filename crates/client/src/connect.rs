@@ -97,11 +97,13 @@ impl Connect {
     }
 
     /// Most time each call may take, Lease streams aside (they last as long
-    /// as the worker): past it the call fails with `DEADLINE_EXCEEDED`,
-    /// and the server, told by the `grpc-timeout` header, stops working on
-    /// it. Default: none. A timed-out Enqueue may still have happened:
-    /// retry it with a `key`. The [`Worker`](crate::Worker) bounds its own
-    /// calls whatever this says.
+    /// as the worker) and a Dequeue's `wait` on top: past it the call fails
+    /// with `DEADLINE_EXCEEDED`, and the server, told by the `grpc-timeout`
+    /// header, gives up on what it has not begun to commit. Default: none;
+    /// zero is refused when connecting. A timed-out Enqueue may still have
+    /// happened: retry it with a `key`. A [`Worker`](crate::Worker) bounds
+    /// its own calls too; on a client with a shorter timeout, that one
+    /// applies to its acks and heartbeats as well.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -196,6 +198,15 @@ impl Connect {
         self.error(cause.to_owned(), Some(err))
     }
 
+    fn check_timeout(&self) -> Result<()> {
+        if self.timeout == Some(Duration::ZERO) {
+            return Err(Error::Config(
+                "a zero timeout would fail every call; leave it unset for none".into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn credentials(&self) -> Result<Credentials> {
         match &self.token {
             Some(t) => Credentials::bearer(t),
@@ -209,6 +220,7 @@ impl Connect {
     /// [`Error::Connect`] (naming the URL and the cause) when the URL or TLS
     /// settings are malformed or nothing answers; [`Error::Config`] for a bad token.
     pub async fn connect(self) -> Result<Client> {
+        self.check_timeout()?;
         let credentials = self.credentials()?;
         let channel = self
             .endpoint()?
@@ -224,6 +236,7 @@ impl Connect {
     /// # Errors
     /// As [`connect`](Self::connect), except that nothing is dialled yet.
     pub fn connect_lazy(self) -> Result<Client> {
+        self.check_timeout()?;
         let credentials = self.credentials()?;
         Ok(
             Client::with_credentials(self.endpoint()?.connect_lazy(), credentials)
@@ -235,6 +248,17 @@ impl Connect {
 #[cfg(test)]
 mod tests {
     use super::Connect;
+
+    #[tokio::test]
+    async fn a_zero_timeout_is_refused_and_a_huge_one_is_clamped() {
+        let zero = Connect::new("http://127.0.0.1:1".into()).timeout(std::time::Duration::ZERO);
+        let err = zero.connect_lazy().expect_err("zero");
+        assert!(err.to_string().contains("zero timeout"), "{err}");
+        let huge = Connect::new("http://127.0.0.1:1".into()).timeout(std::time::Duration::MAX);
+        let client = huge.connect_lazy().expect("huge");
+        // tonic panics on a timeout grpc-timeout cannot say.
+        let _ = client.request(());
+    }
 
     #[test]
     fn tls_settings_on_a_plaintext_url_are_refused_not_ignored() {
