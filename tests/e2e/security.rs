@@ -712,7 +712,23 @@ async fn another_tokens_heartbeat_does_not_wake_a_stalled_stream() {
     // The first job is due again too; either would show the stream woke.
     let woke = tokio::time::timeout(Duration::from_millis(1500), stream.message()).await;
     assert!(woke.is_err(), "b's heartbeat woke a's stream: {woke:?}");
-    // a's own heartbeat does wake it.
+    // a's own heartbeat does wake it, also once its token was renamed
+    // (streams are matched by secret, not name).
+    tokens_file(
+        &tokens,
+        &[
+            ("root", "root-secret", &["admin"], &["*"]),
+            ("a-renamed", "a-secret", &["consume"], &["q"]),
+            ("b", "b-secret", &["consume"], &["other"]),
+        ],
+    );
+    signal(&server.child, libc::SIGHUP);
+    until(
+        Duration::from_secs(30),
+        "the renamed token to load",
+        || async { server.logged("SIGHUP: tokens file reloaded").then_some(()) },
+    )
+    .await;
     a.heartbeat("w", vec![], None).await.expect("a's heartbeat");
     match next_event(&mut stream).await {
         pb::lease_event::Event::Leased(l) => {
