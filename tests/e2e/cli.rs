@@ -670,6 +670,38 @@ async fn exit_codes_say_what_went_wrong() {
 
 /// A job's shell command: acks when its stdin is "ok"; otherwise prints 3000
 /// bytes of noise and then its environment to stderr, and exits 3.
+/// SIGTERM to a `jobq work` process: it drains and exits 0.
+async fn drains_and_exits_0(worker: &mut tokio::process::Child) {
+    signal(worker, libc::SIGTERM);
+    let status = tokio::time::timeout(LIMIT, worker.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// Job `id` once it has `status`.
+async fn job_in(client: &jobq_client::Client, id: &str, status: pb::JobStatus) -> pb::Job {
+    until(
+        LIMIT,
+        &format!("job {id} to be {status:?}"),
+        || async move {
+            let job = client.get_job(id).await.unwrap();
+            (job.status == status as i32).then_some(job)
+        },
+    )
+    .await
+}
+
+/// The pid a command wrote to `pidfile`, once it has.
+async fn pid_written(pidfile: &std::path::Path) -> libc::pid_t {
+    until(LIMIT, "the command to start", || {
+        let read = std::fs::read_to_string(pidfile).ok();
+        async move { read.and_then(|s| s.trim().parse().ok()) }
+    })
+    .await
+}
+
 const SCRIPT: &str = r#"p=$(cat); [ "$p" = ok ] && exit 0; head -c 3000 /dev/zero | tr '\0' x >&2; echo >&2; echo "boom key=$JOBQ_JOB_KEY attempt=$JOBQ_JOB_ATTEMPT queue=$JOBQ_JOB_QUEUE kind=$JOBQ_JOB_KIND" >&2; exit 3"#;
 
 #[tokio::test]
@@ -745,12 +777,7 @@ async fn work_runs_a_command_per_job() {
     );
 
     // SIGTERM: graceful drain with nothing in flight, exit 0.
-    signal(&worker, libc::SIGTERM);
-    let status = tokio::time::timeout(LIMIT, worker.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status:?}");
+    drains_and_exits_0(&mut worker).await;
 }
 
 #[tokio::test]
@@ -786,33 +813,16 @@ async fn work_kills_a_command_that_outlives_the_drain() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    let pid: libc::pid_t = until(LIMIT, "the command to start", || {
-        let read = std::fs::read_to_string(&pidfile).ok();
-        async move { read.and_then(|s| s.trim().parse().ok()) }
-    })
-    .await;
+    let pid = pid_written(&pidfile).await;
 
-    signal(&worker, libc::SIGTERM);
-    let status = tokio::time::timeout(LIMIT, worker.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status:?}");
+    drains_and_exits_0(&mut worker).await;
     until(LIMIT, "the command to be killed", || async move {
         (!alive(pid)).then_some(())
     })
     .await;
     // Told to stop (SIGTERM at the deadline): failed, and due again at
     // once for another worker.
-    let back = until(LIMIT, "the job to come back", || {
-        let client = client.clone();
-        let id = job.id.clone();
-        async move {
-            let job = client.get_job(id).await.unwrap();
-            (job.status == pb::JobStatus::Pending as i32).then_some(job)
-        }
-    })
-    .await;
+    let back = job_in(&client, &job.id, pb::JobStatus::Pending).await;
     assert_eq!(back.attempts, 1);
     assert!(back.last_error.contains("draining"), "{back:?}");
 }
@@ -856,20 +866,8 @@ async fn work_times_out_a_command_and_kills_what_ignores_sigterm() {
     .stderr(Stdio::null())
     .spawn()
     .unwrap();
-    let pid: libc::pid_t = until(LIMIT, "the command to start", || {
-        let read = std::fs::read_to_string(&pidfile).ok();
-        async move { read.and_then(|s| s.trim().parse().ok()) }
-    })
-    .await;
-    let failed = until(LIMIT, "the job to time out", || {
-        let client = client.clone();
-        let id = job.id.clone();
-        async move {
-            let job = client.get_job(id).await.unwrap();
-            (job.status == pb::JobStatus::Failed as i32).then_some(job)
-        }
-    })
-    .await;
+    let pid = pid_written(&pidfile).await;
+    let failed = job_in(&client, &job.id, pb::JobStatus::Failed).await;
     assert_eq!(
         failed.last_error, "timed out after 2s (--timeout)",
         "{failed:?}"
@@ -878,12 +876,7 @@ async fn work_times_out_a_command_and_kills_what_ignores_sigterm() {
         (!alive(pid)).then_some(())
     })
     .await;
-    signal(&worker, libc::SIGTERM);
-    let status = tokio::time::timeout(LIMIT, worker.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status:?}");
+    drains_and_exits_0(&mut worker).await;
 }
 
 /// A command that exits but leaves a background process holding its
@@ -922,20 +915,11 @@ async fn work_acks_a_command_whose_background_child_keeps_stderr_open() {
     })
     .await;
     assert_eq!(done.status, pb::JobStatus::Done as i32, "{done:?}");
-    signal(&worker, libc::SIGTERM);
-    let status = tokio::time::timeout(LIMIT, worker.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status:?}");
-    if let Some(pid) = std::fs::read_to_string(&pidfile)
-        .ok()
-        .and_then(|s| s.trim().parse::<libc::pid_t>().ok())
-    {
-        // SAFETY: kill(2) on the sleep this test started.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
+    drains_and_exits_0(&mut worker).await;
+    let sleep = pid_written(&pidfile).await;
+    // SAFETY: kill(2) on the sleep this test started.
+    unsafe {
+        libc::kill(sleep, libc::SIGKILL);
     }
 }
 
@@ -1096,12 +1080,7 @@ async fn work_dead_letters_a_job_whose_command_exits_with_a_fatal_code() {
         other.status == jobq_client::Status::Pending || other.history.len() == 2,
         "a plain failure is retried: {other:?}"
     );
-    signal(&worker, libc::SIGTERM);
-    let status = tokio::time::timeout(LIMIT, worker.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(status.success(), "{status:?}");
+    drains_and_exits_0(&mut worker).await;
     let bad = jobq(
         &url,
         &[

@@ -540,8 +540,12 @@ pub enum Access<'a> {
     /// Read one job (GetJob).
     ReadJob(JobId),
     /// Read one queue (ListJobs, Stats with a queue); `None`: all queues,
-    /// filtered afterwards with [`Who::sees`].
+    /// filtered afterwards with [`Who::sees`] (Stats, ListSchedules).
     ReadQueue(Option<&'a str>),
+    /// List jobs of one queue, or (`None`) across every queue, which takes
+    /// read on every queue: across queues a page would step through other
+    /// queues' jobs, and its page token would name one of them.
+    ListJobs(Option<&'a str>),
     /// Change one job as an operator (Retry, CancelJob, DeleteJob).
     Administer(JobId),
     /// Change one queue as an operator (PauseQueue, ResumeQueue, PurgeJobs,
@@ -590,6 +594,15 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
             ))),
             _ => Ok(()),
         },
+        Access::ListJobs(Some(queue)) => who.require(Role::Read, queue),
+        Access::ListJobs(None) if caller.may_everywhere(Role::Read) => Ok(()),
+        Access::ListJobs(None) if !caller.has_role(Role::Read) => Err(Error::PermissionDenied(
+            format!("token {:?} has no read role on any queue", caller.name()),
+        )),
+        Access::ListJobs(None) => Err(Error::PermissionDenied(format!(
+            "token {:?} reads only some queues: name one (ListJobs across every queue needs read on `*`)",
+            caller.name()
+        ))),
         Access::Administer(id) => job_role(store, caller, id, Role::Admin).await,
         Access::AdministerQueue(queue) => who.require(Role::Admin, queue),
         Access::AdministerSchedule(name) => {

@@ -9,7 +9,7 @@ use std::{
 };
 
 use jobq_server::{
-    job::{JobId, LeaseId, NewJob, Outcome, Status},
+    job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
     store::{sled::SledStore, LeaseEnded, Store},
     Config,
 };
@@ -208,13 +208,17 @@ async fn with_deliver_before_fsync_a_job_is_taken_before_its_enqueue_is_durable(
     assert_eq!(enqueued.job.id, leased.job.id);
 }
 
-/// A repeated Ack (its first reply lost) is refused as "already DONE": that
-/// answer must not come before the first Ack is durable, or a crash could
-/// undo what the refusal reported done.
-#[tokio::test]
-async fn a_refusal_waits_until_the_state_it_read_is_durable() {
-    let dir = TempDir::new().unwrap();
-    let mut config = config(&dir);
+/// A store whose rounds take 300 ms, with one job leased and an Ack of it
+/// applied in memory, its round still running (the Ack's task returned).
+async fn acked_not_yet_durable(
+    dir: &TempDir,
+) -> (
+    Arc<SledStore>,
+    Job,
+    Leased,
+    tokio::task::JoinHandle<jobq_server::Result<Job>>,
+) {
+    let mut config = config(dir);
     config.fault_sync_delay = Some(Duration::from_millis(300));
     let store = Arc::new(SledStore::open(&config).unwrap());
     let job = store
@@ -227,14 +231,24 @@ async fn a_refusal_waits_until_the_state_it_read_is_durable() {
         .await
         .unwrap()
         .expect("due");
-    let first = tokio::spawn({
-        let store = Arc::clone(&store);
-        async move { store.ack(job.id, leased.lease_id, SystemTime::now()).await }
+    let ack = tokio::spawn({
+        let (store, lease) = (Arc::clone(&store), leased.lease_id);
+        async move { store.ack(job.id, lease, SystemTime::now()).await }
     });
     // Applied in memory, its round (300 ms) still running.
     while store.get(job.id).await.unwrap().status != Status::Done {
         tokio::task::yield_now().await;
     }
+    (store, job, leased, ack)
+}
+
+/// A repeated Ack (its first reply lost) is refused as "already DONE": that
+/// answer must not come before the first Ack is durable, or a crash could
+/// undo what the refusal reported done.
+#[tokio::test]
+async fn a_refusal_waits_until_the_state_it_read_is_durable() {
+    let dir = TempDir::new().unwrap();
+    let (store, job, leased, first) = acked_not_yet_durable(&dir).await;
     let rounds = store.flush_rounds();
     let again = store
         .ack(job.id, leased.lease_id, SystemTime::now())
@@ -255,26 +269,7 @@ async fn a_refusal_waits_until_the_state_it_read_is_durable() {
 #[tokio::test]
 async fn a_heartbeat_whose_leases_are_all_refused_waits_for_durability() {
     let dir = TempDir::new().unwrap();
-    let mut config = config(&dir);
-    config.fault_sync_delay = Some(Duration::from_millis(300));
-    let store = Arc::new(SledStore::open(&config).unwrap());
-    let job = store
-        .enqueue(new_job(None), SystemTime::now())
-        .await
-        .unwrap()
-        .job;
-    let leased = store
-        .take(&queues(), "w", None, LEASE, SystemTime::now())
-        .await
-        .unwrap()
-        .expect("due");
-    let ack = tokio::spawn({
-        let store = Arc::clone(&store);
-        async move { store.ack(job.id, leased.lease_id, SystemTime::now()).await }
-    });
-    while store.get(job.id).await.unwrap().status != Status::Done {
-        tokio::task::yield_now().await;
-    }
+    let (store, job, leased, ack) = acked_not_yet_durable(&dir).await;
     let rounds = store.flush_rounds();
     let results = store
         .extend(&[(job.id, leased.lease_id)], None, SystemTime::now())
