@@ -270,6 +270,20 @@ pub struct FaultSync {
 /// times and a history of a few dozen attempts with their errors.
 const REPLY_HEADROOM: usize = 64 * 1024;
 
+/// A duration as the flags take it, in units no longer than a day:
+/// `365days`, not humantime's `11months 30days 3h 50m 24s` (it counts a
+/// month as 30.44 days).
+pub fn duration_text(d: Duration) -> String {
+    const DAY: u64 = 24 * 60 * 60;
+    let days = d.as_secs() / DAY;
+    let rest = d - Duration::from_secs(days * DAY);
+    match (days, rest.is_zero()) {
+        (0, _) => humantime::format_duration(rest).to_string(),
+        (_, true) => format!("{days}days"),
+        (_, false) => format!("{days}days {}", humantime::format_duration(rest)),
+    }
+}
+
 impl Config {
     /// The defaults, with the given data folder; for tests and embedding.
     pub fn with_data(data: impl Into<PathBuf>) -> Config {
@@ -369,8 +383,8 @@ impl Config {
             if value > MAX_LIMIT_DURATION {
                 return Err(format!(
                     "{flag} {} is over the longest jobq accepts, {}",
-                    humantime::format_duration(value),
-                    humantime::format_duration(MAX_LIMIT_DURATION)
+                    duration_text(value),
+                    duration_text(MAX_LIMIT_DURATION)
                 ));
             }
         }
@@ -398,8 +412,8 @@ impl Config {
             if low > high {
                 return Err(format!(
                     "{low_flag} {} is longer than {high_flag} {}",
-                    humantime::format_duration(low),
-                    humantime::format_duration(high)
+                    duration_text(low),
+                    duration_text(high)
                 ));
             }
         }
@@ -478,4 +492,28 @@ fn parse_http_listen(s: &str) -> Result<HttpListen, String> {
     s.parse()
         .map(|a| HttpListen(Some(a)))
         .map_err(|e| format!("{s:?} is neither an address nor `off`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::duration_text;
+
+    #[test]
+    fn limits_read_back_in_the_units_the_flags_take() {
+        const DAY: u64 = 24 * 60 * 60;
+        assert_eq!(duration_text(Duration::from_secs(365 * DAY)), "365days");
+        assert_eq!(
+            duration_text(Duration::from_secs(400 * DAY + 90)),
+            "400days 1m 30s"
+        );
+        assert_eq!(duration_text(Duration::from_secs(12 * 3600)), "12h");
+        assert_eq!(duration_text(Duration::from_millis(1500)), "1s 500ms");
+        assert_eq!(duration_text(Duration::ZERO), "0s");
+        for text in ["365days", "400days 1m 30s", "12h"] {
+            let parsed = humantime::parse_duration(text).unwrap();
+            assert_eq!(duration_text(parsed), text, "round trip");
+        }
+    }
 }

@@ -139,9 +139,28 @@ pub fn due_tick(schedule: &Schedule, table: &Timetable, now: SystemTime) -> Opti
     let tick = table.latest_at_or_before(now)?;
     let fresh = match schedule.last_tick {
         Some(last) if last <= now + CLOCK_AHEAD_MARGIN => tick > last,
-        _ => tick >= schedule.created_at,
+        _ => tick >= schedule.created_at && schedule.created_at <= now + CLOCK_AHEAD_MARGIN,
     };
     fresh.then_some(tick)
+}
+
+/// For a schedule created under a clock that ran ahead (its `created_at`
+/// more than [`CLOCK_AHEAD_MARGIN`] past `now`) and with no trusted
+/// `last_tick`: the time to record as its last tick, without enqueueing
+/// anything, so that it runs from its next tick on rather than stay silent
+/// until the clock catches up with `created_at`. Ticks up to then may
+/// predate the schedule (its real creation time is lost), so none of them
+/// is enqueued. `None` for every other schedule.
+pub fn untrusted_start(
+    schedule: &Schedule,
+    table: &Timetable,
+    now: SystemTime,
+) -> Option<SystemTime> {
+    let trusted = |t: SystemTime| t <= now + CLOCK_AHEAD_MARGIN;
+    if trusted(schedule.created_at) || schedule.last_tick.is_some_and(trusted) {
+        return None;
+    }
+    Some(table.latest_at_or_before(now).unwrap_or(now))
 }
 
 /// The job key of one tick: `schedule:<name>:<tick in RFC 3339, UTC>`.
@@ -240,6 +259,34 @@ mod tests {
             due_tick(&s, &t, at("2026-12-03T10:00:30Z")),
             Some(at("2026-12-03T10:00:00Z"))
         );
+    }
+
+    #[test]
+    fn a_schedule_created_under_a_clock_that_ran_ahead_runs_from_its_next_tick() {
+        // Created a day ahead; the clock was then set back.
+        let mut s = schedule("*/10 * * * *", "UTC", "2026-12-06T10:00:00Z");
+        let t = Timetable::of(&s).unwrap();
+        let now = at("2026-12-05T10:05:00Z");
+        assert_eq!(
+            due_tick(&s, &t, now),
+            None,
+            "ticks before it may predate it"
+        );
+        let start = untrusted_start(&s, &t, now).expect("an untrusted creation time");
+        assert_eq!(start, at("2026-12-05T10:00:00Z"));
+        // Recorded as its last tick, it runs from the next one on.
+        s.last_tick = Some(start);
+        assert_eq!(untrusted_start(&s, &t, now), None);
+        assert_eq!(
+            due_tick(&s, &t, at("2026-12-05T10:10:30Z")),
+            Some(at("2026-12-05T10:10:00Z"))
+        );
+        // A last tick from the same clock is not trusted either.
+        s.last_tick = Some(at("2026-12-06T10:10:00Z"));
+        assert!(untrusted_start(&s, &t, now).is_some());
+        // Within the margin, creation times are trusted as before.
+        let s = schedule("*/10 * * * *", "UTC", "2026-12-05T10:06:00Z");
+        assert_eq!(untrusted_start(&s, &t, now), None);
     }
 
     #[test]

@@ -7,19 +7,22 @@
 //! takes effect within that. Every server runs one; the tick's job key
 //! makes a tick one job however many of them enqueue it, and `last_tick`
 //! (moved forward once the job is stored) keeps a restart from enqueueing a
-//! tick whose job was already purged.
+//! tick whose job was already purged. A pass enqueues its due ticks
+//! [`TICKS_AT_ONCE`] at a time, each through [`Store::fire_schedule`],
+//! which checks that the schedule is still the one the pass read.
 
 use std::{
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
     job::{Metadata, NewJob},
-    schedule::{due_tick, tick_key, Schedule, Timetable},
+    schedule::{due_tick, tick_key, untrusted_start, Schedule, Timetable},
     store::Store,
     waiter::instant_at,
 };
@@ -30,6 +33,10 @@ pub const RELOAD_EVERY: Duration = Duration::from_secs(1);
 /// The metadata key naming the schedule that made a job.
 pub const SCHEDULE_METADATA: &str = "jobq-schedule";
 
+/// Ticks of one pass enqueued at once: schedules due together (the top of
+/// the hour) share commit rounds instead of waiting for one each in turn.
+const TICKS_AT_ONCE: usize = 64;
+
 /// Runs until `shutdown` fires.
 pub async fn run<S: Store>(store: Arc<S>, shutdown: CancellationToken) {
     loop {
@@ -37,8 +44,12 @@ pub async fn run<S: Store>(store: Arc<S>, shutdown: CancellationToken) {
         let mut wake = now + RELOAD_EVERY;
         match store.schedules().await {
             Ok(schedules) => {
-                for schedule in schedules {
-                    if let Some(next) = tick(&*store, &schedule, now).await {
+                let store = &*store;
+                let mut passes = futures::stream::iter(schedules)
+                    .map(|schedule| async move { tick(store, &schedule, now).await })
+                    .buffer_unordered(TICKS_AT_ONCE);
+                while let Some(next) = passes.next().await {
+                    if let Some(next) = next {
                         wake = wake.min(next);
                     }
                 }
@@ -61,11 +72,18 @@ async fn tick<S: Store>(store: &S, schedule: &Schedule, now: SystemTime) -> Opti
             return None;
         }
     };
-    if let Some(at) = due_tick(schedule, &table, now) {
+    let retry = Some(now + Duration::from_millis(200));
+    if let Some(start) = untrusted_start(schedule, &table, now) {
+        warn!(schedule = %schedule.name, "the schedule was created under a clock that ran ahead; it runs from its next tick");
+        if let Err(err) = store.schedule_ticked(schedule, start).await {
+            warn!(schedule = %schedule.name, cause = %err, "recording a schedule's start failed; retrying");
+            return retry;
+        }
+    } else if let Some(at) = due_tick(schedule, &table, now) {
         if let Err(err) = enqueue(store, schedule, at).await {
             // Tried again on the next pass: the tick is still the latest.
             warn!(schedule = %schedule.name, cause = %err, "enqueueing a schedule's tick failed; retrying");
-            return Some(now + Duration::from_millis(200));
+            return retry;
         }
     }
     table.next_after(now)
@@ -83,10 +101,14 @@ async fn enqueue<S: Store>(store: &S, schedule: &Schedule, at: SystemTime) -> cr
         priority: 0,
         metadata: Metadata::from([(SCHEDULE_METADATA.to_owned(), schedule.name.clone())]),
     };
-    let enqueued = store.enqueue(new, SystemTime::now()).await?;
-    store.schedule_ticked(&schedule.name, at).await?;
-    if enqueued.created {
-        info!(schedule = %schedule.name, job.id = %enqueued.job.id, queue = %schedule.queue, %key, "schedule tick enqueued");
+    match store.fire_schedule(schedule, at, new).await? {
+        Some(enqueued) if enqueued.created => {
+            info!(schedule = %schedule.name, job.id = %enqueued.job.id, queue = %schedule.queue, %key, "schedule tick enqueued");
+        }
+        Some(_) => {}
+        None => {
+            info!(schedule = %schedule.name, %key, "schedule deleted or replaced before its tick; not enqueued")
+        }
     }
     Ok(())
 }

@@ -298,9 +298,12 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             Access::AdministerSchedule(&schedule.name),
         )
         .await?;
-        let existing = self.store.schedules().await?;
-        validate::schedule_room(&existing, &schedule, &self.config)?;
-        self.store.put_schedule(schedule.clone()).await?;
+        let config = &self.config;
+        self.store
+            .put_schedule(schedule.clone(), |existing| {
+                validate::schedule_room(existing, &schedule, config)
+            })
+            .await?;
         Ok(Response::new(pb::CreateScheduleResponse {
             schedule: Some(convert::schedule(schedule, now)),
         }))

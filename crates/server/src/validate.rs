@@ -9,7 +9,7 @@ use std::time::Duration;
 use jobq::pb;
 
 use crate::{
-    config::Config,
+    config::{duration_text, Config},
     error::{Error, Result},
     job::{JobId, LeaseId, NewJob, Status, PRIORITY_MAX, PRIORITY_MIN},
     leases::StreamSpec,
@@ -101,9 +101,9 @@ fn delay(
     if let Some(d) = d {
         if d > config.max_delay {
             return Err(invalid(format!(
-                "{field} {} is over the limit of {}",
-                humantime::format_duration(d),
-                humantime::format_duration(config.max_delay)
+                "{field} {} is over the limit of {} (--max-delay)",
+                duration_text(d),
+                duration_text(config.max_delay)
             )));
         }
     }
@@ -122,10 +122,10 @@ pub fn lease(
     };
     if d < config.min_lease || d > config.max_lease {
         return Err(invalid(format!(
-            "{field} {} is out of range {}..={}",
-            humantime::format_duration(d),
-            humantime::format_duration(config.min_lease),
-            humantime::format_duration(config.max_lease)
+            "{field} {} is out of range {}..={} (--min-lease, --max-lease)",
+            duration_text(d),
+            duration_text(config.min_lease),
+            duration_text(config.max_lease)
         )));
     }
     Ok(d)
@@ -277,8 +277,8 @@ pub fn dequeue(req: pb::DequeueRequest, config: &Config) -> Result<(TakeSpec, Du
     if wait > config.max_wait {
         return Err(invalid(format!(
             "wait {} is over the limit of {} (--max-wait)",
-            humantime::format_duration(wait),
-            humantime::format_duration(config.max_wait)
+            duration_text(wait),
+            duration_text(config.max_wait)
         )));
     }
     Ok((spec, wait))

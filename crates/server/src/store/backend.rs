@@ -128,12 +128,17 @@ pub trait Backend: Send + Sync + 'static {
     /// Every schedule, sorted by name.
     fn schedules(&self) -> impl Future<Output = Result<Vec<Schedule>>> + Send;
 
+    /// One schedule by name, if there is one.
+    fn schedule(&self, name: &str) -> impl Future<Output = Result<Option<Schedule>>> + Send;
+
     /// Records that a schedule's `tick` was enqueued: its `last_tick`
-    /// becomes `tick` unless it is already as late (or the schedule is
-    /// gone).
+    /// becomes `tick` unless it is already as late, or the schedule of
+    /// that name is gone or is another one (created at another time than
+    /// `created_at`: replaced).
     fn schedule_ticked(
         &self,
         name: &str,
+        created_at: SystemTime,
         tick: SystemTime,
     ) -> impl Future<Output = Result<()>> + Send;
 

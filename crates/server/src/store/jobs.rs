@@ -58,6 +58,9 @@ pub struct Jobs<B> {
     backoff: Backoff,
     signals: Arc<Signals>,
     stop: Arc<Stop>,
+    /// Schedule creates and deletes hold it alone, a schedule's tick
+    /// shared (see [`Store::fire_schedule`]).
+    schedule_gate: Arc<tokio::sync::RwLock<()>>,
     /// Wake waiters when a change that makes a job due is applied, not
     /// once it is durable (`--deliver-before-fsync`).
     early_wake: bool,
@@ -71,6 +74,7 @@ impl<B> Clone for Jobs<B> {
             backoff: self.backoff,
             signals: Arc::clone(&self.signals),
             stop: Arc::clone(&self.stop),
+            schedule_gate: Arc::clone(&self.schedule_gate),
             early_wake: self.early_wake,
         }
     }
@@ -86,6 +90,7 @@ impl<B: Backend> Jobs<B> {
             backoff,
             signals,
             stop: Arc::new(Stop::default()),
+            schedule_gate: Arc::default(),
             early_wake: false,
         }
     }
@@ -682,14 +687,21 @@ impl<B: Backend> Store for Jobs<B> {
         self.commit(&[], false).await
     }
 
-    async fn put_schedule(&self, schedule: Schedule) -> Result<()> {
+    async fn put_schedule(
+        &self,
+        schedule: Schedule,
+        room: impl FnOnce(&[Schedule]) -> Result<()> + Send,
+    ) -> Result<()> {
         self.check()?;
+        let _alone = self.schedule_gate.write().await;
+        room(&self.backend.schedules().await?)?;
         self.written(self.backend.put_schedule(&schedule).await)?;
         self.commit(&[], false).await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<Option<Schedule>> {
         self.check()?;
+        let _alone = self.schedule_gate.write().await;
         let gone = self.written(self.backend.delete_schedule(name).await)?;
         self.commit(&[], false).await?;
         Ok(gone)
@@ -700,10 +712,33 @@ impl<B: Backend> Store for Jobs<B> {
         self.backend.schedules().await
     }
 
-    async fn schedule_ticked(&self, name: &str, tick: SystemTime) -> Result<()> {
+    async fn schedule_ticked(&self, schedule: &Schedule, tick: SystemTime) -> Result<()> {
         self.check()?;
-        self.written(self.backend.schedule_ticked(name, tick).await)?;
+        self.written(
+            self.backend
+                .schedule_ticked(&schedule.name, schedule.created_at, tick)
+                .await,
+        )?;
         self.commit(&[], false).await
+    }
+
+    async fn fire_schedule(
+        &self,
+        schedule: &Schedule,
+        tick: SystemTime,
+        job: NewJob,
+    ) -> Result<Option<Enqueued>> {
+        self.check()?;
+        // Creates and deletes wait for the ticks under way, and a tick
+        // after them finds the schedule changed.
+        let _shared = self.schedule_gate.read().await;
+        match self.backend.schedule(&schedule.name).await? {
+            Some(current) if current.created_at == schedule.created_at => {}
+            _ => return Ok(None),
+        }
+        let enqueued = self.enqueue(job, SystemTime::now()).await?;
+        self.schedule_ticked(schedule, tick).await?;
+        Ok(Some(enqueued))
     }
 
     async fn heartbeat(&self) -> Result<()> {

@@ -291,9 +291,14 @@ pub trait Store: Send + Sync + 'static {
     /// NOT_FOUND for an unknown one.
     fn delete(&self, id: JobId) -> impl Future<Output = Result<()>> + Send;
 
-    /// Stores a schedule, replacing one of the same name. Durable on
-    /// return.
-    fn put_schedule(&self, schedule: Schedule) -> impl Future<Output = Result<()>> + Send;
+    /// Stores a schedule, replacing one of the same name, if `room`
+    /// accepts it beside the schedules there are (which it is shown, with
+    /// no other create or delete in between). Durable on return.
+    fn put_schedule(
+        &self,
+        schedule: Schedule,
+        room: impl FnOnce(&[Schedule]) -> Result<()> + Send,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Deletes a schedule; returns it, or `None` if there was none.
     /// Durable on return.
@@ -302,13 +307,25 @@ pub trait Store: Send + Sync + 'static {
     /// Every schedule, sorted by name.
     fn schedules(&self) -> impl Future<Output = Result<Vec<Schedule>>> + Send;
 
-    /// Records that a schedule's `tick` was enqueued (`last_tick` only
-    /// moves forward). Durable on return.
+    /// Records that `schedule`'s `tick` was enqueued, or is to be skipped
+    /// (`last_tick` only moves forward; nothing once the schedule is
+    /// deleted or replaced). Durable on return.
     fn schedule_ticked(
         &self,
-        name: &str,
+        schedule: &Schedule,
         tick: SystemTime,
     ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Enqueues `job` for `schedule`'s `tick` and records the tick, unless
+    /// the schedule was deleted or replaced since it was read: then
+    /// `Ok(None)`. On one server, a delete or replace that has returned is
+    /// never followed by a job from the old schedule. Durable on return.
+    fn fire_schedule(
+        &self,
+        schedule: &Schedule,
+        tick: SystemTime,
+        job: NewJob,
+    ) -> impl Future<Output = Result<Option<Enqueued>>> + Send;
 
     /// Keeps this server registered as alive, for a store shared by
     /// several servers; nothing otherwise.

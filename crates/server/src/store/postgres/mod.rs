@@ -459,8 +459,17 @@ impl Backend for Pg {
         Ok(schedules::all(self).await?)
     }
 
-    async fn schedule_ticked(&self, name: &str, tick: SystemTime) -> Result<()> {
-        Ok(schedules::ticked(self, name, tick).await?)
+    async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {
+        Ok(schedules::get(self, name).await?)
+    }
+
+    async fn schedule_ticked(
+        &self,
+        name: &str,
+        created_at: SystemTime,
+        tick: SystemTime,
+    ) -> Result<()> {
+        Ok(schedules::ticked(self, name, created_at, tick).await?)
     }
 
     async fn get(&self, id: JobId) -> Result<crate::job::Job> {

@@ -94,20 +94,44 @@ pub async fn all(pg: &Pg) -> Result<Vec<Schedule>, PgError> {
         .collect()
 }
 
-/// Moves a schedule's `last_tick` forward to `tick`; back only from a
-/// `last_tick` further in the future than
-/// [`crate::schedule::CLOCK_AHEAD_MARGIN`] (recorded under a clock that ran
-/// ahead).
-pub async fn ticked(pg: &Pg, name: &str, tick: SystemTime) -> Result<(), PgError> {
+/// One schedule by name.
+pub async fn get(pg: &Pg, name: &str) -> Result<Option<Schedule>, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobq_schedules WHERE name = $1"
+        ))
+        .await?;
+    client
+        .query_opt(&stmt, &[&name])
+        .await?
+        .as_ref()
+        .map(schedule_of)
+        .transpose()
+}
+
+/// Moves the `last_tick` of the schedule `name` created at `created_at`
+/// forward to `tick`; back only from a `last_tick` further in the future
+/// than [`crate::schedule::CLOCK_AHEAD_MARGIN`] (recorded under a clock
+/// that ran ahead). Nothing for a schedule gone or replaced.
+pub async fn ticked(
+    pg: &Pg,
+    name: &str,
+    created_at: SystemTime,
+    tick: SystemTime,
+) -> Result<(), PgError> {
     let client = pg.client().await?;
     let stmt = client
         .prepare_cached(
             "UPDATE jobq_schedules SET last_tick = $2 \
-             WHERE name = $1 AND (last_tick IS NULL OR last_tick < $2 \
-                                  OR last_tick > now() + make_interval(secs => $3))",
+             WHERE name = $1 AND created_at = $4 \
+               AND (last_tick IS NULL OR last_tick < $2 \
+                    OR last_tick > now() + make_interval(secs => $3))",
         )
         .await?;
     let margin = crate::schedule::CLOCK_AHEAD_MARGIN.as_secs_f64();
-    client.execute(&stmt, &[&name, &tick, &margin]).await?;
+    client
+        .execute(&stmt, &[&name, &tick, &margin, &created_at])
+        .await?;
     Ok(())
 }

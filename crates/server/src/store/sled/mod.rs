@@ -1083,9 +1083,24 @@ impl Backend for Sled {
         schedules::all(&self.schedules_tree)
     }
 
-    async fn schedule_ticked(&self, name: &str, tick: SystemTime) -> Result<()> {
+    async fn schedule(&self, name: &str) -> Result<Option<Schedule>> {
+        schedules::get(&self.schedules_tree, name)
+    }
+
+    async fn schedule_ticked(
+        &self,
+        name: &str,
+        created_at: SystemTime,
+        tick: SystemTime,
+    ) -> Result<()> {
         let _state = self.lock();
-        schedules::ticked(&self.schedules_tree, name, tick, SystemTime::now())
+        schedules::ticked(
+            &self.schedules_tree,
+            name,
+            created_at,
+            tick,
+            SystemTime::now(),
+        )
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {

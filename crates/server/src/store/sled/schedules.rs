@@ -47,22 +47,32 @@ pub(super) fn all(tree: &sled::Tree) -> Result<Vec<Schedule>> {
         .collect()
 }
 
-/// Moves a schedule's `last_tick` forward to `tick`; back only from a
-/// `last_tick` more than [`crate::schedule::CLOCK_AHEAD_MARGIN`] past
-/// `now` (recorded under a clock that ran ahead).
+/// One schedule by name.
+pub(super) fn get(tree: &sled::Tree, name: &str) -> Result<Option<Schedule>> {
+    match tree.get(name.as_bytes()).map_err(SledError::from)? {
+        Some(value) => decode(name.as_bytes(), &value).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Moves the `last_tick` of the schedule `name` created at `created_at`
+/// forward to `tick`; back only from a `last_tick` more than
+/// [`crate::schedule::CLOCK_AHEAD_MARGIN`] past `now` (recorded under a
+/// clock that ran ahead). Nothing for a schedule gone or replaced.
 pub(super) fn ticked(
     tree: &sled::Tree,
     name: &str,
+    created_at: SystemTime,
     tick: SystemTime,
     now: SystemTime,
 ) -> Result<()> {
-    let Some(value) = tree.get(name.as_bytes()).map_err(SledError::from)? else {
+    let Some(mut schedule) = get(tree, name)? else {
         return Ok(());
     };
-    let mut schedule = decode(name.as_bytes(), &value)?;
-    if schedule
-        .last_tick
-        .is_some_and(|last| last >= tick && last <= now + crate::schedule::CLOCK_AHEAD_MARGIN)
+    if schedule.created_at != created_at
+        || schedule
+            .last_tick
+            .is_some_and(|last| last >= tick && last <= now + crate::schedule::CLOCK_AHEAD_MARGIN)
     {
         return Ok(());
     }
