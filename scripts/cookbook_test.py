@@ -224,7 +224,7 @@ def check_stats(cb, block, r):
         queues = r.ok().json().get("queues", [])
         got = {k: q.get(k, "0") for q in queues for k in
                ("queue", "pending", "running", "done", "failed")}
-        want = {"queue": "email", "pending": "2", "running": "0", "done": "1",
+        want = {"queue": "emails", "pending": "2", "running": "0", "done": "1",
                 "failed": "0"}
         if len(queues) == 1 and got == want:
             break
