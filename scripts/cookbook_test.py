@@ -255,7 +255,7 @@ def check_paused_stats(cb, block, r):
     expect(len(queues) == 1 and queues[0].get("paused") is True, queues)
     expect(queues[0].get("pending") == "1", queues)
     # While paused, a Dequeue gets nothing (the README says so).
-    dq = cb.run("grpcurl -plaintext -d '{\"queues\": [\"email\"], \"worker_id\": "
+    dq = cb.run("grpcurl -plaintext -d '{\"queues\": [\"emails\"], \"worker_id\": "
                 "\"cli-worker\"}' 127.0.0.1:50051 jobq.v1.JobQueue/Dequeue").ok().json()
     expect(dq == {}, f"a paused queue handed out {dq}")
     return ["Dequeue while paused -> {}"]
@@ -263,7 +263,7 @@ def check_paused_stats(cb, block, r):
 
 def check_resume(cb, block, r):
     expect(r.ok().json() == {}, r.out)
-    stats = cb.run("grpcurl -plaintext -d '{\"queue\": \"email\"}' 127.0.0.1:50051 "
+    stats = cb.run("grpcurl -plaintext -d '{\"queue\": \"emails\"}' 127.0.0.1:50051 "
                    "jobq.v1.JobQueue/Stats").ok().json()
     expect("paused" not in stats["queues"][0], stats)
     return ["Stats after resume -> not paused"]
@@ -279,7 +279,7 @@ def check_delete(cb, block, r):
 
 def check_purge(cb, block, r):
     expect(r.ok().json() == {"deleted": "1"}, r.out)
-    stats = cb.run("grpcurl -plaintext -d '{\"queue\": \"email\"}' 127.0.0.1:50051 "
+    stats = cb.run("grpcurl -plaintext -d '{\"queue\": \"emails\"}' 127.0.0.1:50051 "
                    "jobq.v1.JobQueue/Stats").ok().json()
     q = stats["queues"][0]
     expect(q.get("pending") == "1" and "done" not in q and "failed" not in q, q)
