@@ -66,10 +66,15 @@ impl Retention {
     /// purging waits as long as the clock was ahead). A pass then reads the
     /// purgeable jobs, not every retained one.
     pub fn past_every_cutoff(&self, job: &Job) -> bool {
+        self.enqueued_past_every_cutoff(job.enqueued_at)
+    }
+
+    /// [`Retention::past_every_cutoff`] for a job enqueued at `enqueued_at`.
+    pub fn enqueued_past_every_cutoff(&self, enqueued_at: SystemTime) -> bool {
         let cutoff = self.done_before.max(self.failed_before);
         cutoff
             .checked_add(ENQUEUE_ORDER_SLACK)
-            .is_some_and(|late| job.enqueued_at > late)
+            .is_some_and(|late| enqueued_at > late)
     }
 
     /// Whether a job is old enough to purge. Never a PENDING or RUNNING

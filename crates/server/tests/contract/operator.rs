@@ -332,3 +332,29 @@ async fn purge_jobs_goes_through_more_than_one_batch() {
         (1080, 0, 0)
     );
 }
+
+#[tokio::test]
+async fn a_purge_pass_stops_at_the_first_job_enqueued_well_after_every_cutoff() {
+    use jobq_server::store::{rules::Retention, Backend};
+    let (_dir, store) = fresh().await;
+    // More finished jobs than a step of either engine reads, all enqueued
+    // long after the cutoffs: none is purgeable, and a pass that walked
+    // them would read them all, a chunk at a time.
+    let batch: Vec<NewJob> = (0..1100).map(|_| new_job("q", None, 0)).collect();
+    for e in store.enqueue_batch(batch, at(100_000)).await.unwrap() {
+        store
+            .cancel(e.job.id, String::new(), at(100_001))
+            .await
+            .unwrap();
+    }
+    let retention = Retention {
+        done_before: at(1_000),
+        failed_before: at(1_000),
+        queue: None,
+    };
+    assert_eq!(
+        store.backend().purge_chunk(None, retention).await.unwrap(),
+        (0, None),
+        "the first job read ends the pass"
+    );
+}

@@ -4,12 +4,25 @@
 //! DELETE CASCADE`), and a deleted job frees its key. Which jobs go is
 //! decided by [`Retention::purgeable`], the rule every store shares; the
 //! SQL only narrows the candidates.
+//!
+//! A step's scan covers at most [`PURGE_ID_WINDOW`] ids, and a pass stops
+//! at the first job past the window that was enqueued well after both
+//! cutoffs ([`Retention::past_every_cutoff`]): a pass reads the jobs old
+//! enough to be purged, not the rest of the table. (Unbounded, the scan for
+//! the last chunk walked every later row in one statement: 1.3 s and 309k
+//! buffers at 10M jobs, every pass, on every server.)
+
+use std::time::SystemTime;
 
 use super::{error::PgError, row, Pg};
 use crate::{job::JobId, store::rules::Retention};
 
-/// Rows looked at per purge step.
+/// Rows deleted per purge step, at most.
 const PURGE_CHUNK: i64 = 1000;
+
+/// Ids one step's scan covers, at most (ids come from a sequence, so
+/// about as many rows).
+const PURGE_ID_WINDOW: i64 = 50_000;
 
 /// One purge step, as [`crate::store::Backend::purge_chunk`].
 pub async fn purge_chunk(
@@ -20,17 +33,22 @@ pub async fn purge_chunk(
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
     let after = after.map_or(0, |id| row::to_db(id.0));
+    let until = after.saturating_add(PURGE_ID_WINDOW);
     let latest = retention.done_before.max(retention.failed_before);
     let select = tx
         .prepare_cached(&format!(
-            "SELECT {} FROM jobq_jobs WHERE id > $1 AND status IN ('done', 'failed') \
+            "SELECT {} FROM jobq_jobs WHERE id > $1 AND id <= $5 \
+             AND status IN ('done', 'failed') \
              AND finished_at < $2 AND ($4::text IS NULL OR queue = $4) \
              ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED",
             *row::CHANGE_COLUMNS
         ))
         .await?;
     let rows = tx
-        .query(&select, &[&after, &latest, &PURGE_CHUNK, &retention.queue])
+        .query(
+            &select,
+            &[&after, &latest, &PURGE_CHUNK, &retention.queue, &until],
+        )
         .await?;
     let mut doomed = Vec::new();
     let mut last = None;
@@ -47,11 +65,21 @@ pub async fn purge_chunk(
         tx.execute("DELETE FROM jobq_jobs WHERE id = ANY($1)", &[&doomed])
             .await?
     };
-    tx.commit().await?;
     let next = if i64::try_from(rows.len()).unwrap_or(0) == PURGE_CHUNK {
         last
     } else {
-        None
+        // The window is done: on past it, unless nothing follows or what
+        // follows was enqueued after every cutoff.
+        let following = tx
+            .prepare_cached("SELECT enqueued_at FROM jobq_jobs WHERE id > $1 ORDER BY id LIMIT 1")
+            .await?;
+        match tx.query_opt(&following, &[&until]).await? {
+            Some(r) if !retention.enqueued_past_every_cutoff(r.try_get::<_, SystemTime>(0)?) => {
+                Some(JobId(row::from_db(until)))
+            }
+            _ => None,
+        }
     };
+    tx.commit().await?;
     Ok((deleted, next))
 }

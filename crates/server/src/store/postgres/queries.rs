@@ -348,15 +348,19 @@ fn on_local_clock(clock: Clock, at: Option<SystemTime>, db_now: SystemTime) -> O
     })
 }
 
-/// Leases that expired at `at` (or the database's `now()`). Rows another
-/// server's reaper holds are skipped: it is reclaiming them.
+/// Leases that expired at `at` (or the database's `now()`). A plain read:
+/// several servers' reapers may list the same lease, and the reclaim that
+/// follows names the lease id, so only one of them reclaims it (the
+/// others' are refused as stale). A `FOR UPDATE SKIP LOCKED` here would
+/// lock nothing useful (the statement runs on its own, so its locks end
+/// with it) and cost a write of every row it read.
 pub async fn expiring(pg: &Pg, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>, PgError> {
     let client = pg.client().await?;
     let stmt = client
         .prepare_cached(
             "SELECT id, lease_id FROM jobq_jobs WHERE status = 'running' \
              AND lease_expires_at <= coalesce($1::timestamptz, now()) \
-             ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+             ORDER BY lease_expires_at LIMIT $2",
         )
         .await?;
     let rows = client

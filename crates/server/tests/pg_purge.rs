@@ -1,0 +1,119 @@
+//! The retention purge on PostgreSQL walks ids a bounded window at a time
+//! and stops at the first job enqueued well after every cutoff. Ids come
+//! from a sequence; moving it forward makes gaps wider than a window
+//! without enqueueing that many jobs. Needs `JOBQ_TEST_PG` (see
+//! `scripts/pg-test.sh`).
+
+use std::time::{Duration, SystemTime};
+
+use jobq_server::{
+    job::{JobId, NewJob},
+    store::{
+        postgres::{testing, Clock, PgOptions, PgStore},
+        rules::Retention,
+        Backend, Store,
+    },
+};
+use tokio_postgres::NoTls;
+
+fn job() -> NewJob {
+    NewJob {
+        queue: "q".into(),
+        kind: "k".into(),
+        payload: vec![],
+        key: None,
+        max_attempts: 3,
+        delay: Duration::ZERO,
+        priority: 0,
+        metadata: Default::default(),
+    }
+}
+
+fn at(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+}
+
+/// Enqueues `n` jobs at `enqueued` and cancels them (FAILED) at once.
+async fn failed_jobs(store: &PgStore, n: usize, enqueued: SystemTime) -> Vec<JobId> {
+    let mut ids = Vec::new();
+    for e in store.enqueue_batch(vec![job(); n], enqueued).await.unwrap() {
+        store
+            .cancel(e.job.id, String::new(), enqueued)
+            .await
+            .unwrap();
+        ids.push(e.job.id);
+    }
+    ids
+}
+
+/// Moves the id sequence `by` ids on: a gap of ids no job has.
+async fn skip_ids(url: &str, by: i64) {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
+        .execute(
+            "SELECT setval('jobq_job_ids', nextval('jobq_job_ids') + $1)",
+            &[&by],
+        )
+        .await
+        .expect("setval");
+}
+
+/// Every purge step of one pass: (deleted, next) each.
+async fn pass(store: &PgStore, retention: &Retention) -> Vec<(u64, Option<JobId>)> {
+    let mut steps = Vec::new();
+    let mut after = None;
+    loop {
+        let step = store
+            .backend()
+            .purge_chunk(after, retention.clone())
+            .await
+            .unwrap();
+        steps.push(step);
+        match step.1 {
+            Some(next) => after = Some(next),
+            None => return steps,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_purge_pass_crosses_id_gaps_and_stops_after_every_cutoff() {
+    let url = testing::fresh_database("jobq_purge").await;
+    // The caller's clock: the test replays time.
+    let store = testing::store(PgOptions {
+        clock: Clock::Caller,
+        ..testing::options(&url)
+    })
+    .await;
+    // Old failed jobs, a gap of more than two windows, more old ones, a
+    // gap again, then jobs enqueued long after the cutoff.
+    let old_a = failed_jobs(&store, 5, at(0)).await;
+    skip_ids(&url, 120_000).await;
+    let old_b = failed_jobs(&store, 5, at(10)).await;
+    skip_ids(&url, 120_000).await;
+    let new = failed_jobs(&store, 5, at(100_000)).await;
+    let retention = Retention {
+        done_before: at(1_000),
+        failed_before: at(1_000),
+        queue: None,
+    };
+    let steps = pass(&store, &retention).await;
+    let deleted: u64 = steps.iter().map(|s| s.0).sum();
+    assert_eq!(deleted, 10, "{steps:?}");
+    for id in old_a.iter().chain(&old_b) {
+        assert!(store.get(*id).await.is_err(), "job {id} was purged");
+    }
+    for id in &new {
+        assert!(store.get(*id).await.is_ok(), "job {id} is kept");
+    }
+    // Bounded steps: every window is scanned once, and the walk ends at the
+    // first new job rather than after it.
+    let last_next = steps
+        .iter()
+        .filter_map(|s| s.1)
+        .max()
+        .expect("more than one step");
+    assert!(last_next < new[0], "{steps:?}");
+    assert!(steps.len() <= 6, "{} steps: {steps:?}", steps.len());
+}
