@@ -48,21 +48,44 @@ pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
 }
 
 /// Stream leases of servers not heard from within `--server-timeout`.
+///
+/// Two steps, each on the `lease_server` index: the servers that hold
+/// stream leases, one index probe each (a loose index scan: there are as
+/// many as servers, however many leases), less the live ones; then the
+/// leases of those that are dead, usually none. An anti-join of every
+/// stream lease against the live servers took about 100 ms at 50,000
+/// leases, and every server runs this about once a second.
 pub async fn orphaned(pg: &Pg) -> Result<Vec<(JobId, LeaseId)>, PgError> {
     let client = pg.client().await?;
-    let stmt = client
+    let dead = client
         .prepare_cached(
-            "SELECT j.id, j.lease_id FROM jobq_jobs j \
-             WHERE j.lease_server IS NOT NULL AND j.status = 'running' AND j.lease_server <> $1 \
-             AND NOT EXISTS (SELECT 1 FROM jobq_servers s WHERE s.id = j.lease_server \
-                             AND s.heartbeat_at > now() - make_interval(secs => $2)) \
-             LIMIT $3",
+            "WITH RECURSIVE holders(server) AS ( \
+                 SELECT min(lease_server) FROM jobq_jobs WHERE lease_server IS NOT NULL \
+                 UNION ALL \
+                 SELECT (SELECT min(lease_server) FROM jobq_jobs WHERE lease_server > h.server) \
+                 FROM holders h WHERE h.server IS NOT NULL) \
+             SELECT server FROM holders h WHERE server IS NOT NULL AND server <> $1 \
+             AND NOT EXISTS (SELECT 1 FROM jobq_servers s WHERE s.id = h.server \
+                             AND s.heartbeat_at > now() - make_interval(secs => $2))",
         )
         .await?;
     let timeout = pg.server_timeout.as_secs_f64();
-    let rows = client
-        .query(&stmt, &[&pg.me, &timeout, &ORPHAN_LIMIT])
+    let dead: Vec<String> = client
+        .query(&dead, &[&pg.me, &timeout])
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
+    if dead.is_empty() {
+        return Ok(Vec::new());
+    }
+    let leases = client
+        .prepare_cached(
+            "SELECT id, lease_id FROM jobq_jobs \
+             WHERE lease_server = ANY($1) AND status = 'running' LIMIT $2",
+        )
         .await?;
+    let rows = client.query(&leases, &[&dead, &ORPHAN_LIMIT]).await?;
     rows.iter()
         .map(|r| {
             let id: i64 = r.try_get(0)?;
