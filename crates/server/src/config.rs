@@ -43,6 +43,13 @@ pub struct Config {
     #[arg(long, env = "JOBQ_PG_GROUP_COMMIT", default_value_t = 256)]
     pub pg_group_commit: usize,
 
+    /// With `--store`: PostgreSQL cancels any statement of this server that
+    /// runs longer (`statement_timeout`; the call gets UNAVAILABLE), so no
+    /// runaway query holds back vacuum for long; 0 for none. Migrations
+    /// run without it.
+    #[arg(long, env = "JOBQ_PG_STATEMENT_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub pg_statement_timeout: Duration,
+
     /// With `--store`: a server that has not heartbeated for this long is
     /// dead, and the others reclaim its Lease streams' jobs (as worker
     /// disconnected). It heartbeats every fifth of this.
@@ -270,11 +277,16 @@ pub struct FaultSync {
 /// times and a history of a few dozen attempts with their errors.
 const REPLY_HEADROOM: usize = 64 * 1024;
 
-/// A duration as the flags take it, in units no longer than a day:
-/// `365days`, not humantime's `11months 30days 3h 50m 24s` (it counts a
-/// month as 30.44 days).
+/// A duration as the flags take it, in units no longer than a day, or
+/// whole years: `365days`, not humantime's `11months 30days 3h 50m 24s`
+/// (it counts a month as 30.44 days), and `1000years`.
 pub fn duration_text(d: Duration) -> String {
     const DAY: u64 = 24 * 60 * 60;
+    // humantime's year (365.25 days): `1000years` reads back as written.
+    const YEAR: u64 = 31_557_600;
+    if d.subsec_nanos() == 0 && d.as_secs() >= YEAR && d.as_secs() % YEAR == 0 {
+        return format!("{}years", d.as_secs() / YEAR);
+    }
     let days = d.as_secs() / DAY;
     let rest = d - Duration::from_secs(days * DAY);
     match (days, rest.is_zero()) {
@@ -511,7 +523,11 @@ mod tests {
         assert_eq!(duration_text(Duration::from_secs(12 * 3600)), "12h");
         assert_eq!(duration_text(Duration::from_millis(1500)), "1s 500ms");
         assert_eq!(duration_text(Duration::ZERO), "0s");
-        for text in ["365days", "400days 1m 30s", "12h"] {
+        assert_eq!(
+            duration_text(humantime::parse_duration("1000years").unwrap()),
+            "1000years"
+        );
+        for text in ["365days", "400days 1m 30s", "12h", "200years"] {
             let parsed = humantime::parse_duration(text).unwrap();
             assert_eq!(duration_text(parsed), text, "round trip");
         }

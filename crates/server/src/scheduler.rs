@@ -34,8 +34,10 @@ pub const RELOAD_EVERY: Duration = Duration::from_secs(1);
 pub const SCHEDULE_METADATA: &str = "jobq-schedule";
 
 /// Ticks of one pass enqueued at once: schedules due together (the top of
-/// the hour) share commit rounds instead of waiting for one each in turn.
-const TICKS_AT_ONCE: usize = 64;
+/// the hour) share commit rounds instead of waiting for one each in turn,
+/// and on PostgreSQL take at most half of the default pool of 16
+/// connections from the calls that share it.
+const TICKS_AT_ONCE: usize = 8;
 
 /// Runs until `shutdown` fires.
 pub async fn run<S: Store>(store: Arc<S>, shutdown: CancellationToken) {

@@ -293,7 +293,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Stores a schedule, replacing one of the same name, if `room`
     /// accepts it beside the schedules there are (which it is shown, with
-    /// no other create or delete in between). Durable on return.
+    /// no other create or delete through this server in between; servers
+    /// sharing a PostgreSQL store do not wait for each other). Durable on
+    /// return.
     fn put_schedule(
         &self,
         schedule: Schedule,
@@ -318,8 +320,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Enqueues `job` for `schedule`'s `tick` and records the tick, unless
     /// the schedule was deleted or replaced since it was read: then
-    /// `Ok(None)`. On one server, a delete or replace that has returned is
-    /// never followed by a job from the old schedule. Durable on return.
+    /// `Ok(None)`. A delete or replace that has returned is never followed
+    /// by a job of the old schedule from this server (another server
+    /// sharing a PostgreSQL store may have one under way). Durable on
+    /// return.
     fn fire_schedule(
         &self,
         schedule: &Schedule,

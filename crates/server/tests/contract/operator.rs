@@ -337,9 +337,9 @@ async fn purge_jobs_goes_through_more_than_one_batch() {
 async fn a_purge_pass_stops_at_the_first_job_enqueued_well_after_every_cutoff() {
     use jobq_server::store::{rules::Retention, Backend};
     let (_dir, store) = fresh().await;
-    // More finished jobs than a step of either engine reads, all enqueued
-    // long after the cutoffs: none is purgeable, and a pass that walked
-    // them would read them all, a chunk at a time.
+    // Finished jobs, all enqueued long after the cutoffs: none is
+    // purgeable, and the first one read ends the pass (on sled, more than
+    // a step reads; on PostgreSQL, the one after the first window).
     let batch: Vec<NewJob> = (0..1100).map(|_| new_job("q", None, 0)).collect();
     for e in store.enqueue_batch(batch, at(100_000)).await.unwrap() {
         store

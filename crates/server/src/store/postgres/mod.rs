@@ -89,6 +89,9 @@ pub struct PgOptions {
     /// Most transitions per group-commit transaction (`--pg-group-commit`);
     /// 1 commits each call on its own.
     pub group_commit: usize,
+    /// `statement_timeout` of every pooled session
+    /// (`--pg-statement-timeout`); zero for none.
+    pub statement_timeout: Duration,
 }
 
 impl PgOptions {
@@ -100,6 +103,7 @@ impl PgOptions {
             server_timeout: config.server_timeout,
             clock: Clock::Database,
             group_commit: config.pg_group_commit,
+            statement_timeout: config.pg_statement_timeout,
         }
     }
 }
@@ -249,7 +253,10 @@ impl Pg {
             .server_timeout
             .max(MIN_IDLE_IN_TRANSACTION)
             .as_millis();
-        let session = format!("-c idle_in_transaction_session_timeout={idle}");
+        let session = format!(
+            "-c idle_in_transaction_session_timeout={idle} -c statement_timeout={}",
+            options.statement_timeout.as_millis()
+        );
         let combined = match pg_config.get_options() {
             Some(given) if !given.is_empty() => format!("{given} {session}"),
             _ => session,

@@ -191,6 +191,9 @@ async fn migrate_locked(client: &mut Client) -> Result<Vec<i32>, PgError> {
     let mut applied = Vec::new();
     for &(version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         let tx = client.transaction().await?;
+        // An index build on a big table may take longer than any query
+        // (`--pg-statement-timeout`): not this transaction.
+        tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
         tx.batch_execute(sql).await?;
         tx.execute(
             "INSERT INTO jobq_migrations (version, name) VALUES ($1, $2)",

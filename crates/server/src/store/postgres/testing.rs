@@ -71,7 +71,7 @@ fn with_database(url: &str, name: &str) -> String {
 
 /// The options of a test store on `url`, unless a test says otherwise: 8
 /// pooled connections, a 5 s server timeout, the database's clock, group
-/// commits of up to 256 transitions.
+/// commits of up to 256 transitions, a 60 s statement timeout.
 pub fn options(url: &str) -> PgOptions {
     PgOptions {
         url: url.to_owned(),
@@ -79,6 +79,7 @@ pub fn options(url: &str) -> PgOptions {
         server_timeout: Duration::from_secs(5),
         clock: Clock::Database,
         group_commit: 256,
+        statement_timeout: Duration::from_secs(60),
     }
 }
 

@@ -1,0 +1,74 @@
+//! `--pg-statement-timeout`: PostgreSQL cancels a statement of the server
+//! that runs longer, and the call fails UNAVAILABLE (worth a retry) rather
+//! than wait forever. Needs `JOBQ_TEST_PG` (see `scripts/pg-test.sh`).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use jobq_server::{
+    job::NewJob,
+    store::{
+        postgres::{testing, PgOptions},
+        Store,
+    },
+};
+use tokio_postgres::NoTls;
+use tonic::Code;
+
+#[tokio::test]
+async fn a_statement_over_the_timeout_is_cancelled_and_the_call_is_unavailable() {
+    let url = testing::fresh_database("jobq_timeout").await;
+    let store = testing::store(PgOptions {
+        group_commit: 1,
+        statement_timeout: Duration::from_millis(300),
+        ..testing::options(&url)
+    })
+    .await;
+    let now = SystemTime::now();
+    let job = NewJob {
+        queue: "q".into(),
+        kind: "k".into(),
+        payload: vec![],
+        key: None,
+        max_attempts: 3,
+        delay: Duration::ZERO,
+        priority: 0,
+        metadata: Default::default(),
+    };
+    store.enqueue(job, now).await.expect("enqueue");
+    let leased = store
+        .take(&["q".to_owned()], "w", None, Duration::from_secs(60), now)
+        .await
+        .expect("take")
+        .expect("due");
+
+    // Another session holds the job's row: the ack's lock waits for it.
+    let (other, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    other
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM jobq_jobs WHERE id = {} FOR UPDATE",
+            leased.job.id.0
+        ))
+        .await
+        .expect("hold the row");
+
+    let started = Instant::now();
+    let ack = store.ack(leased.job.id, leased.lease_id, SystemTime::now());
+    let err = tokio::time::timeout(Duration::from_secs(10), ack)
+        .await
+        .expect("the statement timeout ends the wait")
+        .expect_err("the ack's statement is cancelled");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Once the row is free, the same ack goes through.
+    other.batch_execute("ROLLBACK").await.expect("release");
+    store
+        .ack(leased.job.id, leased.lease_id, SystemTime::now())
+        .await
+        .expect("ack");
+}
