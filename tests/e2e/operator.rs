@@ -67,7 +67,7 @@ async fn cancel_revokes_a_running_job_on_its_lease_stream() {
                 (r.job_id, r.lease_id),
                 (job.id.clone(), leased.lease_id.clone())
             );
-            assert_eq!(r.reason, "revoked");
+            assert_eq!(r.reason, "revoked (cancelled: customer left)");
         }
         other => panic!("expected revoked, got {other:?}"),
     }

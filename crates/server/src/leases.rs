@@ -47,7 +47,7 @@ use crate::{
     auth::Caller,
     config::Config,
     error::Error,
-    job::{JobId, LeaseId, Outcome, Status},
+    job::{Job, JobId, LeaseId, Outcome, Status},
     store::{LeaseEnded, Store},
     validate::TakeSpec,
     waiter::retake_at,
@@ -77,6 +77,8 @@ enum Notice {
         reason: &'static str,
         stall: bool,
         tell: bool,
+        /// By CancelJob: the worker is told the operator's reason too.
+        cancelled: bool,
     },
     /// The worker heartbeated through this stream's token.
     Heartbeat { draining: bool },
@@ -396,6 +398,7 @@ impl<S: Store> LeaseHub<S> {
                 reason: outcome.reason(),
                 stall: false,
                 tell: true,
+                cancelled: false,
             },
             Some(outcome @ (Outcome::LeaseExpired | Outcome::Revoked)) => Notice::Revoked {
                 job: ended.job,
@@ -403,6 +406,7 @@ impl<S: Store> LeaseHub<S> {
                 reason: outcome.reason(),
                 stall: outcome == Outcome::LeaseExpired,
                 tell: true,
+                cancelled: outcome == Outcome::Revoked,
             },
             // Given back without an attempt: the worker never pulled it.
             None => Notice::Revoked {
@@ -411,6 +415,7 @@ impl<S: Store> LeaseHub<S> {
                 reason: "not delivered",
                 stall: false,
                 tell: false,
+                cancelled: false,
             },
         };
         for entry in streams {
@@ -736,13 +741,18 @@ impl<S: Store> LeaseHub<S> {
                         held.remove(&lease);
                         stalled = false;
                     }
-                    Notice::Revoked { job, lease, reason, stall, tell } => {
+                    Notice::Revoked { job, lease, reason, stall, tell, cancelled } => {
                         if held.remove(&lease).is_some() && tell {
                             stalled |= stall;
                             if stall {
                                 info!(job.id = %job, "a delivered lease expired without a heartbeat; no new jobs for this stream until its worker heartbeats");
                             }
-                            let revoked = pb::LeaseRevoked { job_id: job.to_string(), lease_id: lease.to_string(), reason: reason.to_owned() };
+                            let reason = if cancelled {
+                                self.cancel_reason(job, reason).await
+                            } else {
+                                reason.to_owned()
+                            };
+                            let revoked = pb::LeaseRevoked { job_id: job.to_string(), lease_id: lease.to_string(), reason };
                             // A worker that does not read cannot be told;
                             // its next heartbeat or ack learns it instead.
                             let _ = tx.try_send(Outgoing {
@@ -841,6 +851,19 @@ impl<S: Store> LeaseHub<S> {
                 );
                 self.give_back(never_sent).await;
             }
+        }
+    }
+
+    /// `reason` with the operator's words: "revoked (cancelled: <why>)",
+    /// from the cancelled job's last error; `reason` alone if it cannot be
+    /// read.
+    async fn cancel_reason(&self, job: JobId, reason: &str) -> String {
+        match self.store.peek(job).await {
+            Ok(Job {
+                last_error: Some(why),
+                ..
+            }) => format!("{reason} ({why})"),
+            _ => reason.to_owned(),
         }
     }
 
