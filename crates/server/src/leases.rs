@@ -30,7 +30,7 @@ use std::{
     collections::{HashMap, HashSet},
     pin::Pin,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard, Weak,
     },
     task::{Context, Poll},
@@ -236,6 +236,9 @@ pub struct LeaseHub<S> {
     shutdown: CancellationToken,
     registry: Mutex<Registry>,
     next_stream: AtomicU64,
+    /// Stream tasks not finished yet, their give-backs and reclaims
+    /// included (a stream leaves the registry before those).
+    tasks: Arc<AtomicUsize>,
 }
 
 /// How a stream's task ended.
@@ -272,6 +275,7 @@ impl<S: Store> LeaseHub<S> {
             shutdown,
             registry: Mutex::new(Registry::default()),
             next_stream: AtomicU64::new(1),
+            tasks: Arc::new(AtomicUsize::new(0)),
         });
         let weak: Weak<LeaseHub<S>> = Arc::downgrade(&hub);
         store.on_lease_ended(Arc::new(move |ended: &LeaseEnded| {
@@ -348,8 +352,18 @@ impl<S: Store> LeaseHub<S> {
         let span = tracing::info_span!("lease_stream", stream = id, worker.id = %spec.take.worker_id, capacity = spec.capacity);
         let hub = Arc::clone(self);
         let task_pipe = Arc::clone(&pipe);
+        /// Counts the task until it ends, however it ends.
+        struct Running(Arc<AtomicUsize>);
+        impl Drop for Running {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.tasks.fetch_add(1, Ordering::AcqRel);
+        let running = Running(Arc::clone(&self.tasks));
         tokio::spawn(
             async move {
+                let _running = running;
                 hub.run_stream(id, spec, tx, notices, task_pipe, Box::new(permit))
                     .await;
             }
@@ -592,6 +606,13 @@ impl<S: Store> LeaseHub<S> {
         self.registry().streams.len()
     }
 
+    /// How many stream tasks have not finished: a closed stream's task
+    /// still gives back and reclaims its jobs after it left
+    /// [`LeaseHub::open_streams`].
+    pub fn stream_tasks(&self) -> usize {
+        self.tasks.load(Ordering::Acquire)
+    }
+
     /// Checks the leases a new stream declared: those it still holds count
     /// against its capacity; the others are dropped, and whatever their
     /// declaration displaced is put back.
@@ -655,11 +676,20 @@ impl<S: Store> LeaseHub<S> {
         }
         let mut changes = self.store.changes();
         let (mut draining, mut stalled) = (false, false);
+        // The due version of this stream's queues when it last looked, and
+        // whether only a change woke it since: a change to other queues
+        // leaves the version as it was, and then there is nothing new to
+        // take (on PostgreSQL, a take's transaction saved per stream).
+        let (mut seen, mut by_change) = (None, false);
+        let mut retake: Option<tokio::time::Instant> = None;
         let end = 'stream: loop {
             let waiting_for_pull = !pipe.unpulled().is_empty();
             let hungry = held.len() < capacity && !draining && !stalled && !waiting_for_pull;
-            if hungry {
+            let look = hungry && !(by_change && seen == Some(self.store.due_version(&take.queues)));
+            by_change = false;
+            if look {
                 changes.borrow_and_update();
+                seen = Some(self.store.due_version(&take.queues));
                 let permit = match tx.try_reserve() {
                     Ok(permit) => Some(permit),
                     // Full of revocations the worker has not read yet.
@@ -716,8 +746,8 @@ impl<S: Store> LeaseHub<S> {
                     }
                 }
             }
-            let wake = if hungry {
-                match self.store.next_run_at(&take.queues).await {
+            let wake = if look {
+                retake = match self.store.next_run_at(&take.queues).await {
                     // Not at once: the take just found nothing (a due row
                     // held by another transaction), or the channel is full.
                     Ok(at) => at.map(retake_at),
@@ -728,7 +758,11 @@ impl<S: Store> LeaseHub<S> {
                         });
                         break 'stream End::StoreFailed;
                     }
-                }
+                };
+                retake
+            } else if hungry {
+                // Woken for other queues: the last look's timer stands.
+                retake
             } else {
                 None
             };
@@ -780,6 +814,7 @@ impl<S: Store> LeaseHub<S> {
                     if changed.is_err() {
                         break 'stream End::Shutdown;
                     }
+                    by_change = true;
                 }
                 () = sleep_until_opt(wake), if wake.is_some() => {}
             }

@@ -50,6 +50,7 @@ pub async fn take_waiting<S: Store>(
         // Mark the current version seen *before* looking, so a change that
         // lands between the look and the sleep still wakes us.
         changes.borrow_and_update();
+        let seen = store.due_version(&spec.queues);
         if let Some(leased) = store
             .take(
                 &spec.queues,
@@ -69,14 +70,22 @@ pub async fn take_waiting<S: Store>(
             .next_run_at(&spec.queues)
             .await?
             .map_or(deadline, |t| retake_at(t).min(deadline));
-        tokio::select! {
-            _ = shutdown.cancelled() => return Err(Error::ShuttingDown),
-            changed = changes.changed() => {
-                if changed.is_err() {
-                    return Err(Error::ShuttingDown);
+        // A change to other queues wakes us too, but leaves our queues'
+        // version as it was: nothing new to look for, so wait on.
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Err(Error::ShuttingDown),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Err(Error::ShuttingDown);
+                    }
+                    if store.due_version(&spec.queues) == seen {
+                        continue;
+                    }
                 }
+                () = tokio::time::sleep_until(wake) => {}
             }
-            () = tokio::time::sleep_until(wake) => {}
+            break;
         }
     }
 }

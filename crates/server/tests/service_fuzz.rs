@@ -925,7 +925,8 @@ impl Harness {
     }
 
     /// Waits until no Lease stream task is left (its reclaims included):
-    /// with --max-waiters 1, a waiting Dequeue is refused while one lives.
+    /// with --max-waiters 1, a waiting Dequeue is refused while one lives,
+    /// and its give-backs and reclaims end with its task.
     async fn quiesce(&self) -> Checked {
         for _ in 0..2000 {
             let probe = self
@@ -941,7 +942,12 @@ impl Harness {
                 Ok(r) => {
                     prop_assert!(r.into_inner().leased.is_none(), "the probe queue is empty");
                     prop_assert_eq!(self.hub.open_streams(), 0);
-                    return Ok(());
+                    // A closed stream frees its place before it gives back
+                    // and reclaims its jobs: wait for those too.
+                    if self.hub.stream_tasks() == 0 {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err(s) if s.code() == Code::ResourceExhausted => {
                     tokio::time::sleep(Duration::from_millis(1)).await;

@@ -116,6 +116,14 @@ impl Remote {
         }
     }
 
+    /// A job of `queue` may be due (another server's change): wakes the
+    /// waiters of that queue.
+    pub fn due_in(&self, queue: &str) {
+        if let Some(signals) = self.signals.upgrade() {
+            signals.bump_due([queue]);
+        }
+    }
+
     /// A lease this server's backend just wrote expires at `at`: re-arm
     /// the reaper if that is sooner than its timer. For a change whose
     /// caller may not get to publish it (a take that then waits).
@@ -145,9 +153,28 @@ impl Remote {
     }
 }
 
+/// Per-queue due counters, by a hash of the queue's name: a fixed number,
+/// however many queue names come and go. Two queues that share one only
+/// cost each other's waiters a needless look.
+const DUE_BUCKETS: usize = 256;
+
+fn due_bucket(queue: &str) -> usize {
+    use std::hash::{Hash, Hasher};
+    // Keyless, so the same queue lands in the same bucket every time.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    queue.hash(&mut h);
+    (h.finish() % DUE_BUCKETS as u64) as usize
+}
+
 /// The store's outgoing signals.
 pub(crate) struct Signals {
+    /// Bumped whenever a job may have become due; waiters then compare
+    /// [`Signals::due_version`] of their queues with what they last saw.
     changes: watch::Sender<u64>,
+    /// Bumped for "any queue" (a resync, a reconnect).
+    due_all: AtomicU64,
+    /// Bumped for the queues in each bucket ([`due_bucket`]).
+    due_buckets: Box<[AtomicU64]>,
     lease_changes: watch::Sender<u64>,
     resyncs: watch::Sender<u64>,
     listeners: RwLock<Vec<Listener>>,
@@ -162,6 +189,8 @@ impl Default for Signals {
     fn default() -> Self {
         Signals {
             changes: watch::Sender::new(0),
+            due_all: AtomicU64::new(0),
+            due_buckets: (0..DUE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             lease_changes: watch::Sender::new(0),
             resyncs: watch::Sender::new(0),
             listeners: RwLock::new(Vec::new()),
@@ -212,9 +241,30 @@ impl Signals {
         }
     }
 
-    /// Wakes waiters: a job may be due.
+    /// Wakes every waiter: a job of any queue may be due.
     pub(crate) fn bump_changes(&self) {
+        self.due_all.fetch_add(1, Ordering::SeqCst);
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Wakes the waiters of `queues`: a job of theirs may be due. (Every
+    /// waiter wakes, and the others find their version unchanged.)
+    pub(crate) fn bump_due<'a>(&self, queues: impl IntoIterator<Item = &'a str>) {
+        for queue in queues {
+            self.due_buckets[due_bucket(queue)].fetch_add(1, Ordering::SeqCst);
+        }
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A number that moves whenever a job of one of `queues` may have
+    /// become due: unchanged, a waiter of those queues has nothing new to
+    /// look for (and, on PostgreSQL, saves a take's transaction).
+    pub(crate) fn due_version(&self, queues: &[String]) -> u64 {
+        queues
+            .iter()
+            .fold(self.due_all.load(Ordering::SeqCst), |v, q| {
+                v.wrapping_add(self.due_buckets[due_bucket(q)].load(Ordering::SeqCst))
+            })
     }
 
     /// The reaper is about to look up the earliest expiry: from now on,
@@ -250,5 +300,37 @@ impl Signals {
                 listener(event);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{due_bucket, Signals};
+
+    fn queues(names: &[&str]) -> Vec<String> {
+        names.iter().map(|&n| n.to_owned()).collect()
+    }
+
+    #[test]
+    fn a_queues_version_moves_for_its_own_jobs_and_for_all_not_for_others() {
+        let signals = Signals::default();
+        let (a, b) = ("emails", "reports");
+        assert_ne!(due_bucket(a), due_bucket(b), "pick queues in two buckets");
+        let mut changes = signals.changes();
+        changes.borrow_and_update();
+        let of_a = signals.due_version(&queues(&[a]));
+        let of_both = signals.due_version(&queues(&[a, b]));
+
+        signals.bump_due([b]);
+        assert!(changes.has_changed().unwrap(), "every waiter wakes");
+        assert_eq!(signals.due_version(&queues(&[a])), of_a, "not a's");
+        assert_ne!(signals.due_version(&queues(&[a, b])), of_both);
+
+        signals.bump_due([a]);
+        let of_a2 = signals.due_version(&queues(&[a]));
+        assert_ne!(of_a2, of_a, "a's own");
+
+        signals.bump_changes();
+        assert_ne!(signals.due_version(&queues(&[a])), of_a2, "any queue");
     }
 }

@@ -114,7 +114,13 @@ impl<B: Backend> Jobs<B> {
     ) -> Result<Vec<Enqueued>> {
         let rules::Deduped { unique, slots } = deduped;
         let mut stored = self.written(self.backend.insert(unique, now).await)?;
-        let created = stored.iter().any(|e| e.created);
+        let mut created: Vec<String> = stored
+            .iter()
+            .filter(|e| e.created)
+            .map(|e| e.job.queue.clone())
+            .collect();
+        created.sort_unstable();
+        created.dedup();
         self.signals.facts(
             stored
                 .iter()
@@ -202,7 +208,7 @@ impl<B: Backend> Jobs<B> {
             .collect();
         let results = self.written(self.backend.apply(events, now).await)?;
         let changed: Vec<Change> = results.into_iter().filter_map(Result::ok).collect();
-        self.commit(&changed, false).await?;
+        self.commit(&changed, Vec::new()).await?;
         Ok(changed
             .into_iter()
             .filter_map(|c| {
@@ -228,7 +234,7 @@ impl<B: Backend> Jobs<B> {
             let (n, next) = self.written(step)?;
             purged += n;
             if n > 0 {
-                self.commit(&[], false).await?;
+                self.commit(&[], Vec::new()).await?;
             }
             match next {
                 Some(next) => after = Some(next),
@@ -303,7 +309,8 @@ impl<B: Backend> Jobs<B> {
                 }
                 Err(err) => return Err(err),
             };
-            this.commit(std::slice::from_ref(&change), false).await?;
+            this.commit(std::slice::from_ref(&change), Vec::new())
+                .await?;
             Ok(without_payload(change.new))
         };
         if self.backend.apply_waits() {
@@ -315,10 +322,12 @@ impl<B: Backend> Jobs<B> {
 
     /// Publishes what `changes` mean and waits until they are durable:
     /// lease-ended events at once (they must not depend on the caller still
-    /// waiting), wake-ups only once durable (even if the caller stopped
-    /// waiting) unless [`Jobs::deliver_before_durable`] says at once, and
-    /// fail-stop if durability failed.
-    async fn commit(&self, changes: &[Change], created: bool) -> Result<()> {
+    /// waiting), wake-ups (for the queues of the changes that made a job
+    /// due, and `made_due`: new jobs' queues, a resumed queue) only once
+    /// durable (even if the caller stopped waiting) unless
+    /// [`Jobs::deliver_before_durable`] says at once, and fail-stop if
+    /// durability failed.
+    async fn commit(&self, changes: &[Change], mut made_due: Vec<String>) -> Result<()> {
         self.signals.facts(changes.iter().map(|c| Fact::Changed {
             old: &c.old,
             new: &c.new,
@@ -336,13 +345,16 @@ impl<B: Backend> Jobs<B> {
             }
         }
         let durable = self.backend.durable();
-        let wake = created
-            || changes
-                .iter()
-                .any(|c| c.new.status == Status::Pending && c.old != c.new);
+        for c in changes {
+            if c.new.status == Status::Pending && c.old != c.new && !made_due.contains(&c.new.queue)
+            {
+                made_due.push(c.new.queue.clone());
+            }
+        }
+        let wake = !made_due.is_empty();
         if !wake || self.early_wake {
             if wake {
-                self.signals.bump_changes();
+                self.signals.bump_due(made_due.iter().map(String::as_str));
             }
             return durable.await.map_err(|e| self.stop.stop(&e.to_string()));
         }
@@ -352,7 +364,7 @@ impl<B: Backend> Jobs<B> {
         let done = tokio::spawn(async move {
             match durable.await {
                 Ok(()) => {
-                    signals.bump_changes();
+                    signals.bump_due(made_due.iter().map(String::as_str));
                     Ok(())
                 }
                 Err(e) => Err(stop.stop(&e.to_string())),
@@ -488,7 +500,12 @@ impl<B: Backend> Store for Jobs<B> {
         self.written(self.backend.set_paused(queue, paused).await)?;
         // A resume wakes the waiters once it is durable; a pause needs no
         // wake-up (a take re-checks the paused set every time).
-        self.commit(&[], !paused).await
+        let resumed = if paused {
+            Vec::new()
+        } else {
+            vec![queue.to_owned()]
+        };
+        self.commit(&[], resumed).await
     }
 
     async fn extend(
@@ -520,7 +537,7 @@ impl<B: Backend> Store for Jobs<B> {
             .collect();
         if !changed.is_empty() {
             // Its round also covers the state that refused the others.
-            self.commit(&changed, false).await?;
+            self.commit(&changed, Vec::new()).await?;
         } else if !results.is_empty() {
             // Every lease refused: the state that refused them (a reclaim
             // or cancel applied, its round still running) may not be
@@ -601,7 +618,7 @@ impl<B: Backend> Store for Jobs<B> {
         if changed.is_empty() {
             return Ok(Vec::new());
         }
-        self.commit(&changed, false).await?;
+        self.commit(&changed, Vec::new()).await?;
         Ok(changed
             .into_iter()
             .filter_map(|c| {
@@ -641,7 +658,7 @@ impl<B: Backend> Store for Jobs<B> {
             .filter_map(Result::ok)
             .filter(|c| c.old != c.new)
             .collect();
-        self.commit(&changed, false).await?;
+        self.commit(&changed, Vec::new()).await?;
         Ok(changed.len())
     }
 
@@ -684,7 +701,7 @@ impl<B: Backend> Store for Jobs<B> {
         self.written(self.backend.delete(id).await)?;
         // A deleted job makes nothing due and its freed key needs no
         // wake-up: the reply only waits until the delete is durable.
-        self.commit(&[], false).await
+        self.commit(&[], Vec::new()).await
     }
 
     async fn put_schedule(
@@ -696,14 +713,14 @@ impl<B: Backend> Store for Jobs<B> {
         let _alone = self.schedule_gate.write().await;
         room(&self.backend.schedules().await?)?;
         self.written(self.backend.put_schedule(&schedule).await)?;
-        self.commit(&[], false).await
+        self.commit(&[], Vec::new()).await
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<Option<Schedule>> {
         self.check()?;
         let _alone = self.schedule_gate.write().await;
         let gone = self.written(self.backend.delete_schedule(name).await)?;
-        self.commit(&[], false).await?;
+        self.commit(&[], Vec::new()).await?;
         Ok(gone)
     }
 
@@ -719,7 +736,7 @@ impl<B: Backend> Store for Jobs<B> {
                 .schedule_ticked(&schedule.name, schedule.created_at, tick)
                 .await,
         )?;
-        self.commit(&[], false).await
+        self.commit(&[], Vec::new()).await
     }
 
     async fn fire_schedule(
@@ -806,6 +823,10 @@ impl<B: Backend> Store for Jobs<B> {
 
     fn changes(&self) -> watch::Receiver<u64> {
         self.signals.changes()
+    }
+
+    fn due_version(&self, queues: &[String]) -> u64 {
+        self.signals.due_version(queues)
     }
 
     fn lease_changes(&self) -> watch::Receiver<u64> {

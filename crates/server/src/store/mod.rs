@@ -388,6 +388,12 @@ pub trait Store: Send + Sync + 'static {
     /// re-check on change.
     fn changes(&self) -> watch::Receiver<u64>;
 
+    /// A number that moves whenever a job of one of `queues` may have
+    /// become due (it moves before [`Store::changes`] is bumped): a waiter
+    /// woken by a change to other queues finds it unchanged and need not
+    /// look.
+    fn due_version(&self, queues: &[String]) -> u64;
+
     /// Bumped whenever the earliest lease expiry may have moved earlier (a
     /// take or a heartbeat with a short lease): the reaper re-arms its
     /// timer.

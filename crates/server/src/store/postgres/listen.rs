@@ -144,7 +144,7 @@ async fn listen_once(
     debug!("listening for other servers' changes");
     while let Some(n) = rx.recv().await {
         match n.channel() {
-            DUE => remote.due(),
+            DUE => remote.due_in(n.payload()),
             LEASE_ENDED => match decode(n.payload()) {
                 Some((server, _)) if server == me => {}
                 Some((_, ended)) => remote.lease_ended(&ended),
