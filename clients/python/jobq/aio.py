@@ -364,10 +364,11 @@ class AsyncWorker:
         self._ever_opened = self._ever_opened or bool(self._stream_token)
         if self._stream_token:  # no headers: the call failed, as iterating says
             log.info("lease stream open (%d in flight)", len(self._book))
-            if self._draining and self._beat_now is not None:
+            if self._draining:
                 # The drain's heartbeat went out before this stream had a
-                # token, so it could not stop this stream's pushes: again.
-                self._beat_now.set()
+                # token, so it could not stop this stream's pushes: again,
+                # before any push is read.
+                await self._beat()
         async for event in call:
             backoff.reset()
             self._last_event = time.monotonic()

@@ -222,8 +222,9 @@ class Worker:
             log.info("lease stream open (%d in flight)", len(self._book))
             if self._draining:
                 # The drain's heartbeat went out before this stream had a
-                # token, so it could not stop this stream's pushes: again.
-                self._beat_now.set()
+                # token, so it could not stop this stream's pushes: again,
+                # before any push is read.
+                self._beat()
         for event in call:
             backoff.reset()
             self._last_event = time.monotonic()

@@ -62,6 +62,10 @@ type StreamId = u64;
 /// that ends it.
 const REFUSAL_ROOM: Duration = Duration::from_secs(1);
 
+/// How long a stream looks up why a cancelled job's lease ended before it
+/// tells the worker without it.
+const CANCEL_REASON_WAIT: Duration = Duration::from_millis(500);
+
 /// A message to one stream's task.
 #[derive(Debug, Clone)]
 enum Notice {
@@ -685,7 +689,9 @@ impl<S: Store> LeaseHub<S> {
         let end = 'stream: loop {
             let waiting_for_pull = !pipe.unpulled().is_empty();
             let hungry = held.len() < capacity && !draining && !stalled && !waiting_for_pull;
-            let look = hungry && !(by_change && seen == Some(self.store.due_version(&take.queues)));
+            let timer_due = retake.is_some_and(|at| at <= tokio::time::Instant::now());
+            let look = hungry
+                && !(by_change && !timer_due && seen == Some(self.store.due_version(&take.queues)));
             by_change = false;
             if look {
                 changes.borrow_and_update();
@@ -782,7 +788,7 @@ impl<S: Store> LeaseHub<S> {
                                 info!(job.id = %job, "a delivered lease expired without a heartbeat; no new jobs for this stream until its worker heartbeats");
                             }
                             let reason = if cancelled {
-                                self.cancel_reason(job, reason).await
+                                self.cancel_reason(job, lease, reason).await
                             } else {
                                 reason.to_owned()
                             };
@@ -890,15 +896,21 @@ impl<S: Store> LeaseHub<S> {
     }
 
     /// `reason` with the operator's words: "revoked (cancelled: <why>)",
-    /// from the cancelled job's last error; `reason` alone if it cannot be
-    /// read.
-    async fn cancel_reason(&self, job: JobId, reason: &str) -> String {
-        match self.store.peek(job).await {
-            Ok(Job {
-                last_error: Some(why),
-                ..
-            }) => format!("{reason} ({why})"),
-            _ => reason.to_owned(),
+    /// from the error of the attempt the lease ran; `reason` alone if it
+    /// cannot be read within [`CANCEL_REASON_WAIT`].
+    async fn cancel_reason(&self, job: JobId, lease: LeaseId, reason: &str) -> String {
+        // Bounded: the stream does nothing else meanwhile.
+        let peek = tokio::time::timeout(CANCEL_REASON_WAIT, self.store.peek(job)).await;
+        let why = match peek {
+            Ok(Ok(Job { history, .. })) => history
+                .into_iter()
+                .find(|a| a.lease_id == lease)
+                .and_then(|a| a.error),
+            _ => None,
+        };
+        match why {
+            Some(why) => format!("{reason} ({why})"),
+            None => reason.to_owned(),
         }
     }
 

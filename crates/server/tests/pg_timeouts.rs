@@ -72,3 +72,46 @@ async fn a_statement_over_the_timeout_is_cancelled_and_the_call_is_unavailable()
         .await
         .expect("ack");
 }
+
+/// A server that starts while another one migrates waits for it, however
+/// long the migration takes: the wait for the migration lock is not cut by
+/// the statement timeout.
+#[tokio::test]
+async fn a_server_waits_for_another_servers_migration_past_the_statement_timeout() {
+    use jobq_server::store::postgres::schema::MIGRATION_LOCK;
+
+    let url = testing::fresh_database("jobq_timeout").await;
+    // Another server's migration holds the lock.
+    let (other, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    other
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .expect("the migration lock");
+    let starting = tokio::spawn({
+        let url = url.clone();
+        async move {
+            testing::store(PgOptions {
+                statement_timeout: Duration::from_millis(200),
+                ..testing::options(&url)
+            })
+            .await
+        }
+    });
+    // Well past the timeout, the starting server still waits.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!starting.is_finished(), "it gave up or did not wait");
+    other
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await
+        .expect("unlock");
+    let store = tokio::time::timeout(Duration::from_secs(30), starting)
+        .await
+        .expect("it starts once the lock is free")
+        .expect("the task");
+    let stats = store
+        .stats(None, SystemTime::now())
+        .await
+        .expect("it serves");
+    assert!(stats.is_empty());
+}

@@ -134,10 +134,11 @@ async fn listen_once(
     client
         .batch_execute(&format!("LISTEN {DUE}; LISTEN {LEASE_ENDED}"))
         .await?;
+    // What was notified before we listened is lost: waiters look again,
+    // now that what is notified from here on is heard (the first time too:
+    // a waiter may have looked before this connection listened).
+    remote.due();
     if !first {
-        // Whatever was notified while we were away is lost: re-check all,
-        // now that what is notified from here on is heard.
-        remote.due();
         remote.rearm();
         remote.resync();
     }

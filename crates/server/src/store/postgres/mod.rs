@@ -255,7 +255,8 @@ impl Pg {
             .as_millis();
         let session = format!(
             "-c idle_in_transaction_session_timeout={idle} -c statement_timeout={}",
-            options.statement_timeout.as_millis()
+            // Whole milliseconds, rounded up: 0 would mean none.
+            options.statement_timeout.as_micros().div_ceil(1000)
         );
         let combined = match pg_config.get_options() {
             Some(given) if !given.is_empty() => format!("{given} {session}"),

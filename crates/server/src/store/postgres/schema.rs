@@ -13,7 +13,7 @@ use tracing::info;
 use super::error::PgError;
 
 /// The advisory lock key of migrations (any constant; "jobq" in ASCII).
-const MIGRATION_LOCK: i64 = 0x6a6f_6271;
+pub const MIGRATION_LOCK: i64 = 0x6a6f_6271;
 
 /// (version, name, SQL), in order.
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -154,6 +154,10 @@ CREATE INDEX jobq_jobs_by_key ON jobq_jobs (key, id) WHERE key IS NOT NULL;
 /// # Errors
 /// A database error, or a database migrated by a newer jobq.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, PgError> {
+    // Another server's migration may hold the lock for as long as an index
+    // build takes: no `--pg-statement-timeout` for the wait, nor for the
+    // migrations; the session's own value comes back after.
+    client.batch_execute("SET statement_timeout = 0").await?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await?;
@@ -162,8 +166,10 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, PgError> {
     let unlocked = client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
         .await;
+    let reset = client.batch_execute("RESET statement_timeout").await;
     let applied = result?;
     unlocked?;
+    reset?;
     Ok(applied)
 }
 
@@ -191,9 +197,6 @@ async fn migrate_locked(client: &mut Client) -> Result<Vec<i32>, PgError> {
     let mut applied = Vec::new();
     for &(version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         let tx = client.transaction().await?;
-        // An index build on a big table may take longer than any query
-        // (`--pg-statement-timeout`): not this transaction.
-        tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
         tx.batch_execute(sql).await?;
         tx.execute(
             "INSERT INTO jobq_migrations (version, name) VALUES ($1, $2)",
