@@ -101,8 +101,10 @@ class JobContext:
 
     # -- the worker's side --------------------------------------------------
     def _set_deadline(self, deadline: float) -> None:
+        # Only later: of two heartbeats that overlap, the older one may
+        # answer last.
         with self._lock:
-            self._deadline = deadline
+            self._deadline = max(self._deadline, deadline)
 
     def _cancel(self, reason: str) -> None:
         with self._lock:

@@ -45,8 +45,8 @@ pub struct Config {
 
     /// With `--store`: PostgreSQL cancels any statement of this server that
     /// runs longer (`statement_timeout`; the call gets UNAVAILABLE), so no
-    /// runaway query holds back vacuum for long; 0 for none. Migrations
-    /// run without it.
+    /// runaway query holds back vacuum for long; 0 for none. Migrations,
+    /// and the wait for another server's, run without it.
     #[arg(long, env = "JOBQ_PG_STATEMENT_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub pg_statement_timeout: Duration,
 

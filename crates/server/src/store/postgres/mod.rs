@@ -256,7 +256,7 @@ impl Pg {
         let session = format!(
             "-c idle_in_transaction_session_timeout={idle} -c statement_timeout={}",
             // Whole milliseconds, rounded up: 0 would mean none.
-            options.statement_timeout.as_micros().div_ceil(1000)
+            options.statement_timeout.as_nanos().div_ceil(1_000_000)
         );
         let combined = match pg_config.get_options() {
             Some(given) if !given.is_empty() => format!("{given} {session}"),
