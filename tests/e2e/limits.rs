@@ -325,6 +325,10 @@ fn serve_refuses_contradicting_or_unreachable_limits() {
             "--backoff-cap 200years is over",
         ),
         (
+            &["--pg-statement-timeout", "30days"][..],
+            "--pg-statement-timeout 30days is over the longest PostgreSQL takes",
+        ),
+        (
             &["--default-lease", "1h", "--max-lease", "30m"][..],
             "--default-lease 1h is longer than --max-lease 30m",
         ),

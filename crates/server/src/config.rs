@@ -45,8 +45,10 @@ pub struct Config {
 
     /// With `--store`: PostgreSQL cancels any statement of this server that
     /// runs longer (`statement_timeout`; the call gets UNAVAILABLE), so no
-    /// runaway query holds back vacuum for long; 0 for none. Migrations,
-    /// and the wait for another server's, run without it.
+    /// runaway query holds back vacuum for long; 0 for none. It wins over
+    /// a `statement_timeout` in the URL's options, the role or the
+    /// database. Migrations, and the wait for another server's, run
+    /// without it.
     #[arg(long, env = "JOBQ_PG_STATEMENT_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub pg_statement_timeout: Duration,
 
@@ -431,6 +433,15 @@ impl Config {
         }
         if self.min_lease.is_zero() {
             return Err("--min-lease must be longer than 0s".into());
+        }
+        // PostgreSQL takes whole milliseconds up to i32::MAX.
+        let longest_statement = Duration::from_millis(u64::from(i32::MAX.unsigned_abs()));
+        if self.pg_statement_timeout > longest_statement {
+            return Err(format!(
+                "--pg-statement-timeout {} is over the longest PostgreSQL takes, {}",
+                duration_text(self.pg_statement_timeout),
+                duration_text(longest_statement)
+            ));
         }
         // PostgreSQL keeps max_attempts in an integer column.
         let most_attempts = u32::try_from(i32::MAX).unwrap_or(u32::MAX);

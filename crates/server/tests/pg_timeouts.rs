@@ -32,7 +32,8 @@ async fn a_statement_over_the_timeout_is_cancelled_and_the_call_is_unavailable()
     let url = testing::fresh_database("jobq_timeout").await;
     let store = testing::store(PgOptions {
         group_commit: 1,
-        statement_timeout: Duration::from_millis(300),
+        // Long enough for the setup's statements on a loaded machine.
+        statement_timeout: Duration::from_secs(1),
         ..testing::options(&url)
     })
     .await;
@@ -63,7 +64,7 @@ async fn a_statement_over_the_timeout_is_cancelled_and_the_call_is_unavailable()
         .expect_err("the ack's statement is cancelled");
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert!(
-        started.elapsed() >= Duration::from_millis(300),
+        started.elapsed() >= Duration::from_secs(1),
         "{:?}",
         started.elapsed()
     );
@@ -95,14 +96,14 @@ async fn a_server_waits_for_another_servers_migration_past_the_statement_timeout
         let url = url.clone();
         async move {
             testing::store(PgOptions {
-                statement_timeout: Duration::from_millis(200),
+                statement_timeout: Duration::from_secs(1),
                 ..testing::options(&url)
             })
             .await
         }
     });
     // Well past the timeout, the starting server still waits.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!starting.is_finished(), "it gave up or did not wait");
     other
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])

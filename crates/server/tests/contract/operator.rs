@@ -338,8 +338,9 @@ async fn a_purge_pass_stops_at_the_first_job_enqueued_well_after_every_cutoff() 
     use jobq_server::store::{rules::Retention, Backend};
     let (_dir, store) = fresh().await;
     // Finished jobs, all enqueued long after the cutoffs: none is
-    // purgeable, and the first one read ends the pass (on sled, more than
-    // a step reads; on PostgreSQL, the one after the first window).
+    // purgeable, and the pass ends at once (on sled, at the first one read,
+    // of more than a step reads; `pg_purge` covers PostgreSQL's stop, which
+    // needs more than one window of ids).
     let batch: Vec<NewJob> = (0..1100).map(|_| new_job("q", None, 0)).collect();
     for e in store.enqueue_batch(batch, at(100_000)).await.unwrap() {
         store

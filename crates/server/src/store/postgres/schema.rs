@@ -158,6 +158,14 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, PgError> {
     // build takes: no `--pg-statement-timeout` for the wait, nor for the
     // migrations; the session's own value comes back after.
     client.batch_execute("SET statement_timeout = 0").await?;
+    let result = migrate_under_lock(client).await;
+    let reset = client.batch_execute("RESET statement_timeout").await;
+    let applied = result?;
+    reset?;
+    Ok(applied)
+}
+
+async fn migrate_under_lock(client: &mut Client) -> Result<Vec<i32>, PgError> {
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
         .await?;
@@ -166,10 +174,8 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, PgError> {
     let unlocked = client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
         .await;
-    let reset = client.batch_execute("RESET statement_timeout").await;
     let applied = result?;
     unlocked?;
-    reset?;
     Ok(applied)
 }
 
