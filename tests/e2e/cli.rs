@@ -38,6 +38,22 @@ impl Run {
     }
 }
 
+/// Spawns with no stdin and its output dropped (a `jobq work` whose jobs
+/// the test watches through the server).
+trait SpawnQuiet {
+    fn spawn_quiet(&mut self) -> tokio::process::Child;
+}
+
+impl SpawnQuiet for tokio::process::Command {
+    fn spawn_quiet(&mut self) -> tokio::process::Child {
+        self.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn jobq")
+    }
+}
+
 fn command(url: &str, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(JOBQ);
     cmd.arg("--server")
@@ -736,11 +752,7 @@ async fn work_runs_a_command_per_job() {
             SCRIPT,
         ],
     )
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    .spawn_quiet();
 
     let status_of = |id: String| {
         let client = client.clone();
@@ -808,11 +820,7 @@ async fn work_kills_a_command_that_outlives_the_drain() {
             &script,
         ],
     )
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    .spawn_quiet();
     let pid = pid_written(&pidfile).await;
 
     drains_and_exits_0(&mut worker).await;
@@ -861,11 +869,7 @@ async fn work_times_out_a_command_and_kills_what_ignores_sigterm() {
             &script,
         ],
     )
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    .spawn_quiet();
     let pid = pid_written(&pidfile).await;
     let failed = job_in(&client, &job.id, pb::JobStatus::Failed).await;
     assert_eq!(
@@ -899,11 +903,7 @@ async fn work_acks_a_command_whose_background_child_keeps_stderr_open() {
     );
     let mut worker = command(&url, &["work", "--queue", "bg", "--", "sh", "-c", &script])
         .env("JOBQ_TOKEN", "the-workers-own-secret")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .spawn_quiet();
     let done = until(LIMIT, "the job to finish", || {
         let client = client.clone();
         let id = job.id.clone();
@@ -942,11 +942,7 @@ async fn a_sigkilled_work_takes_its_command_with_it() {
         &url,
         &["work", "--queue", "slow", "--", "sh", "-c", &script],
     )
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    .spawn_quiet();
     let (shell, sleep): (libc::pid_t, libc::pid_t) = until(LIMIT, "the command to start", || {
         let read = std::fs::read_to_string(&pidfile).ok();
         async move {
@@ -1045,11 +1041,7 @@ async fn work_dead_letters_a_job_whose_command_exits_with_a_fatal_code() {
             script,
         ],
     )
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    .spawn_quiet();
     let finished = |id: jobq_client::JobId| {
         let client = client.clone();
         async move { Some(client.job(id).await.unwrap()).filter(|j| j.status.is_final()) }

@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use jobq_server::{
-    job::NewJob,
     store::{
         postgres::{pause_lock_key, testing, PgOptions, PgStore, PAUSE_LOCK},
         Store,
@@ -25,26 +24,19 @@ async fn store(url: &str) -> PgStore {
     .await
 }
 
-fn job(queue: &str) -> NewJob {
-    NewJob {
-        queue: queue.into(),
-        kind: "k".into(),
-        payload: vec![],
-        key: None,
-        max_attempts: 3,
-        delay: Duration::ZERO,
-        priority: 0,
-        metadata: Default::default(),
-    }
-}
-
 #[tokio::test]
 async fn a_pause_waits_for_the_takes_in_flight_of_its_queue_only() {
     let url = testing::fresh_database("jobq_pause").await;
     let store = store(&url).await;
     let now = SystemTime::now();
-    store.enqueue(job("q"), now).await.expect("enqueue");
-    store.enqueue(job("other"), now).await.expect("enqueue");
+    store
+        .enqueue(testing::job("q"), now)
+        .await
+        .expect("enqueue");
+    store
+        .enqueue(testing::job("other"), now)
+        .await
+        .expect("enqueue");
 
     // A take of "q" in flight: between its read of the paused queues and
     // its commit, it holds q's pause lock.
@@ -93,7 +85,7 @@ async fn a_pause_waits_for_the_takes_in_flight_of_its_queue_only() {
         "the failed pause paused nothing"
     );
     store
-        .enqueue(job("q"), SystemTime::now())
+        .enqueue(testing::job("q"), SystemTime::now())
         .await
         .expect("enqueue");
 
@@ -147,7 +139,7 @@ async fn a_take_that_starts_during_a_pause_waits_and_then_sees_it() {
     let url = testing::fresh_database("jobq_pause").await;
     let store = store(&url).await;
     store
-        .enqueue(job("q"), SystemTime::now())
+        .enqueue(testing::job("q"), SystemTime::now())
         .await
         .expect("enqueue");
 

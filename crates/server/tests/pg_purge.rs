@@ -8,7 +8,7 @@
 use std::time::{Duration, SystemTime};
 
 use jobq_server::{
-    job::{JobId, NewJob},
+    job::JobId,
     store::{
         postgres::{testing, Clock, PgOptions, PgStore},
         rules::Retention,
@@ -17,19 +17,6 @@ use jobq_server::{
 };
 use tokio_postgres::NoTls;
 
-fn job() -> NewJob {
-    NewJob {
-        queue: "q".into(),
-        kind: "k".into(),
-        payload: vec![],
-        key: None,
-        max_attempts: 3,
-        delay: Duration::ZERO,
-        priority: 0,
-        metadata: Default::default(),
-    }
-}
-
 fn at(secs: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
 }
@@ -37,7 +24,11 @@ fn at(secs: u64) -> SystemTime {
 /// Enqueues `n` jobs at `enqueued` and cancels them (FAILED) at once.
 async fn failed_jobs(store: &PgStore, n: usize, enqueued: SystemTime) -> Vec<JobId> {
     let mut ids = Vec::new();
-    for e in store.enqueue_batch(vec![job(); n], enqueued).await.unwrap() {
+    for e in store
+        .enqueue_batch(vec![testing::job("q"); n], enqueued)
+        .await
+        .unwrap()
+    {
         store
             .cancel(e.job.id, String::new(), enqueued)
             .await

@@ -5,26 +5,51 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use jobq_server::{
-    job::NewJob,
+    job::Leased,
     store::{
-        postgres::{testing, PgOptions},
+        postgres::{testing, PgOptions, PgStore},
         Store,
     },
 };
 use tokio_postgres::NoTls;
 use tonic::Code;
 
-fn job() -> NewJob {
-    NewJob {
-        queue: "q".into(),
-        kind: "k".into(),
-        payload: vec![],
-        key: None,
-        max_attempts: 3,
-        delay: Duration::ZERO,
-        priority: 0,
-        metadata: Default::default(),
-    }
+/// Enqueues a job and takes it.
+async fn leased(store: &PgStore) -> Leased {
+    store
+        .enqueue(testing::job("q"), SystemTime::now())
+        .await
+        .expect("enqueue");
+    store
+        .take(
+            &["q".to_owned()],
+            "w",
+            None,
+            Duration::from_secs(60),
+            SystemTime::now(),
+        )
+        .await
+        .expect("take")
+        .expect("due")
+}
+
+/// With `other` (another session) holding the job's row, the ack's lock
+/// waits for it until the statement timeout cancels it: UNAVAILABLE.
+/// Leaves the row held.
+async fn ack_cut_while_held(store: &PgStore, other: &tokio_postgres::Client, leased: &Leased) {
+    other
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM jobq_jobs WHERE id = {} FOR UPDATE",
+            leased.job.id.0
+        ))
+        .await
+        .expect("hold the row");
+    let ack = store.ack(leased.job.id, leased.lease_id, SystemTime::now());
+    let err = tokio::time::timeout(Duration::from_secs(10), ack)
+        .await
+        .expect("the statement timeout ends the wait")
+        .expect_err("the ack's statement is cancelled");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
 }
 
 #[tokio::test]
@@ -37,32 +62,13 @@ async fn a_statement_over_the_timeout_is_cancelled_and_the_call_is_unavailable()
         ..testing::options(&url)
     })
     .await;
-    let now = SystemTime::now();
-    store.enqueue(job(), now).await.expect("enqueue");
-    let leased = store
-        .take(&["q".to_owned()], "w", None, Duration::from_secs(60), now)
-        .await
-        .expect("take")
-        .expect("due");
+    let leased = leased(&store).await;
 
     // Another session holds the job's row: the ack's lock waits for it.
     let (other, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
     tokio::spawn(connection);
-    other
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM jobq_jobs WHERE id = {} FOR UPDATE",
-            leased.job.id.0
-        ))
-        .await
-        .expect("hold the row");
-
     let started = Instant::now();
-    let ack = store.ack(leased.job.id, leased.lease_id, SystemTime::now());
-    let err = tokio::time::timeout(Duration::from_secs(10), ack)
-        .await
-        .expect("the statement timeout ends the wait")
-        .expect_err("the ack's statement is cancelled");
-    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    ack_cut_while_held(&store, &other, &leased).await;
     assert!(
         started.elapsed() >= Duration::from_secs(1),
         "{:?}",
@@ -115,33 +121,7 @@ async fn a_server_waits_for_another_servers_migration_past_the_statement_timeout
         .expect("the task");
     // The migration's connection, the only one in the pool yet, went back
     // with the timeout it had: an ack held up by a locked row is cut.
-    store
-        .enqueue(job(), SystemTime::now())
-        .await
-        .expect("enqueue");
-    let leased = store
-        .take(
-            &["q".to_owned()],
-            "w",
-            None,
-            Duration::from_secs(60),
-            SystemTime::now(),
-        )
-        .await
-        .expect("take")
-        .expect("due");
-    other
-        .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM jobq_jobs WHERE id = {} FOR UPDATE",
-            leased.job.id.0
-        ))
-        .await
-        .expect("hold the row");
-    let ack = store.ack(leased.job.id, leased.lease_id, SystemTime::now());
-    let err = tokio::time::timeout(Duration::from_secs(10), ack)
-        .await
-        .expect("the statement timeout ends the wait")
-        .expect_err("the ack's statement is cancelled");
-    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    let leased = leased(&store).await;
+    ack_cut_while_held(&store, &other, &leased).await;
     other.batch_execute("ROLLBACK").await.expect("release");
 }

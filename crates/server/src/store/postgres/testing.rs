@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_postgres::NoTls;
 
 use super::{Clock, PgOptions, PgStore};
-use crate::Config;
+use crate::{job::NewJob, Config};
 
 /// The environment variable naming the test cluster.
 pub const TEST_PG_ENV: &str = "JOBQ_TEST_PG";
@@ -91,4 +91,18 @@ pub async fn store(options: PgOptions) -> PgStore {
     PgStore::connect(&Config::with_data("unused"), options)
         .await
         .expect("connect to the test database")
+}
+
+/// A job of `queue`: kind `k`, no payload, key or delay, 3 attempts.
+pub fn job(queue: &str) -> NewJob {
+    NewJob {
+        queue: queue.to_owned(),
+        kind: "k".into(),
+        payload: Vec::new(),
+        key: None,
+        max_attempts: 3,
+        delay: Duration::ZERO,
+        priority: 0,
+        metadata: Default::default(),
+    }
 }
