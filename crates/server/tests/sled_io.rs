@@ -175,3 +175,52 @@ async fn heartbeat_bytes(payload: usize) -> u64 {
     assert_eq!(job.payload, vec![b'x'; payload]);
     written / (LEASES * BEATS)
 }
+
+/// sled's segments, which the vendored sled allocates whole when its log
+/// grows past the end of its file (vendor/sled/JOBQ.md, change 3).
+const SEGMENT: u64 = 512 * 1024;
+
+#[test]
+fn the_log_grows_by_whole_allocated_segments_and_reopens_whole() {
+    use std::os::unix::fs::MetadataExt;
+
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new().unwrap();
+    let log = dir.path().join("db");
+    let mut ids = Vec::new();
+    runtime().block_on(async {
+        let store = open(&dir);
+        // 4 KiB payloads stay in sled's log; enough of them to need at
+        // least three segments.
+        while std::fs::metadata(&log).unwrap().len() < 3 * SEGMENT {
+            let new = new_job(vec![b'x'; 4096]);
+            ids.push(store.enqueue(new, SystemTime::now()).await.unwrap().job.id);
+            let meta = std::fs::metadata(&log).unwrap();
+            // Every durable reply found the file at a segment's end, with
+            // its blocks allocated: an fdatasync had no size to commit.
+            assert_eq!(
+                meta.len() % SEGMENT,
+                0,
+                "log length {} after {} jobs",
+                meta.len(),
+                ids.len()
+            );
+            assert!(
+                meta.blocks() * 512 >= meta.len(),
+                "{} bytes allocated for a log of {}",
+                meta.blocks() * 512,
+                meta.len()
+            );
+        }
+    });
+    // Reopened, the zeros past the last write read as the log's end.
+    runtime().block_on(async {
+        let store = open(&dir);
+        for id in &ids {
+            let job = store.get(*id).await.unwrap();
+            assert_eq!(job.payload.len(), 4096);
+        }
+        let next = store.enqueue(new_job(b"after".to_vec()), SystemTime::now());
+        assert!(!ids.contains(&next.await.unwrap().job.id));
+    });
+}

@@ -997,6 +997,8 @@ impl SegmentAccountant {
 
         trace!("advancing file tip from {} to {}", lid, self.tip);
 
+        preallocate(&self.config.file, lid, self.config.segment_size);
+
         Ok(lid)
     }
 
@@ -1128,3 +1130,35 @@ impl SegmentAccountant {
         idx
     }
 }
+
+/// jobq: allocates a new segment's blocks (and grows the file to its end)
+/// when the tip moves past the file's end, so that the segment's writes go
+/// to blocks already allocated within the file's size. Growing the file by
+/// every write made each `fdatasync` also commit a new size and new blocks
+/// to the filesystem's journal (vendor/sled/JOBQ.md, change 3).
+///
+/// The space reads as zeros, which is `MessageKind::Corrupted`: what the
+/// log reads past its last message, and what recovery writes over a free
+/// segment itself. It is only an optimisation, so a filesystem that cannot
+/// allocate ahead (or is full) leaves the file as it was, and the writes
+/// grow it as before.
+#[cfg(target_os = "linux")]
+fn preallocate(file: &std::fs::File, at: LogOffset, len: usize) {
+    use std::os::unix::io::AsRawFd;
+
+    let (Ok(at), Ok(len)) = (libc::off_t::try_from(at), libc::off_t::try_from(len)) else {
+        return;
+    };
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, at, len) };
+    if rc != 0 {
+        debug!(
+            "could not allocate segment at {} ahead: {}",
+            at,
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn preallocate(_file: &std::fs::File, _at: LogOffset, _len: usize) {}
