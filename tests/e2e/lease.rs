@@ -3,6 +3,7 @@
 
 use std::{
     collections::HashSet,
+    net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -14,7 +15,7 @@ use jobq::pb::{self, lease_event::Event};
 use jobq_client::{Client, EnqueueOptions};
 use tonic::Streaming;
 
-use crate::harness::{until, TestServer};
+use crate::harness::{free_port, http_get, until, TestServer};
 
 async fn open(
     c: &Client,
@@ -186,13 +187,33 @@ async fn a_hung_worker_loses_its_lease_and_is_told() {
 async fn a_heartbeat_within_the_grace_keeps_the_lease() {
     // A 3 s grace: the heartbeat below must land inside it even on a
     // loaded 2-core CI machine (500 ms once did not).
-    let server = TestServer::with(|c| c.disconnect_grace = Duration::from_secs(3)).await;
+    let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let server = TestServer::with(|c| {
+        c.disconnect_grace = Duration::from_secs(3);
+        c.http_listen = jobq_server::config::HttpListen(Some(http));
+    })
+    .await;
     let c = server.client().await;
     let ids = enqueue_n(&c, "q", 2).await;
     let mut stream = open(&c, &["q"], "w1", 2, Duration::from_secs(60)).await;
     let a = next_leased(&mut stream).await;
     let _b = next_leased(&mut stream).await;
     drop(stream);
+    // The grace starts when the server sees the stream end; a heartbeat
+    // that gets there first keeps nothing (the README's row for a stream
+    // that ends).
+    until(
+        Duration::from_secs(10),
+        "the server to see the stream end",
+        || async {
+            let (_, metrics) = http_get(http, "/metrics").await;
+            metrics
+                .lines()
+                .any(|l| l == "jobq_lease_streams 0")
+                .then_some(())
+        },
+    )
+    .await;
     let kept = pb::LeaseRef {
         job_id: a.job.clone().expect("job").id,
         lease_id: a.lease_id.clone(),

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use jobq_server::{
     job::Leased,
-    job::NewJob,
+    job::{JobId, NewJob},
     store::{sled::SledStore, Store},
     Config,
 };
@@ -180,47 +180,111 @@ async fn heartbeat_bytes(payload: usize) -> u64 {
 /// grows past the end of its file (vendor/sled/JOBQ.md, change 3).
 const SEGMENT: u64 = 512 * 1024;
 
-#[test]
-fn the_log_grows_by_whole_allocated_segments_and_reopens_whole() {
-    use std::os::unix::fs::MetadataExt;
+/// Whether the filesystem under `dir` can allocate ahead (`fallocate`). On
+/// one that cannot, the vendored sled grows its log write by write, as
+/// sled does; the tests check that fallback instead.
+fn can_allocate_ahead(dir: &std::path::Path) -> bool {
+    use std::os::unix::io::AsRawFd;
 
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = TempDir::new().unwrap();
-    let log = dir.path().join("db");
+    let probe = std::fs::File::create(dir.join("probe")).unwrap();
+    // SAFETY: a valid descriptor, owned by `probe` for the call.
+    let rc = unsafe { libc::fallocate(probe.as_raw_fd(), 0, 0, 4096) };
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    std::fs::remove_file(dir.join("probe")).unwrap();
+    match (rc, errno) {
+        (0, _) => true,
+        (_, Some(libc::EOPNOTSUPP)) => false,
+        _ => panic!("fallocate probe: {}", std::io::Error::last_os_error()),
+    }
+}
+
+/// Copies the folder `from` (sled's files, jobq's own) to `to`, as a crash
+/// leaves it: what the kernel holds for those files, whatever was synced.
+fn copy_folder(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_folder(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Enqueues 4 KiB jobs until sled's log spans three segments. If `whole`
+/// (the filesystem allocates ahead), checks after every durable reply that
+/// the log ends at a segment's end: that reply's fdatasync had no new file
+/// size to commit. Returns their ids.
+async fn fill_three_segments(store: &SledStore, log: &std::path::Path, whole: bool) -> Vec<JobId> {
     let mut ids = Vec::new();
-    runtime().block_on(async {
-        let store = open(&dir);
-        // 4 KiB payloads stay in sled's log; enough of them to need at
-        // least three segments.
-        while std::fs::metadata(&log).unwrap().len() < 3 * SEGMENT {
-            let new = new_job(vec![b'x'; 4096]);
-            ids.push(store.enqueue(new, SystemTime::now()).await.unwrap().job.id);
-            let meta = std::fs::metadata(&log).unwrap();
-            // Every durable reply found the file at a segment's end, with
-            // its blocks allocated: an fdatasync had no size to commit.
+    // 4 KiB payloads stay in sled's log (payload files start at 16 KiB).
+    while std::fs::metadata(log).unwrap().len() < 3 * SEGMENT {
+        let new = new_job(vec![b'x'; 4096]);
+        ids.push(store.enqueue(new, SystemTime::now()).await.unwrap().job.id);
+        let len = std::fs::metadata(log).unwrap().len();
+        if whole {
             assert_eq!(
-                meta.len() % SEGMENT,
+                len % SEGMENT,
                 0,
-                "log length {} after {} jobs",
-                meta.len(),
+                "log length {len} after {} jobs",
                 ids.len()
             );
-            assert!(
-                meta.blocks() * 512 >= meta.len(),
-                "{} bytes allocated for a log of {}",
-                meta.blocks() * 512,
-                meta.len()
-            );
         }
-    });
-    // Reopened, the zeros past the last write read as the log's end.
-    runtime().block_on(async {
+    }
+    ids
+}
+
+/// Every job of `ids` is in the store with its payload, and a new job gets
+/// a new id.
+async fn all_there(store: &SledStore, ids: &[JobId]) {
+    for id in ids {
+        let job = store.get(*id).await.unwrap();
+        assert_eq!(job.payload.len(), 4096, "job {id}");
+    }
+    let next = store.enqueue(new_job(b"after".to_vec()), SystemTime::now());
+    let next = next.await.unwrap().job.id;
+    assert!(!ids.contains(&next), "id {next} handed out again");
+}
+
+#[test]
+fn the_log_grows_by_whole_allocated_segments_and_reopens_whole() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new().unwrap();
+    let whole = can_allocate_ahead(dir.path());
+    let log = dir.path().join("db");
+    let ids = runtime().block_on(async { fill_three_segments(&open(&dir), &log, whole).await });
+    // Reopened after a clean close, the zeros past the last write read as
+    // the log's end.
+    runtime().block_on(async { all_there(&open(&dir), &ids).await });
+}
+
+#[test]
+fn a_crash_inside_an_allocated_segment_or_before_its_first_write_loses_nothing_durable() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new().unwrap();
+    let whole = can_allocate_ahead(dir.path());
+    let crashed = TempDir::new().unwrap();
+    let ahead = TempDir::new().unwrap();
+    let ids = runtime().block_on(async {
         let store = open(&dir);
-        for id in &ids {
-            let job = store.get(*id).await.unwrap();
-            assert_eq!(job.payload.len(), 4096);
-        }
-        let next = store.enqueue(new_job(b"after".to_vec()), SystemTime::now());
-        assert!(!ids.contains(&next.await.unwrap().job.id));
+        let ids = fill_three_segments(&store, &dir.path().join("db"), whole).await;
+        // The store is still open: these copies are what SIGKILL leaves.
+        copy_folder(dir.path(), crashed.path());
+        copy_folder(dir.path(), ahead.path());
+        ids
     });
+    // The copy as it was: the log ends inside its last, allocated segment.
+    runtime().block_on(async { all_there(&open(&crashed), &ids).await });
+    // One more segment allocated, and the crash before its first write.
+    let log = std::fs::OpenOptions::new()
+        .write(true)
+        .open(ahead.path().join("db"))
+        .unwrap();
+    let len = log.metadata().unwrap().len();
+    log.set_len(len.next_multiple_of(SEGMENT) + SEGMENT)
+        .unwrap();
+    drop(log);
+    runtime().block_on(async { all_there(&open(&ahead), &ids).await });
 }

@@ -1132,16 +1132,17 @@ impl SegmentAccountant {
 }
 
 /// jobq: allocates a new segment's blocks (and grows the file to its end)
-/// when the tip moves past the file's end, so that the segment's writes go
-/// to blocks already allocated within the file's size. Growing the file by
-/// every write made each `fdatasync` also commit a new size and new blocks
-/// to the filesystem's journal (vendor/sled/JOBQ.md, change 3).
+/// when the tip moves past the file's end, so that the segment's writes
+/// land within the file's size. Growing the file write by write made every
+/// `fdatasync` also commit a new file size to the filesystem's journal
+/// (vendor/sled/JOBQ.md, change 3). Runs under the segment accountant's
+/// lock, once per segment.
 ///
 /// The space reads as zeros, which is `MessageKind::Corrupted`: what the
-/// log reads past its last message, and what recovery writes over a free
-/// segment itself. It is only an optimisation, so a filesystem that cannot
-/// allocate ahead (or is full) leaves the file as it was, and the writes
-/// grow it as before.
+/// log reads past its last message, and what recovery writes over the free
+/// segments it finds. It is only an optimisation, so a filesystem that
+/// cannot allocate ahead (or is full) leaves the file as it was, and the
+/// writes grow it as before; a partial allocation leaves a zero tail.
 #[cfg(target_os = "linux")]
 fn preallocate(file: &std::fs::File, at: LogOffset, len: usize) {
     use std::os::unix::io::AsRawFd;
