@@ -3,7 +3,6 @@
 
 use std::{
     collections::HashSet,
-    net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -15,7 +14,7 @@ use jobq::pb::{self, lease_event::Event};
 use jobq_client::{Client, EnqueueOptions};
 use tonic::Streaming;
 
-use crate::harness::{free_port, http_get, until, TestServer};
+use crate::harness::{http_get, until, ServerProcess, TestServer};
 
 async fn open(
     c: &Client,
@@ -187,12 +186,11 @@ async fn a_hung_worker_loses_its_lease_and_is_told() {
 async fn a_heartbeat_within_the_grace_keeps_the_lease() {
     // A 3 s grace: the heartbeat below must land inside it even on a
     // loaded 2-core CI machine (500 ms once did not).
-    let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let server = TestServer::with(|c| {
-        c.disconnect_grace = Duration::from_secs(3);
-        c.http_listen = jobq_server::config::HttpListen(Some(http));
-    })
-    .await;
+    // A server process: both its listeners on port 0, the HTTP one for
+    // /metrics below.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ServerProcess::start(dir.path(), &["--disconnect-grace", "3s"]);
+    let http = server.http;
     let c = server.client().await;
     let ids = enqueue_n(&c, "q", 2).await;
     let mut stream = open(&c, &["q"], "w1", 2, Duration::from_secs(60)).await;

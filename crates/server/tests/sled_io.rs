@@ -194,20 +194,24 @@ const SEGMENT: u64 = 512 * 1024;
 
 /// Whether the filesystem under `dir` can allocate ahead (`fallocate`). On
 /// one that cannot, the vendored sled grows its log write by write, as
-/// sled does; the tests check that fallback instead.
+/// sled does; the tests check that fallback instead (every job still
+/// there), not the whole segments.
 fn can_allocate_ahead(dir: &std::path::Path) -> bool {
     use std::os::unix::io::AsRawFd;
 
     let probe = std::fs::File::create(dir.join("probe")).unwrap();
     // SAFETY: a valid descriptor, owned by `probe` for the call.
     let rc = unsafe { libc::fallocate(probe.as_raw_fd(), 0, 0, 4096) };
-    let error = std::io::Error::last_os_error();
-    std::fs::remove_file(dir.join("probe")).unwrap();
-    match (rc, error.raw_os_error()) {
-        (0, _) => true,
-        (_, Some(libc::EOPNOTSUPP | libc::ENOSYS)) => false,
-        _ => panic!("fallocate probe: {error}"),
+    if rc != 0 {
+        // As the vendored sled does, whatever the error (EOPNOTSUPP on a
+        // filesystem without it, others on unusual mounts).
+        eprintln!(
+            "no fallocate here ({}): checking the fallback",
+            std::io::Error::last_os_error()
+        );
     }
+    std::fs::remove_file(dir.join("probe")).unwrap();
+    rc == 0
 }
 
 /// Copies the folder `from` (sled's files, jobq's own) to `to`, as a crash
