@@ -239,30 +239,13 @@ async fn pg_take_skips_over_higher_priority_jobs_that_are_not_due() {
     // Through the store: the due jobs come out in order, then nothing.
     let queues = vec!["q".to_owned()];
     for id in &due {
-        let leased = store
-            .take(
-                &queues,
-                "w",
-                None,
-                Duration::from_secs(60),
-                SystemTime::now(),
-            )
+        let leased = testing::take(&store, &["q"])
             .await
             .expect("take")
             .expect("a due job");
         assert_eq!(leased.job.id, *id);
     }
-    assert!(store
-        .take(
-            &queues,
-            "w",
-            None,
-            Duration::from_secs(60),
-            SystemTime::now()
-        )
-        .await
-        .expect("take")
-        .is_none());
+    assert!(testing::take(&store, &["q"]).await.expect("take").is_none());
     // What a waiter sleeps until: the delayed jobs' hour.
     let next = store
         .next_run_at(&queues)

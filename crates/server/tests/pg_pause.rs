@@ -71,17 +71,7 @@ async fn a_pause_waits_for_the_takes_in_flight_of_its_queue_only() {
         started.elapsed()
     );
     assert!(
-        store
-            .take(
-                &["q".into()],
-                "w",
-                None,
-                Duration::from_secs(60),
-                SystemTime::now()
-            )
-            .await
-            .expect("take")
-            .is_some(),
+        testing::take(&store, &["q"]).await.expect("take").is_some(),
         "the failed pause paused nothing"
     );
     store
@@ -118,16 +108,7 @@ async fn a_pause_waits_for_the_takes_in_flight_of_its_queue_only() {
         .await
         .expect("the take commits");
     pause.await.expect("join").expect("pause q");
-    let taken = store
-        .take(
-            &["q".into(), "other".into()],
-            "w",
-            None,
-            Duration::from_secs(60),
-            SystemTime::now(),
-        )
-        .await
-        .expect("take");
+    let taken = testing::take(&store, &["q", "other"]).await.expect("take");
     assert!(taken.is_none(), "both queues are paused: {taken:?}");
 }
 
@@ -157,17 +138,7 @@ async fn a_take_that_starts_during_a_pause_waits_and_then_sees_it() {
 
     let take = {
         let store = store.clone();
-        tokio::spawn(async move {
-            store
-                .take(
-                    &["q".into()],
-                    "w",
-                    None,
-                    Duration::from_secs(60),
-                    SystemTime::now(),
-                )
-                .await
-        })
+        tokio::spawn(async move { testing::take(&store, &["q"]).await })
     };
     let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
     let deadline = Instant::now() + Duration::from_secs(10);

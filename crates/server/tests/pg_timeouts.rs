@@ -20,14 +20,7 @@ async fn leased(store: &PgStore) -> Leased {
         .enqueue(testing::job("q"), SystemTime::now())
         .await
         .expect("enqueue");
-    store
-        .take(
-            &["q".to_owned()],
-            "w",
-            None,
-            Duration::from_secs(60),
-            SystemTime::now(),
-        )
+    testing::take(store, &["q"])
         .await
         .expect("take")
         .expect("due")

@@ -2,12 +2,16 @@
 //! `JOBQ_TEST_PG`, so tests run in parallel without seeing each other's
 //! jobs or notifications.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio_postgres::NoTls;
 
 use super::{Clock, PgOptions, PgStore};
-use crate::{job::NewJob, Config};
+use crate::{
+    job::{Leased, NewJob},
+    store::Store,
+    Config, Result,
+};
 
 /// The environment variable naming the test cluster.
 pub const TEST_PG_ENV: &str = "JOBQ_TEST_PG";
@@ -105,4 +109,21 @@ pub fn job(queue: &str) -> NewJob {
         priority: 0,
         metadata: Default::default(),
     }
+}
+
+/// Worker `w` takes the first due job of `queues`, on a 60 s lease.
+///
+/// # Errors
+/// Whatever the store's take returns.
+pub async fn take(store: &PgStore, queues: &[&str]) -> Result<Option<Leased>> {
+    let queues: Vec<String> = queues.iter().map(|q| (*q).to_owned()).collect();
+    store
+        .take(
+            &queues,
+            "w",
+            None,
+            Duration::from_secs(60),
+            SystemTime::now(),
+        )
+        .await
 }
