@@ -170,11 +170,11 @@ impl Node {
             old_prefix: &[u8],
             old_hi: &[u8],
             suffix_truncation: bool,
+            split_point: usize,
         ) -> (IVec, u8, Vec<IVec>, Vec<T>)
         where
             T: Clone + Ord,
         {
-            let split_point = keys.len() / 2 + 1;
             let right_keys = keys.split_off(split_point);
             let right_values = values.split_off(split_point);
             let right_min = &right_keys[0];
@@ -241,6 +241,7 @@ impl Node {
             )
         }
 
+        let split_point = self.split_point();
         let prefixed_lo = &self.lo[..self.prefix_len as usize];
         let prefixed_hi = &self.hi;
         let (split, right_prefix_len, right_data) = match self.data {
@@ -252,6 +253,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         false,
+                        split_point,
                     );
 
                 (
@@ -271,6 +273,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         true,
+                        split_point,
                     );
 
                 (
@@ -605,22 +608,63 @@ impl Node {
             16
         };
 
-        let size_checks = self.data.len() > threshold;
+        let len = self.data.len();
+        // JOBQ (change 5): a leaf of at least twice the merge threshold also
+        // splits once its items pass `LEAF_SPLIT_BYTES`, so each half keeps
+        // enough items not to be merged back.
+        let size_checks = len > threshold
+            || match &self.data {
+                Data::Leaf(leaf) => {
+                    len >= 2 * self.merge_threshold()
+                        && leaf.bytes(len) > LEAF_SPLIT_BYTES
+                }
+                Data::Index(_) => false,
+            };
         let safety_checks = self.merging_child.is_none() && !self.merging;
 
         size_checks && safety_checks
     }
 
-    pub(crate) fn should_merge(&self) -> bool {
-        let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
+    /// How many items a split leaves in the left node.
+    ///
+    /// JOBQ (change 5): in half (as sled did) unless that would leave the
+    /// right node fewer than the merge threshold (a split on size, at as
+    /// few as twice that). The rightmost node of a level (no upper bound)
+    /// takes every insert of ascending keys, which jobq's job ids are:
+    /// split in half, it left each node behind it half full for good. So
+    /// it keeps the left full instead, up to `LEAF_SPLIT_BYTES` for a
+    /// leaf, and gives the new right node just enough items not to be
+    /// merged straight back into the left (`should_merge`).
+    fn split_point(&self) -> usize {
+        let len = self.data.len();
+        let keep = self.merge_threshold();
+        let most = len.saturating_sub(keep).max(1);
+        let half = (len / 2 + 1).min(most);
+        if !self.hi.is_empty() {
+            return half;
+        }
+        let mut at = most;
+        if let Data::Leaf(leaf) = &self.data {
+            while at > half && leaf.bytes(at) > LEAF_SPLIT_BYTES {
+                at -= 1;
+            }
+        }
+        at
+    }
+
+    /// Fewer items than this, and a node is merged into its left sibling.
+    fn merge_threshold(&self) -> usize {
+        if cfg!(any(test, feature = "lock_free_delays")) {
             1
         } else if self.data.is_index() {
             64
         } else {
             4
-        };
+        }
+    }
 
-        let size_checks = self.data.len() < threshold;
+    pub(crate) fn should_merge(&self) -> bool {
+        let size_checks = self.data.len() < self.merge_threshold();
         let safety_checks = self.merging_child.is_none() && !self.merging;
 
         size_checks && safety_checks
@@ -716,6 +760,29 @@ impl Data {
 pub(crate) struct Leaf {
     pub(crate) keys: Vec<IVec>,
     pub(crate) values: Vec<IVec>,
+}
+
+/// JOBQ (change 5): a leaf with more bytes than this in its keys and
+/// values splits (`Node::should_split`), and the rightmost split keeps no
+/// more than this in the left node. sled writes a node of more than a
+/// quarter of a log segment (~128 KiB of the default 512 KiB) as a blob
+/// file, and its cache then weighs the node by the blob's pointer, a few
+/// bytes, so such nodes were never evicted. A leaf now stays under this,
+/// or under twice the merge threshold in items (give or take the insert
+/// that the next traversal splits off).
+const LEAF_SPLIT_BYTES: usize = 64 * 1024;
+
+impl Leaf {
+    /// Bytes of the first `n` items' keys (as stored, without the node's
+    /// prefix) and values.
+    fn bytes(&self, n: usize) -> usize {
+        self.keys
+            .iter()
+            .zip(&self.values)
+            .take(n)
+            .map(|(k, v)| k.len() + v.len())
+            .sum()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Default)]
