@@ -1858,18 +1858,8 @@ mod tests {
         sled.payloads.remove(record_key(other)).unwrap();
         assert!(matches!(store.get(other).await, Err(Error::Corrupt(_))));
     }
-}
 
-/// The vendored sled's leaf splits (`vendor/sled/JOBQ.md`, change 5).
-#[cfg(test)]
-mod page_fill {
-    use std::time::{Duration, SystemTime};
-
-    use super::*;
-    use crate::{
-        job::{JobId, NewJob},
-        store::Store,
-    };
+    // The vendored sled's leaf splits (`vendor/sled/JOBQ.md`, change 5).
 
     /// Leaves on the lowest level of `tree`, from sled's own dump of it
     /// (a line per node, `\t\t<pid>: Node {..}`, under a `level N:` line
@@ -1889,16 +1879,7 @@ mod page_fill {
         let store = SledStore::open(config).unwrap();
         let mut ids = Vec::new();
         for _ in 0..jobs {
-            let job = NewJob {
-                queue: "q".into(),
-                kind: "k".into(),
-                payload: payload.to_vec(),
-                key: None,
-                max_attempts: 3,
-                delay: Duration::ZERO,
-                priority: 0,
-                metadata: Default::default(),
-            };
+            let job = new_job(payload.to_vec());
             ids.push(store.enqueue(job, SystemTime::now()).await.unwrap().job.id);
         }
         ids
