@@ -113,6 +113,7 @@ impl Db {
                 context: context.clone(),
                 root: AtomicU64::new(root),
                 merge_operator: RwLock::new(None),
+                leaf_fill: AtomicUsize::new(0),
             }));
             assert!(tenants.insert(id, tree).is_none());
         }

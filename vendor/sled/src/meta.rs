@@ -65,6 +65,7 @@ where
                     subscribers: Subscribers::default(),
                     root: AtomicU64::new(root_id),
                     merge_operator: RwLock::new(None),
+                    leaf_fill: AtomicUsize::new(0),
                 })));
             }
             Err(Error::CollectionNotFound(_)) => {}
@@ -116,6 +117,7 @@ where
             context: context.clone(),
             root: AtomicU64::new(root_id),
             merge_operator: RwLock::new(None),
+            leaf_fill: AtomicUsize::new(0),
         })));
     }
 }

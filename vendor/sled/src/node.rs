@@ -599,7 +599,9 @@ impl Node {
         }
     }
 
-    pub(crate) fn should_split(&self) -> bool {
+    /// `leaf_fill`: 0, or the bytes a leaf fills to before it splits on
+    /// count (`Tree::fill_leaves_to`, JOBQ change 6).
+    pub(crate) fn should_split(&self, leaf_fill: usize) -> bool {
         let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
             2
         } else if self.data.is_index() {
@@ -609,17 +611,24 @@ impl Node {
         };
 
         let len = self.data.len();
-        // JOBQ (change 5): a leaf of at least twice the merge threshold also
-        // splits once its items pass `LEAF_SPLIT_BYTES`, so each half keeps
-        // enough items not to be merged back.
-        let size_checks = len > threshold
-            || match &self.data {
-                Data::Leaf(leaf) => {
-                    len >= 2 * self.merge_threshold()
-                        && leaf.bytes(len) > LEAF_SPLIT_BYTES
-                }
-                Data::Index(_) => false,
-            };
+        let size_checks = match &self.data {
+            Data::Index(_) => len > threshold,
+            Data::Leaf(leaf) => {
+                let bytes = leaf.bytes(len);
+                // JOBQ (change 6): in a tree that fills its leaves, a leaf
+                // over the count splits only once it also passes the fill
+                // (and at most holds `FILLED_LEAF_MAX_ITEMS`).
+                let over_count = len > threshold
+                    && (leaf_fill == 0 || bytes > leaf_fill);
+                // JOBQ (change 5): a leaf of at least twice the merge
+                // threshold also splits once its items pass
+                // `LEAF_SPLIT_BYTES`, so each half keeps enough items not
+                // to be merged back.
+                let over_size =
+                    len >= 2 * self.merge_threshold() && bytes > LEAF_SPLIT_BYTES;
+                over_count || over_size || len > FILLED_LEAF_MAX_ITEMS
+            }
+        };
         let safety_checks = self.merging_child.is_none() && !self.merging;
 
         size_checks && safety_checks
@@ -771,6 +780,11 @@ pub(crate) struct Leaf {
 /// or under twice the merge threshold in items (give or take the insert
 /// that the next traversal splits off).
 const LEAF_SPLIT_BYTES: usize = 64 * 1024;
+
+/// JOBQ (change 6): the most items a leaf holds in a tree that fills its
+/// leaves by bytes (a bound for tiny values; jobq's `payloads` tree holds
+/// values over 512 bytes).
+const FILLED_LEAF_MAX_ITEMS: usize = 512;
 
 impl Leaf {
     /// Bytes of the first `n` items' keys (as stored, without the node's

@@ -34,7 +34,7 @@ use crate::{
 mod packed;
 mod saved;
 
-use packed::PackedSet;
+use packed::{get_varint, put_varint, Delta, PackedSet};
 
 /// A time in an index entry: nanoseconds since the Unix epoch. 8 bytes
 /// where a `SystemTime` takes 16, so an entry `(At, JobId)` is 16 bytes,
@@ -53,6 +53,25 @@ impl At {
 
     fn time(self) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_nanos(self.0)
+    }
+}
+
+/// A pending set's entry as the differences from the one before it: its
+/// time's (not negative: the set is sorted by time first), then its id's,
+/// zigzagged (an older id can follow at a later time). Jobs enqueued in
+/// order take ~4 bytes: microseconds apart, ids a few apart.
+impl Delta for (At, JobId) {
+    fn put_after(self, prev: Self, out: &mut Vec<u8>) {
+        put_varint(self.0 .0.wrapping_sub(prev.0 .0), out);
+        let id = self.1 .0.wrapping_sub(prev.1 .0);
+        put_varint((id << 1) ^ (id >> 63).wrapping_neg(), out);
+    }
+
+    fn get_after(prev: Self, bytes: &mut &[u8]) -> Self {
+        let at = prev.0 .0.wrapping_add(get_varint(bytes));
+        let zigzag = get_varint(bytes);
+        let id = (zigzag >> 1) ^ (zigzag & 1).wrapping_neg();
+        (At(at), JobId(prev.1 .0.wrapping_add(id)))
     }
 }
 
@@ -75,7 +94,7 @@ impl QueueIndex {
     fn earliest(&self) -> Option<SystemTime> {
         self.pending
             .values()
-            .filter_map(|set| set.first().map(|&(run_at, _)| run_at.time()))
+            .filter_map(|set| set.first().map(|(run_at, _)| run_at.time()))
             .min()
     }
 }
@@ -354,8 +373,8 @@ impl Index {
             .pending
             .values()
             .filter_map(PackedSet::first)
-            .find(|&&(run_at, _)| run_at <= At::of(now))
-            .map(|&(_, id)| id)
+            .find(|&(run_at, _)| run_at <= At::of(now))
+            .map(|(_, id)| id)
     }
 
     /// Marks a queue paused or not.
@@ -443,8 +462,59 @@ impl Index {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
     use crate::{job::NewJob, machine};
+
+    proptest! {
+        /// Pending entries round-trip through their differences at any
+        /// time and id, including older ids after newer ones and the ends
+        /// of the range.
+        #[test]
+        fn pending_entries_read_back_as_written(
+            entries in proptest::collection::vec(
+                (prop_oneof![any::<u64>(), 0..1000u64, Just(u64::MAX)],
+                 prop_oneof![any::<u64>(), 0..1000u64, Just(u64::MAX)]),
+                0..400,
+            ),
+            removed in proptest::collection::vec(any::<prop::sample::Index>(), 0..100),
+        ) {
+            let entries: Vec<(At, JobId)> =
+                entries.into_iter().map(|(at, id)| (At(at), JobId(id))).collect();
+            let mut model: BTreeSet<(At, JobId)> = entries.iter().copied().collect();
+            let mut set: PackedSet<(At, JobId)> = PackedSet::default();
+            for &entry in &entries {
+                set.insert(entry);
+            }
+            prop_assert!(set.iter().eq(model.iter().copied()));
+            for index in removed {
+                if entries.is_empty() {
+                    break;
+                }
+                let entry = *index.get(&entries);
+                prop_assert_eq!(set.remove(&entry), model.remove(&entry));
+                prop_assert_eq!(set.first(), model.first().copied());
+            }
+            prop_assert!(set.iter().eq(model.iter().copied()));
+        }
+    }
+
+    /// 100,000 jobs enqueued in order, 45 µs apart (22,000 a second), take
+    /// under 5 bytes each in their chunks, where the entry is 16 (with the
+    /// chunks' own ~2 bytes an entry, ~6 against ~17).
+    #[test]
+    fn jobs_enqueued_in_order_cost_a_few_bytes_each() {
+        let start = At::of(SystemTime::now()).0;
+        let mut set: PackedSet<(At, JobId)> = PackedSet::default();
+        for i in 0..100_000u64 {
+            set.insert((At(start + i * 45_000), JobId(1000 + i)));
+        }
+        let (bytes, chunks) = set.footprint();
+        assert!(bytes < 5 * 100_000, "{bytes} bytes");
+        assert_eq!(chunks, 100_000usize.div_ceil(64));
+        assert_eq!(set.first(), Some((At(start), JobId(1000))));
+    }
 
     fn job(id: u64, queue: &str, key: Option<&str>, at: u64) -> Job {
         prioritized(id, queue, key, at, 0)
