@@ -300,27 +300,25 @@ impl<T: Delta> PackedSet<T> {
         }
     }
 
-    /// Moves every entry of `other` into this set.
+    /// Moves every entry of `other` into this set. Both are decoded a
+    /// chunk at a time and merged into full chunks, so a merge of two large
+    /// sets (a startup scan's parts) holds no list of all their entries.
     pub(crate) fn append(&mut self, other: &mut PackedSet<T>) {
-        let mut merged: Vec<T> = Vec::with_capacity(self.len() + other.len());
         let (mut mine, mut theirs) = (
             std::mem::take(self).into_sorted().peekable(),
             std::mem::take(other).into_sorted().peekable(),
         );
-        loop {
-            let next = match (mine.peek(), theirs.peek()) {
-                (Some(a), Some(b)) if a < b => mine.next(),
-                (Some(a), Some(b)) if a == b => {
-                    theirs.next();
-                    mine.next()
-                }
-                (Some(_), Some(_)) | (None, Some(_)) => theirs.next(),
-                (Some(_), None) => mine.next(),
-                (None, None) => break,
-            };
-            merged.extend(next);
-        }
-        *self = merged.into_iter().collect();
+        let merged = std::iter::from_fn(|| match (mine.peek(), theirs.peek()) {
+            (Some(a), Some(b)) if a < b => mine.next(),
+            (Some(a), Some(b)) if a == b => {
+                theirs.next();
+                mine.next()
+            }
+            (Some(_), Some(_)) | (None, Some(_)) => theirs.next(),
+            (Some(_), None) => mine.next(),
+            (None, None) => None,
+        });
+        *self = merged.collect();
     }
 
     /// Rebuilds the chunks full (after many inserts out of order).
