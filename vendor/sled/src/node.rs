@@ -614,19 +614,20 @@ impl Node {
         let size_checks = match &self.data {
             Data::Index(_) => len > threshold,
             Data::Leaf(leaf) => {
-                let bytes = leaf.bytes(len);
                 // JOBQ (change 6): in a tree that fills its leaves, a leaf
                 // over the count splits only once it also passes the fill
-                // (and at most holds `FILLED_LEAF_MAX_ITEMS`).
+                // (and at most holds `FILLED_LEAF_MAX_ITEMS`). Bytes are
+                // counted only where they decide.
                 let over_count = len > threshold
-                    && (leaf_fill == 0 || bytes > leaf_fill);
+                    && (leaf_fill == 0 || leaf.bytes(len) > leaf_fill);
                 // JOBQ (change 5): a leaf of at least twice the merge
                 // threshold also splits once its items pass
                 // `LEAF_SPLIT_BYTES`, so each half keeps enough items not
                 // to be merged back.
-                let over_size =
-                    len >= 2 * self.merge_threshold() && bytes > LEAF_SPLIT_BYTES;
-                over_count || over_size || len > FILLED_LEAF_MAX_ITEMS
+                over_count
+                    || len > FILLED_LEAF_MAX_ITEMS
+                    || (len >= 2 * self.merge_threshold()
+                        && leaf.bytes(len) > LEAF_SPLIT_BYTES)
             }
         };
         let safety_checks = self.merging_child.is_none() && !self.merging;
