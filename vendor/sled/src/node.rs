@@ -614,20 +614,25 @@ impl Node {
         let size_checks = match &self.data {
             Data::Index(_) => len > threshold,
             Data::Leaf(leaf) => {
-                // JOBQ (change 6): in a tree that fills its leaves, a leaf
-                // over the count splits only once it also passes the fill
-                // (and at most holds `FILLED_LEAF_MAX_ITEMS`). Bytes are
-                // counted only where they decide.
-                let over_count = len > threshold
-                    && (leaf_fill == 0 || leaf.bytes(len) > leaf_fill);
-                // JOBQ (change 5): a leaf of at least twice the merge
-                // threshold also splits once its items pass
-                // `LEAF_SPLIT_BYTES`, so each half keeps enough items not
-                // to be merged back.
-                over_count
-                    || len > FILLED_LEAF_MAX_ITEMS
-                    || (len >= 2 * self.merge_threshold()
-                        && leaf.bytes(len) > LEAF_SPLIT_BYTES)
+                let keep = self.merge_threshold();
+                if len > FILLED_LEAF_MAX_ITEMS || (len > threshold && leaf_fill == 0)
+                {
+                    true
+                } else if len <= threshold && len < 2 * keep {
+                    false
+                } else {
+                    // JOBQ (change 6): in a tree that fills its leaves, a
+                    // leaf over the count splits only once it also passes
+                    // the fill (and at most holds `FILLED_LEAF_MAX_ITEMS`).
+                    // JOBQ (change 5): a leaf of at least twice the merge
+                    // threshold also splits once its items pass
+                    // `LEAF_SPLIT_BYTES`, so each half keeps enough items
+                    // not to be merged back. The bytes are counted once,
+                    // and only where they decide.
+                    let bytes = leaf.bytes(len);
+                    (len > threshold && bytes > leaf_fill)
+                        || (len >= 2 * keep && bytes > LEAF_SPLIT_BYTES)
+                }
             }
         };
         let safety_checks = self.merging_child.is_none() && !self.merging;
