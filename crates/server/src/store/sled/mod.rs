@@ -1874,7 +1874,8 @@ mod tests {
         assert!(matches!(store.get(other).await, Err(Error::Corrupt(_))));
     }
 
-    // The vendored sled's leaf splits (`vendor/sled/JOBQ.md`, change 5).
+    // The vendored sled's leaf splits (`vendor/sled/JOBQ.md`, changes 5
+    // and 6).
 
     /// Leaves on the lowest level of `tree`, from sled's own dump of it
     /// (a line per node, `\t\t<pid>: Node {..}`, under a `level N:` line
@@ -1937,8 +1938,9 @@ mod tests {
     /// sled writes a node bigger than a quarter of a log segment (~128 KiB)
     /// as a blob file, and its cache weighs such a node by the blob's
     /// pointer, so it is never evicted: 1 GiB of 15 KiB payloads held
-    /// 1.4 GiB of RSS. A leaf now splits at 64 KiB, so 15 KiB payloads
-    /// (9 of them made a leaf of 135 KiB) leave no blob.
+    /// 1.4 GiB of RSS. A leaf of 8 or more items now also splits once it
+    /// passes 64 KiB, so 15 KiB payloads (9 of them made a leaf of
+    /// 135 KiB) split at 8, ~120 KiB, and leave no blob.
     #[tokio::test]
     async fn payloads_just_under_the_file_threshold_make_no_blob_nodes() {
         let dir = tempfile::tempdir().unwrap();
