@@ -67,6 +67,14 @@ const REFUSAL_ROOM: Duration = Duration::from_secs(1);
 /// and a bulk cancel makes one lookup per lease it held).
 const CANCEL_REASON_WAIT: Duration = Duration::from_millis(100);
 
+/// The revoke reason of a lease that the same worker declared on a newer
+/// stream of this server.
+const MOVED_HERE: &str = "taken over by a newer stream of this worker";
+
+/// The revoke reason of a lease that the same worker declared on a stream
+/// of another server.
+const MOVED_AWAY: &str = "taken over by this worker's stream on another server";
+
 /// A message to one stream's task.
 #[derive(Debug, Clone)]
 enum Notice {
@@ -163,6 +171,27 @@ struct StreamEntry {
     caller: Option<(Caller, Vec<String>)>,
     notices: mpsc::UnboundedSender<Notice>,
     pipe: Arc<Pipe>,
+    /// Its delivered leases that expired without a heartbeat since its
+    /// worker was last heard from (at most its capacity): an ack or fail
+    /// of one of them, refused as stale, still shows the worker is alive.
+    expired: HashSet<LeaseId>,
+}
+
+impl StreamEntry {
+    /// Whether `caller` (`None` with tokens off) opened this stream.
+    fn opened_by(&self, caller: Option<&Caller>) -> bool {
+        match (&self.caller, caller) {
+            (None, None) => true,
+            (Some((opened, _)), Some(caller)) => opened.same_secret(caller),
+            _ => false,
+        }
+    }
+
+    /// Its worker was heard from: a stalled stream takes jobs again.
+    fn alive(&mut self, draining: bool) {
+        self.expired.clear();
+        let _ = self.notices.send(Notice::Heartbeat { draining });
+    }
 }
 
 /// What a declared lease took over when its stream opened, to put back if
@@ -340,6 +369,7 @@ impl<S: Store> LeaseHub<S> {
                         .map(|caller| (caller, spec.take.queues.clone())),
                     notices: notices_tx,
                     pipe: Arc::clone(&pipe),
+                    expired: HashSet::new(),
                 },
             );
             reg.tokens.insert(token.clone(), id);
@@ -407,6 +437,16 @@ impl<S: Store> LeaseHub<S> {
             return;
         }
         let notice = match ended.outcome {
+            // Declared by the same worker on another server's stream: the
+            // worker learns it there; this stream frees its slot.
+            _ if ended.moved => Notice::Revoked {
+                job: ended.job,
+                lease: ended.lease,
+                reason: MOVED_AWAY,
+                stall: false,
+                tell: true,
+                cancelled: false,
+            },
             Some(Outcome::Acked | Outcome::Failed) => Notice::Released(ended.lease),
             // A stream forgets its own leases before it reclaims them, so
             // one still owned was taken from a live stream (another server
@@ -439,6 +479,11 @@ impl<S: Store> LeaseHub<S> {
         };
         for entry in streams {
             let _ = entry.notices.send(notice.clone());
+        }
+        if let (Some(Outcome::LeaseExpired), Some(entry)) =
+            (ended.outcome, owner.and_then(|s| reg.streams.get_mut(&s)))
+        {
+            entry.expired.insert(ended.lease);
         }
     }
 
@@ -490,6 +535,7 @@ impl<S: Store> LeaseHub<S> {
                         .and_then(|a| a.outcome),
                     queue: j.queue,
                     status: j.status,
+                    moved: false,
                 },
                 // Gone (deleted or purged once finished): taken away.
                 Err(Error::NotFound(_)) => LeaseEnded {
@@ -498,6 +544,7 @@ impl<S: Store> LeaseHub<S> {
                     outcome: Some(Outcome::Revoked),
                     queue: String::new(),
                     status: Status::Done,
+                    moved: false,
                 },
                 Err(err) => {
                     warn!(cause = %err, job.id = %job, "could not check a stream's lease; will check again");
@@ -562,27 +609,34 @@ impl<S: Store> LeaseHub<S> {
         for (_, lease) in leases {
             reg.orphans.remove(lease);
         }
-        let ours = |e: &&StreamEntry| match (&e.caller, caller) {
-            (None, None) => true,
-            (Some((opened, _)), Some(caller)) => opened.same_secret(caller),
-            _ => false,
-        };
         if token.is_empty() {
             for entry in reg
                 .streams
-                .values()
-                .filter(|e| e.worker_id == worker_id)
-                .filter(ours)
+                .values_mut()
+                .filter(|e| e.worker_id == worker_id && e.opened_by(caller))
             {
-                let _ = entry.notices.send(Notice::Heartbeat { draining: false });
+                entry.alive(false);
             }
-        } else if let Some(entry) = reg
-            .tokens
-            .get(token)
-            .and_then(|id| reg.streams.get(id))
-            .filter(ours)
+        } else if let Some(id) = reg.tokens.get(token).copied() {
+            if let Some(entry) = reg.streams.get_mut(&id).filter(|e| e.opened_by(caller)) {
+                entry.alive(draining);
+            }
+        }
+    }
+
+    /// A worker acked or failed `lease` (whether or not the store took it):
+    /// a worker whose one handler hung past its lease and then finished is
+    /// alive, so the stream whose lease that was, if it was stalled by that
+    /// lease's expiry, takes jobs again. Only a stream opened with the
+    /// report's own secret (`caller`) is touched.
+    pub fn reported(&self, lease: LeaseId, caller: Option<&Caller>) {
+        let mut reg = self.registry();
+        if let Some(entry) = reg
+            .streams
+            .values_mut()
+            .find(|e| e.expired.contains(&lease) && e.opened_by(caller))
         {
-            let _ = entry.notices.send(Notice::Heartbeat { draining });
+            entry.alive(false);
         }
     }
 
@@ -621,10 +675,23 @@ impl<S: Store> LeaseHub<S> {
     /// Checks the leases a new stream declared: those it still holds count
     /// against its capacity; the others are dropped, and whatever their
     /// declaration displaced is put back.
-    async fn adopt(&self, id: StreamId, held: &[(JobId, LeaseId)]) -> HashMap<LeaseId, JobId> {
+    ///
+    /// A declared lease is kept only under the worker id that holds it: a
+    /// stream of another worker cannot take it over. The stream it is taken
+    /// from (the same worker's older stream, still open) frees its slot and
+    /// is told `revoked`, as for any other lease-ended event.
+    async fn adopt(
+        &self,
+        id: StreamId,
+        worker_id: &str,
+        held: &[(JobId, LeaseId)],
+    ) -> HashMap<LeaseId, JobId> {
         let mut adopted = HashMap::new();
         for &(job, lease) in held {
-            let holds = matches!(self.store.peek(job).await, Ok(j) if j.lease_id() == Some(lease));
+            let holds = matches!(
+                self.store.peek(job).await,
+                Ok(j) if j.lease.as_ref().is_some_and(|l| l.id == lease && l.worker_id == worker_id)
+            );
             let mut reg = self.registry();
             // An event that ended the lease meanwhile removed the owner
             // (and told the displaced one).
@@ -636,6 +703,22 @@ impl<S: Store> LeaseHub<S> {
             };
             if holds && owned {
                 adopted.insert(lease, job);
+                let from = before
+                    .and_then(|b| b.owner)
+                    .map(|(stream, _)| stream)
+                    .filter(|stream| *stream != id);
+                if let Some(entry) = from.and_then(|stream| reg.streams.get(&stream)) {
+                    // Never pushed there now, if it was still waiting.
+                    entry.pipe.unpulled().remove(&lease);
+                    let _ = entry.notices.send(Notice::Revoked {
+                        job,
+                        lease,
+                        reason: MOVED_HERE,
+                        stall: false,
+                        tell: true,
+                        cancelled: false,
+                    });
+                }
             } else if owned {
                 reg.owners.remove(&lease);
                 let Some(before) = before else {
@@ -675,7 +758,7 @@ impl<S: Store> LeaseHub<S> {
             held,
             caller: _,
         } = spec;
-        let mut held = self.adopt(id, &held).await;
+        let mut held = self.adopt(id, &take.worker_id, &held).await;
         if !held.is_empty() {
             debug!(adopted = held.len(), "lease stream adopted held leases");
         }

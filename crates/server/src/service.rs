@@ -169,6 +169,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
     async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
         let who = self.auth.who(&req)?;
         let (id, lease) = validate::ack(req.into_inner())?;
+        self.hub.reported(lease, who.caller());
         auth::authorize(&*self.store, &who, Access::Leases(&[(id, lease)])).await?;
         // The stream's slot is freed by the store's lease-ended event, not
         // here: this future is dropped if the client cancels the call.
@@ -185,6 +186,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
     ) -> Result<Response<pb::FailResponse>, Status> {
         let who = self.auth.who(&req)?;
         let (id, report) = validate::fail(req.into_inner(), &self.config)?;
+        self.hub.reported(report.lease_id, who.caller());
         let access = Access::Leases(&[(id, report.lease_id)]);
         auth::authorize(&*self.store, &who, access).await?;
         let job = self.store.fail(id, report, now()).await?;

@@ -35,6 +35,10 @@ pub struct LeaseEnded {
     pub outcome: Option<Outcome>,
     /// The job's status after the change.
     pub status: Status,
+    /// The lease did not end for its job: the worker that holds it declared
+    /// it on a stream of another server, which holds it from now on (the
+    /// job stays RUNNING under it). Only the stream it left is affected.
+    pub moved: bool,
 }
 
 impl LeaseEnded {
@@ -57,6 +61,7 @@ impl LeaseEnded {
             queue: old.queue.clone(),
             outcome,
             status: new.status,
+            moved: false,
         })
     }
 }

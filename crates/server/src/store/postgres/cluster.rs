@@ -14,8 +14,11 @@
 
 use tokio_postgres::types::ToSql;
 
-use super::{error::PgError, row, Pg};
-use crate::job::{JobId, LeaseId};
+use super::{error::PgError, listen, row, Pg};
+use crate::{
+    job::{JobId, LeaseId, Status},
+    store::LeaseEnded,
+};
 
 /// Most orphaned leases reclaimed per pass.
 const ORPHAN_LIMIT: i64 = 1000;
@@ -97,24 +100,52 @@ pub async fn orphaned(pg: &Pg) -> Result<Vec<(JobId, LeaseId)>, PgError> {
 
 /// A worker reconnected to this server and declared these leases: this
 /// server's stream holds them now (fenced on the lease id, so a lease that
-/// ended meanwhile is left alone).
+/// ended meanwhile is left alone). A lease that another server's stream
+/// held is a lease-ended event there (`moved`), notified in the same
+/// commit: that stream frees its slot and tells its worker.
 pub async fn adopt(pg: &Pg, leases: &[(JobId, LeaseId)]) -> Result<(), PgError> {
-    let client = pg.client().await?;
+    let mut client = pg.client().await?;
     let ids: Vec<i64> = leases.iter().map(|(id, _)| row::to_db(id.0)).collect();
     let lease_ids: Vec<i64> = leases.iter().map(|(_, l)| row::to_db(l.0)).collect();
-    let stmt = client
+    let tx = client.transaction().await?;
+    let stmt = tx
         .prepare_cached(
             // Rows locked in id order, as every other multi-row writer
             // locks them: in join order, this could deadlock with them.
             "UPDATE jobq_jobs j SET lease_server = $1 \
-             FROM (SELECT l.id FROM jobq_jobs l \
+             FROM (SELECT l.id, l.lease_server AS before FROM jobq_jobs l \
                    JOIN unnest($2::bigint[], $3::bigint[]) AS t(id, lease) \
                      ON l.id = t.id AND l.lease_id = t.lease \
                    WHERE l.status = 'running' ORDER BY l.id FOR UPDATE OF l) AS o \
-             WHERE j.id = o.id",
+             WHERE j.id = o.id \
+             RETURNING j.id, j.lease_id, j.queue, o.before",
         )
         .await?;
-    client.execute(&stmt, &[&pg.me, &ids, &lease_ids]).await?;
+    let rows = tx.query(&stmt, &[&pg.me, &ids, &lease_ids]).await?;
+    let mut payloads = Vec::new();
+    for r in &rows {
+        let before: Option<String> = r.try_get(3)?;
+        if before.as_ref().is_none_or(|b| *b == pg.me) {
+            continue;
+        }
+        let moved = LeaseEnded {
+            job: JobId(row::from_db(r.try_get(0)?)),
+            lease: LeaseId(row::from_db(r.try_get(1)?)),
+            queue: r.try_get(2)?,
+            outcome: None,
+            status: Status::Running,
+            moved: true,
+        };
+        payloads.push(listen::encode(&pg.me, &moved));
+    }
+    if !payloads.is_empty() {
+        tx.execute(
+            "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS t(p)",
+            &[&listen::LEASE_ENDED, &payloads],
+        )
+        .await?;
+    }
+    tx.commit().await?;
     Ok(())
 }
 

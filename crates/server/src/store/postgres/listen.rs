@@ -36,6 +36,9 @@ pub const LEASE_ENDED: &str = "jobq_lease_ended";
 /// The wait before reconnecting after the listening connection broke.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(500);
 
+/// The outcome word of a lease that moved to another server's stream.
+const MOVED: &str = "moved";
+
 fn outcome_word(outcome: Option<Outcome>) -> &'static str {
     match outcome {
         None => "none",
@@ -48,13 +51,18 @@ fn outcome_word(outcome: Option<Outcome>) -> &'static str {
 }
 
 /// The [`LEASE_ENDED`] payload: `server job lease outcome status queue`
-/// (the queue last, as the only free text).
+/// (the queue last, as the only free text). A moved lease's outcome is
+/// `moved`.
 pub fn encode(server: &str, e: &LeaseEnded) -> String {
     format!(
         "{server} {} {} {} {} {}",
         e.job,
         e.lease,
-        outcome_word(e.outcome),
+        if e.moved {
+            MOVED
+        } else {
+            outcome_word(e.outcome)
+        },
         status_text(e.status),
         e.queue
     )
@@ -66,8 +74,10 @@ pub fn decode(payload: &str) -> Option<(&str, LeaseEnded)> {
     let server = parts.next()?;
     let job = JobId(parts.next()?.parse().ok()?);
     let lease = LeaseId(parts.next()?.parse().ok()?);
-    let outcome = match parts.next()? {
-        "none" => None,
+    let word = parts.next()?;
+    let moved = word == MOVED;
+    let outcome = match word {
+        "none" | MOVED => None,
         "acked" => Some(Outcome::Acked),
         "failed" => Some(Outcome::Failed),
         "lease_expired" => Some(Outcome::LeaseExpired),
@@ -91,6 +101,7 @@ pub fn decode(payload: &str) -> Option<(&str, LeaseEnded)> {
             queue,
             outcome,
             status,
+            moved,
         },
     ))
 }
@@ -173,12 +184,19 @@ mod tests {
             queue: "a queue".into(),
             outcome: Some(Outcome::WorkerDisconnected),
             status: Status::Pending,
+            moved: false,
         };
         let payload = encode("srv-1", &e);
         assert_eq!(decode(&payload), Some(("srv-1", e)));
         let e = LeaseEnded {
             outcome: None,
             ..decode(&payload).unwrap().1
+        };
+        assert_eq!(decode(&encode("s", &e)).map(|d| d.1), Some(e.clone()));
+        let e = LeaseEnded {
+            moved: true,
+            status: Status::Running,
+            ..e
         };
         assert_eq!(decode(&encode("s", &e)).map(|d| d.1), Some(e));
     }
