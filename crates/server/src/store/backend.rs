@@ -203,9 +203,16 @@ pub trait Backend: Send + Sync + 'static {
         std::future::ready(Ok(()))
     }
 
-    /// Stream leases whose server stopped heartbeating: their streams are
-    /// gone with it, so they are reclaimed as worker disconnected.
-    fn orphaned(&self) -> impl Future<Output = Result<Vec<(JobId, LeaseId)>>> + Send {
+    /// Reclaims, as worker disconnected, the stream leases of servers
+    /// that stopped heartbeating (their streams are gone with them), each
+    /// only while it still belongs to such a server, checked under the
+    /// job's lock (a worker may have reconnected elsewhere and declared
+    /// it). Returns the changes made; the caller publishes them.
+    fn reclaim_orphaned(
+        &self,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Vec<Change>>> + Send {
+        let _ = now;
         std::future::ready(Ok(Vec::new()))
     }
 

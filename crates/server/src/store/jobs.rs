@@ -189,25 +189,9 @@ impl<B: Backend> Jobs<B> {
             .ok_or_else(|| Error::Corrupt(format!("job {id} was taken without a lease")))
     }
 
-    /// Reclaims leases as "worker disconnected", ignoring those that ended
-    /// meanwhile; returns what it reclaimed.
-    async fn reclaim_all(
-        &self,
-        leases: Vec<(JobId, LeaseId)>,
-        now: SystemTime,
-    ) -> Result<Vec<(Job, LeaseId)>> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let events = leases
-            .into_iter()
-            .map(|(id, lease_id)| {
-                let outcome = Outcome::WorkerDisconnected;
-                (id, Event::Reclaim { lease_id, outcome })
-            })
-            .collect();
-        let results = self.written(self.backend.apply(events, now).await)?;
-        let changed: Vec<Change> = results.into_iter().filter_map(Result::ok).collect();
+    /// Publishes reclaims that were applied, and names each job with the
+    /// lease it lost.
+    async fn reclaimed(&self, changed: Vec<Change>) -> Result<Vec<(Job, LeaseId)>> {
         self.commit(&changed, Vec::new()).await?;
         Ok(changed
             .into_iter()
@@ -765,8 +749,8 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn reclaim_orphaned(&self, now: SystemTime) -> Result<Vec<(Job, LeaseId)>> {
         self.check()?;
-        let orphaned = self.backend.orphaned().await?;
-        self.reclaim_all(orphaned, now).await
+        let changed = self.written(self.backend.reclaim_orphaned(now).await)?;
+        self.reclaimed(changed).await
     }
 
     async fn adopt(&self, leases: &[(JobId, LeaseId)]) -> Result<()> {

@@ -14,14 +14,17 @@
 
 use tokio_postgres::types::ToSql;
 
-use super::{error::PgError, listen, row, Pg};
+use std::time::SystemTime;
+
+use super::{error::PgError, listen, queries, row, write, Pg};
 use crate::{
-    job::{JobId, LeaseId, Status},
-    store::LeaseEnded,
+    job::{JobId, LeaseId, Outcome, Status},
+    machine::Event,
+    store::{Change, LeaseEnded},
 };
 
-/// Most orphaned leases reclaimed per pass.
-const ORPHAN_LIMIT: i64 = 1000;
+/// Most orphaned leases reclaimed in one transaction.
+const RECLAIM_CHUNK: i64 = 1000;
 
 /// Registered servers silent for this many timeouts are removed.
 const FORGET_AFTER_TIMEOUTS: f64 = 10.0;
@@ -50,15 +53,15 @@ pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
     Ok(())
 }
 
-/// Stream leases of servers not heard from within `--server-timeout`.
+/// The servers that hold stream leases but were not heard from within
+/// `--server-timeout`.
 ///
-/// Two steps, each on the `lease_server` index: the servers that hold
-/// stream leases, one index probe each (a loose index scan: there are as
-/// many as servers, however many leases), less the live ones; then the
-/// leases of those that are dead, usually none. An anti-join of every
-/// stream lease against the live servers took about 100 ms at 50,000
-/// leases, and every server runs this about once a second.
-pub async fn orphaned(pg: &Pg) -> Result<Vec<(JobId, LeaseId)>, PgError> {
+/// One index probe per server that holds stream leases (a loose index scan
+/// of `lease_server`: there are as many as servers, however many leases),
+/// less the live ones. An anti-join of every stream lease against the live
+/// servers took about 100 ms at 50,000 leases, and every server runs this
+/// about once a second.
+async fn dead_servers(pg: &Pg) -> Result<Vec<String>, PgError> {
     let client = pg.client().await?;
     let dead = client
         .prepare_cached(
@@ -73,29 +76,58 @@ pub async fn orphaned(pg: &Pg) -> Result<Vec<(JobId, LeaseId)>, PgError> {
         )
         .await?;
     let timeout = pg.server_timeout.as_secs_f64();
-    let dead: Vec<String> = client
-        .query(&dead, &[&pg.me, &timeout])
-        .await?
+    let rows = client.query(&dead, &[&pg.me, &timeout]).await?;
+    Ok(rows
         .iter()
         .map(|r| r.try_get(0))
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, _>>()?)
+}
+
+/// Reclaims the stream leases of dead servers (see [`dead_servers`]) as
+/// worker disconnected, [`RECLAIM_CHUNK`] jobs a transaction, until none
+/// is left.
+///
+/// Each chunk locks its rows with `SKIP LOCKED` on the condition that they
+/// still belong to a dead server: PostgreSQL checks that condition again on
+/// the locked row, so a lease that a reconnecting worker's new server
+/// adopted meanwhile is left alone, and the servers that reclaim at once
+/// split the rows instead of queueing for the same ones.
+pub async fn reclaim_orphaned(pg: &Pg, now: SystemTime) -> Result<Vec<Change>, PgError> {
+    let dead = dead_servers(pg).await?;
+    let mut changed = Vec::new();
     if dead.is_empty() {
-        return Ok(Vec::new());
+        return Ok(changed);
     }
-    let leases = client
-        .prepare_cached(
-            "SELECT id, lease_id FROM jobq_jobs \
-             WHERE lease_server = ANY($1) AND status = 'running' LIMIT $2",
-        )
-        .await?;
-    let rows = client.query(&leases, &[&dead, &ORPHAN_LIMIT]).await?;
-    rows.iter()
-        .map(|r| {
-            let id: i64 = r.try_get(0)?;
-            let lease: i64 = r.try_get(1)?;
-            Ok((JobId(row::from_db(id)), LeaseId(row::from_db(lease))))
-        })
-        .collect()
+    let sql = format!(
+        "SELECT {}, lease_server FROM jobq_jobs \
+         WHERE lease_server = ANY($1) AND status = 'running' \
+         ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        *row::CHANGE_COLUMNS
+    );
+    loop {
+        let mut client = pg.client().await?;
+        let tx = client.transaction().await?;
+        let stmt = tx.prepare_cached(&sql).await?;
+        let rows = tx.query(&stmt, &[&dead, &RECLAIM_CHUNK]).await?;
+        let db_now = queries::now(&tx, pg.now_param(now)).await?;
+        let locked = rows.len();
+        let loaded = write::with_history(&tx, rows).await?;
+        let events = loaded
+            .iter()
+            .filter_map(|l| {
+                let lease_id = l.job.lease_id()?;
+                let outcome = Outcome::WorkerDisconnected;
+                Some((l.job.id, Event::Reclaim { lease_id, outcome }))
+            })
+            .collect();
+        let (results, writes, _) = write::apply_all(loaded, events, db_now);
+        write::write(&tx, &pg.me, &writes).await?;
+        tx.commit().await?;
+        changed.extend(results.into_iter().filter_map(Result::ok));
+        if locked < RECLAIM_CHUNK as usize {
+            return Ok(changed);
+        }
+    }
 }
 
 /// A worker reconnected to this server and declared these leases: this

@@ -529,8 +529,8 @@ impl Backend for Pg {
         Ok(())
     }
 
-    async fn orphaned(&self) -> Result<Vec<(JobId, LeaseId)>> {
-        Ok(cluster::orphaned(self).await?)
+    async fn reclaim_orphaned(&self, now: SystemTime) -> Result<Vec<Change>> {
+        Ok(cluster::reclaim_orphaned(self, now).await?)
     }
 
     async fn adopt(&self, leases: &[(JobId, LeaseId)]) -> Result<()> {
