@@ -32,7 +32,7 @@ fn the_book_includes_the_examples() {
     for (chapter, examples) in [
         (
             "../../docs/src/rust-client.md",
-            &["producer.rs", "worker.rs", "email_worker.rs"][..],
+            &["quickstart.rs", "producer.rs", "worker.rs", "email_worker.rs"][..],
         ),
         (
             "../../docs/src/python-client.md",
