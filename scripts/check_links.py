@@ -8,6 +8,8 @@ CHANGELOG.md, with no network and nothing to install.
   into an id as mdBook does (GitHub does the same for these headings).
 - A chapter may link only inside docs/src: mdBook renders nothing else, so
   a link out of it would be dead on the built site.
+- Every code comment that cites the design ("docs/src/design.md §1 rule
+  5") names a section of docs/src/design.md, and a rule that section has.
 - Every chapter under docs/src is listed in SUMMARY.md (mdBook renders
   only those), and every `{{#include file[:anchor]}}` names a file that
   exists, with that anchor.
@@ -111,8 +113,47 @@ def check_file(path, problems):
                         problems.append(f"{rel}:{n}: include {spec}: no ANCHOR: {anchor} in it")
 
 
+CITATION = re.compile(r"docs/src/design\.md\s+§(\d+)(?:,?\s+rule\s+(\d+))?")
+SOURCES = ("crates", "src", "tests", "clients", "scripts")
+
+
+def check_design_citations(problems):
+    """Section numbers are headings `## §N …`; rules are the numbered list
+    of a section's `### Rules that always hold`."""
+    with open(os.path.join(BOOK, "design.md"), encoding="utf-8") as f:
+        design = f.read()
+    rules, section, in_rules = {}, None, False
+    for _, line in prose_lines(design, blank_code=False):
+        m = re.match(r"## §(\d+) ", line)
+        if m:
+            section, in_rules = m.group(1), False
+            rules.setdefault(section, set())
+        elif line.startswith("### "):
+            in_rules = "rules" in line.lower()
+        elif in_rules and section:
+            m = re.match(r"(\d+)\. ", line)
+            if m:
+                rules[section].add(m.group(1))
+    for top in SOURCES:
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if not name.endswith((".rs", ".py", ".sh", ".proto", ".toml")):
+                    continue
+                path = os.path.join(d, name)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+                for n, line in enumerate(text.split("\n"), 1):
+                    for sec, rule in CITATION.findall(line):
+                        where = f"{os.path.relpath(path, ROOT)}:{n}"
+                        if sec not in rules:
+                            problems.append(f"{where}: cites docs/src/design.md §{sec}, which has no such section")
+                        elif rule and rule not in rules[sec]:
+                            problems.append(f"{where}: cites docs/src/design.md §{sec} rule {rule}, which §{sec} does not have")
+
+
 def main():
     problems = []
+    check_design_citations(problems)
     chapters = []
     for d, _, files in os.walk(BOOK):
         chapters += [os.path.join(d, f) for f in files if f.endswith(".md")]

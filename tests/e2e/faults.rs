@@ -290,7 +290,7 @@ async fn a_failed_fsync_stops_the_server_and_it_exits_non_zero() {
         matches!(err.code(), Some(Code::Unavailable | Code::Cancelled)),
         "{err:?}"
     );
-    // The storage error itself is for the server's log (DESIGN.md §2).
+    // The storage error itself is for the server's log (docs/src/design.md §2).
     // (The server exits after the fail-stop, so the first error may also be
     // a refused connection, which names the client's own OS error.)
     assert!(
