@@ -1,4 +1,4 @@
-//! Three real `jobq serve` processes on one real PostgreSQL (issue 9):
+//! Three real `jobq serve` processes on one real PostgreSQL:
 //! lease-ended events cross servers, a dead worker's and a dead server's
 //! jobs come back, keys hold across servers, order 4711 gets one email, and
 //! a schedule ticks once per tick however many servers run it.

@@ -1,4 +1,4 @@
-//! Limits that hold under abuse (issue 8), against a real server: Lease
+//! Limits that hold under abuse, against a real server: Lease
 //! streams per token, the in-flight request bytes budget, and lease ids
 //! that knowing job ids does not help guess.
 
