@@ -179,7 +179,7 @@ async fn a_database_stall_longer_than_the_timeout_reclaims_no_live_lease() {
 
 /// Every connection the servers hold to the database is cut at once, as a
 /// failover or a database restart cuts them: pools, LISTEN connections and
-/// heartbeats. The README promises that the servers keep running and
+/// heartbeats. The many-servers chapter promises that the servers keep running and
 /// reconnect: calls may fail UNAVAILABLE meanwhile, and then an enqueue
 /// through one server reaches a stream on another, and an ack through a
 /// third frees that stream's slot, with no server restarted.

@@ -326,7 +326,7 @@ async fn a_failed_fsync_stops_the_server_and_it_exits_non_zero() {
     }
 }
 
-/// `--deliver-before-fsync`, as the README says: a worker can be handed a
+/// `--deliver-before-fsync`, as docs/src/durability.md says: a worker can be handed a
 /// job whose enqueue a crash then undoes. Every flush round stalls
 /// (`--fault-sync-delay`) before it writes anything out; the job is pushed
 /// to a waiting worker while its enqueue waits for its round; a SIGKILL

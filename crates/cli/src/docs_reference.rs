@@ -90,7 +90,9 @@ fn facts(arg: &Arg) -> Vec<String> {
     }
     let takes_values = arg.get_action().takes_values();
     let defaults = arg.get_default_values();
-    if takes_values && !defaults.is_empty() && !arg.is_hide_default_value_set() {
+    // An empty default ("") is what `--help` leaves out too.
+    let shown = defaults.iter().any(|d| !d.is_empty());
+    if takes_values && shown && !arg.is_hide_default_value_set() {
         let d: Vec<_> = defaults.iter().map(|d| d.to_string_lossy()).collect();
         facts.push(format!("default `{}`", d.join(",")));
     }
