@@ -20,7 +20,8 @@ edit the doc comments in the code, not this file. -->";
 
 /// Help text as plain markdown: clap's `Display` drops the styling.
 fn text(s: Option<&StyledStr>) -> String {
-    s.map(|s| s.to_string().trim().to_owned()).unwrap_or_default()
+    s.map(|s| s.to_string().trim().to_owned())
+        .unwrap_or_default()
 }
 
 fn long_help(arg: &Arg) -> String {

@@ -19,7 +19,9 @@ async fn main() -> jobq_client::Result<()> {
     let client = Client::connect(SERVER).await?;
     let email = json!({"order": "order-4711", "to": "ada@example.com"});
     let options = EnqueueOptions::new().key("order-4711");
-    let added = client.submit_json("emails", "send-email", &email, options).await?;
+    let added = client
+        .submit_json("emails", "send-email", &email, options)
+        .await?;
     println!("job {} created: {}", added.job.id, added.created);
 
     // Worker: leases jobs, heartbeats them, acks or fails; Ctrl-C drains.

@@ -32,11 +32,21 @@ fn the_book_includes_the_examples() {
     for (chapter, examples) in [
         (
             "../../docs/src/rust-client.md",
-            &["quickstart.rs", "producer.rs", "worker.rs", "email_worker.rs"][..],
+            &[
+                "quickstart.rs",
+                "producer.rs",
+                "worker.rs",
+                "email_worker.rs",
+            ][..],
         ),
         (
             "../../docs/src/python-client.md",
-            &["quickstart.py", "producer.py", "worker.py", "async_worker.py"][..],
+            &[
+                "quickstart.py",
+                "producer.py",
+                "worker.py",
+                "async_worker.py",
+            ][..],
         ),
     ] {
         let text = read(chapter);
@@ -52,8 +62,11 @@ fn the_book_includes_the_examples() {
                 "{chapter} no longer includes {dir}/{example}: show it with `{include}`"
             );
             assert!(
-                std::path::Path::new(&format!("{}/../../{dir}/{example}", env!("CARGO_MANIFEST_DIR")))
-                    .is_file(),
+                std::path::Path::new(&format!(
+                    "{}/../../{dir}/{example}",
+                    env!("CARGO_MANIFEST_DIR")
+                ))
+                .is_file(),
                 "{dir}/{example} is gone, but {chapter} includes it"
             );
         }
