@@ -18,10 +18,25 @@ const GENERATED: &str = "<!-- Generated from the clap definitions by \
 `JOBQ_UPDATE_DOCS=1 cargo test -p jobq-cli --bin jobq docs_reference`; \
 edit the doc comments in the code, not this file. -->";
 
-/// Help text as plain markdown: clap's `Display` drops the styling.
+/// Help text as markdown: clap's `Display` drops the styling, and outside
+/// `code spans` a `<name>` or a `*` (cron fields) is escaped, so that it
+/// reads as written rather than as an HTML tag or emphasis.
 fn text(s: Option<&StyledStr>) -> String {
-    s.map(|s| s.to_string().trim().to_owned())
-        .unwrap_or_default()
+    let Some(s) = s else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for (i, part) in s.to_string().trim().split('`').enumerate() {
+        if i > 0 {
+            out.push('`');
+        }
+        if i % 2 == 1 {
+            out.push_str(part);
+        } else {
+            out.push_str(&part.replace('<', "&lt;").replace('*', "\\*"));
+        }
+    }
+    out
 }
 
 fn long_help(arg: &Arg) -> String {
