@@ -114,7 +114,7 @@ def check_file(path, problems):
 
 
 CITATION = re.compile(r"docs/src/design\.md\s+§(\d+)(?:,?\s+rule\s+(\d+))?")
-SOURCES = ("crates", "src", "tests", "clients", "scripts")
+SOURCES = ("crates", "src", "tests", "clients", "scripts", "proto")
 
 
 def check_design_citations(problems):
