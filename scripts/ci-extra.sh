@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The tests outside cargo: the README's grpcurl cookbook and the Python
-# client (installed as a package, type-checked, and its end-to-end and
+# The tests outside cargo: the book's grpcurl cookbook (docs/src/grpcurl.md)
+# and the Python client (installed as a package, type-checked, and its end-to-end and
 # parity tests), all against a real `jobq serve`.
 #
 # Two virtualenvs: .venv/ (git-ignored) holds grpcurl for the cookbook,
@@ -70,7 +70,7 @@ pip_install "$pyvenv" ./clients/python
 rm -rf clients/python/build clients/python/*.egg-info
 
 status=0
-echo "== grpcurl cookbook (README.md)"
+echo "== grpcurl cookbook (docs/src/grpcurl.md)"
 "$venv/bin/python" scripts/cookbook_test.py || status=1
 
 echo "== mypy --strict: the installed package, the examples, the typing checks"

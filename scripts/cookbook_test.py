@@ -1,12 +1,12 @@
-"""Runs the README's grpcurl cookbook against a live `jobq serve` and checks
-every reply.
+"""Runs the book's grpcurl cookbook (docs/src/grpcurl.md) against a live
+`jobq serve` and checks every reply.
 
-The commands are read from README.md, between `<!-- cookbook:begin -->` and
-`<!-- cookbook:end -->`: each ```sh block is one step, run as written with
+The commands are read from docs/src/grpcurl.md, between
+`<!-- cookbook:begin -->` and `<!-- cookbook:end -->`: each ```sh block is one step, run as written with
 bash, except that 127.0.0.1:50051 becomes the test server's address. Like a
 reader, the test sets JOB_ID and LEASE_ID from each Dequeue reply. Each step
 must match the next entry of STEPS below, so a command added to or removed
-from the README without a check here fails the test.
+from the cookbook without a check here fails the test.
 
     .venv/bin/python scripts/cookbook_test.py
 
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+COOKBOOK = os.path.join(ROOT, "docs", "src", "grpcurl.md")
 JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "jobq"))
 DEFAULT_ADDR = "127.0.0.1:50051"
 RPCS = ["Enqueue", "EnqueueBatch", "Dequeue", "Ack", "Fail", "Retry", "Lease",
@@ -37,7 +37,7 @@ DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits 64 + the gRPC status code
 def extract_blocks(text):
     m = re.search(r"<!-- cookbook:begin -->(.*?)<!-- cookbook:end -->", text, re.S)
     if not m:
-        raise SystemExit("README.md has no cookbook markers")
+        raise SystemExit("docs/src/grpcurl.md has no cookbook markers")
     return [b.strip("\n") for b in re.findall(r"```sh\n(.*?)```", m.group(1), re.S)]
 
 
@@ -96,7 +96,7 @@ class Cookbook:
         self.env["LEASE_ID"] = leased["leaseId"]
 
 
-# -- the checks, one per README step, in order ------------------------------
+# -- the checks, one per cookbook step, in order ------------------------------
 # Each is (what the command must contain, check(cookbook, block, result)).
 # A check may run its block again for a follow-up check; it returns a list of
 # extra check names it passed (each counts as one more passed check).
@@ -131,7 +131,7 @@ def check_enqueue(cb, block, r):
     expect(job["key"] == "order-4711" and job["status"] == "JOB_STATUS_PENDING", job)
     # Replies to writes never echo the payload (GetJob has it).
     expect("payload" not in job, job)
-    # The README says: run it again and the same job comes back, not created.
+    # The cookbook says: run it again and the same job comes back, not created.
     again = cb.run(block).ok().json()
     expect(again["job"]["id"] == job["id"], f"second enqueue made a new job: {again}")
     expect(not again.get("created", False), f"second enqueue says created: {again}")
@@ -164,7 +164,7 @@ def check_heartbeat(cb, block, r):
 def check_ack(cb, block, r):
     job = r.ok().json()["job"]
     expect(job["id"] == cb.env["JOB_ID"] and job["status"] == "JOB_STATUS_DONE", job)
-    # The README says a second ack is refused with FailedPrecondition.
+    # The cookbook says a second ack is refused with FailedPrecondition.
     again = cb.run(block)
     expect(again.rc != 0 and "FailedPrecondition" in again.err,
            f"second ack: exit {again.rc}: {again.err}")
@@ -239,7 +239,7 @@ def check_cancel(cb, block, r):
     job = r.ok().json()["job"]
     expect(job["id"] == cb.env["JOB_ID"] and job["status"] == "JOB_STATUS_FAILED", job)
     expect(job["lastError"] == "cancelled: order refunded", job)
-    # The README says a second cancel (the job is FAILED now) is refused.
+    # The cookbook says a second cancel (the job is FAILED now) is refused.
     again = cb.run(block)
     expect(again.rc != 0 and "FailedPrecondition" in again.err,
            f"second cancel: exit {again.rc}: {again.err}")
@@ -254,7 +254,7 @@ def check_paused_stats(cb, block, r):
     queues = r.ok().json().get("queues", [])
     expect(len(queues) == 1 and queues[0].get("paused") is True, queues)
     expect(queues[0].get("pending") == "1", queues)
-    # While paused, a Dequeue gets nothing (the README says so).
+    # While paused, a Dequeue gets nothing (the cookbook says so).
     dq = cb.run("grpcurl -plaintext -d '{\"queues\": [\"emails\"], \"worker_id\": "
                 "\"cli-worker\"}' 127.0.0.1:50051 jobq.v1.JobQueue/Dequeue").ok().json()
     expect(dq == {}, f"a paused queue handed out {dq}")
@@ -290,7 +290,7 @@ def check_priority(cb, block, r):
     expect([x["job"]["key"] for x in results] == ["report-2026-11", "reset-77"], results)
     expect("priority" not in results[0]["job"], results)
     expect(results[1]["job"].get("priority") == 10, results)
-    # The README says a Dequeue of `accounts` hands out the reset first.
+    # The cookbook says a Dequeue of `accounts` hands out the reset first.
     dq = cb.run("grpcurl -plaintext -d '{\"queues\": [\"accounts\"], \"worker_id\": "
                 "\"cli-worker\"}' 127.0.0.1:50051 jobq.v1.JobQueue/Dequeue").ok().json()
     job = dq["leased"]["job"]
@@ -381,7 +381,7 @@ def start_server(tmp):
 
 
 def main():
-    blocks = extract_blocks(open(README).read())
+    blocks = extract_blocks(open(COOKBOOK).read())
     passed = failed = 0
 
     def report(ok, name, detail=""):
@@ -403,8 +403,8 @@ def main():
     report(not bad, "every command is grpcurl -plaintext to " + DEFAULT_ADDR, f"{bad}")
 
     if len(blocks) != len(STEPS):
-        report(False, "README steps match the test's steps",
-               f"README has {len(blocks)} commands, the test knows {len(STEPS)}")
+        report(False, "cookbook steps match the test's steps",
+               f"the cookbook has {len(blocks)} commands, the test knows {len(STEPS)}")
 
     with tempfile.TemporaryDirectory(prefix="jobq-cookbook-") as tmp:
         proc, addr, log_path = start_server(tmp)
@@ -414,7 +414,7 @@ def main():
                 first = block.splitlines()[0]
                 name = f"step {i}: {marker}"
                 if not step_matches(block, marker):
-                    report(False, name, f"README step {i} is `{first}`, expected {marker}")
+                    report(False, name, f"cookbook step {i} is `{first}`, expected {marker}")
                     break
                 try:
                     r = cb.run(block)

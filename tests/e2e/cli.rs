@@ -923,7 +923,7 @@ async fn work_acks_a_command_whose_background_child_keeps_stderr_open() {
     }
 }
 
-/// Issue 11 hole 9: a SIGKILLed `jobq work` left its command running, and
+/// Regression: a SIGKILLed `jobq work` left its command running, and
 /// the server gave the job to another worker: two copies at once.
 #[tokio::test]
 async fn a_sigkilled_work_takes_its_command_with_it() {
@@ -968,7 +968,7 @@ async fn a_sigkilled_work_takes_its_command_with_it() {
     .await;
 }
 
-// ---- Issue 13: completions, --fatal-exit-code, list says there is more ----
+// ---- Completions, --fatal-exit-code, list says there is more ----
 
 #[tokio::test]
 async fn completions_for_each_shell_name_the_subcommands() {

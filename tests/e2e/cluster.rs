@@ -1,4 +1,4 @@
-//! Three real `jobq serve` processes on one real PostgreSQL (issue 9):
+//! Three real `jobq serve` processes on one real PostgreSQL:
 //! lease-ended events cross servers, a dead worker's and a dead server's
 //! jobs come back, keys hold across servers, order 4711 gets one email, and
 //! a schedule ticks once per tick however many servers run it.
@@ -179,7 +179,7 @@ async fn a_database_stall_longer_than_the_timeout_reclaims_no_live_lease() {
 
 /// Every connection the servers hold to the database is cut at once, as a
 /// failover or a database restart cuts them: pools, LISTEN connections and
-/// heartbeats. The README promises that the servers keep running and
+/// heartbeats. The many-servers chapter promises that the servers keep running and
 /// reconnect: calls may fail UNAVAILABLE meanwhile, and then an enqueue
 /// through one server reaches a stream on another, and an ack through a
 /// third frees that stream's slot, with no server restarted.

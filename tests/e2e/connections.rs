@@ -1,4 +1,4 @@
-//! Issue 11 holes 14 and 15: connections that send nothing, too many
+//! Connections that send nothing, too many
 //! connections, running out of file descriptors, and a shutdown that must
 //! not wait on peers that are idle or do not read.
 
@@ -36,7 +36,7 @@ async fn closed_within(conn: &mut TcpStream, limit: Duration) {
 /// that has said hello and then goes quiet.
 const H2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
 
-/// Issue 11 hole 14: a TCP connection that sends nothing stayed open
+/// Regression: a TCP connection that sends nothing stayed open
 /// forever.
 #[tokio::test]
 async fn a_connection_that_sends_nothing_is_closed() {
@@ -50,7 +50,7 @@ async fn a_connection_that_sends_nothing_is_closed() {
     c.stats(None).await.expect("stats");
 }
 
-/// Issue 11 hole 14: a connection with no call in flight is closed after
+/// Regression: a connection with no call in flight is closed after
 /// `--idle-timeout`, even when it completed its handshake.
 #[tokio::test]
 async fn an_idle_connection_is_closed() {
@@ -81,7 +81,7 @@ async fn an_idle_connection_is_closed() {
     assert!(event.event.is_some());
 }
 
-/// Issue 11 hole 14: over `--max-connections`, a connection is closed at
+/// Regression: over `--max-connections`, a connection is closed at
 /// once, with a log line; once one closes, new clients get in again.
 #[tokio::test]
 async fn connections_over_the_limit_are_closed_with_a_log_line() {
@@ -133,7 +133,7 @@ fn open_fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// Issue 11 hole 14: at the fd limit (EMFILE) the server spun at 100 % CPU,
+/// Regression: at the fd limit (EMFILE) the server spun at 100 % CPU,
 /// answered nobody and logged nothing. Now it backs off and logs, and
 /// serves again once fds are free.
 #[tokio::test]
@@ -209,7 +209,7 @@ async fn out_of_file_descriptors_the_server_backs_off_and_recovers() {
     .await;
 }
 
-/// Issue 11 hole 15: SIGTERM waited the whole `--shutdown-timeout` (10 s)
+/// Regression: SIGTERM waited the whole `--shutdown-timeout` (10 s)
 /// for one idle connection or one Lease stream whose client did not read.
 #[tokio::test]
 async fn sigterm_does_not_wait_for_idle_or_non_reading_peers() {

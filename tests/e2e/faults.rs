@@ -1,4 +1,4 @@
-//! Issue 11's holes, each reproduced against a real server: cancelled calls
+//! Faults once found, each reproduced against a real server: cancelled calls
 //! on a slow disk, a failing disk (fail-stop), draining strangers, frozen
 //! and non-reading workers, reconnects beyond capacity.
 
@@ -77,7 +77,7 @@ async fn with_deadline<T>(
     }
 }
 
-/// Issue 11 hole 1: a cancelled Ack freed its stream's slot only in the
+/// Regression: a cancelled Ack freed its stream's slot only in the
 /// RPC handler's continuation, which a client's deadline drops.
 #[tokio::test]
 async fn a_cancelled_ack_on_a_slow_disk_still_frees_the_stream_slot() {
@@ -106,7 +106,7 @@ async fn a_cancelled_ack_on_a_slow_disk_still_frees_the_stream_slot() {
     .await;
 }
 
-/// Issue 11 hole 2: a cancelled Enqueue woke nobody.
+/// Regression: a cancelled Enqueue woke nobody.
 #[tokio::test]
 async fn a_cancelled_enqueue_on_a_slow_disk_still_reaches_an_idle_stream() {
     let server = TestServer::with(|c| c.fault_sync_delay = Some(Duration::from_millis(1500))).await;
@@ -122,7 +122,7 @@ async fn a_cancelled_enqueue_on_a_slow_disk_still_reaches_an_idle_stream() {
     assert_eq!(leased.job.expect("job").payload, b"x");
 }
 
-/// Issue 11 hole 4: a draining heartbeat stopped every stream with the same
+/// Regression: a draining heartbeat stopped every stream with the same
 /// worker id, for good.
 #[tokio::test]
 async fn draining_stops_only_the_senders_own_stream() {
@@ -143,7 +143,7 @@ async fn draining_stops_only_the_senders_own_stream() {
     assert_eq!(job_id(&next_leased(&mut b).await), id);
 }
 
-/// Issue 11 hole 10: a frozen worker (its stream open, nothing read or
+/// Regression: a frozen worker (its stream open, nothing read or
 /// heartbeated) was fed the same job after each expiry.
 #[tokio::test]
 async fn a_stream_whose_lease_expired_unheartbeated_is_fed_again_only_after_a_heartbeat() {
@@ -173,7 +173,7 @@ async fn a_stream_whose_lease_expired_unheartbeated_is_fed_again_only_after_a_he
     assert_eq!(job_id(&next_leased(&mut frozen).await), id);
 }
 
-/// Issue 11 holes 11 and 12: a stream that does not read was fed up to its
+/// Regression: a stream that does not read was fed up to its
 /// capacity again and again, each expiry costing an attempt although not one
 /// byte reached a worker.
 #[tokio::test]
@@ -224,7 +224,7 @@ async fn a_stream_that_does_not_read_is_not_fed_and_costs_no_attempts() {
     );
 }
 
-/// Issue 11 hole 7: after a reconnect a worker held its old leases plus a
+/// Regression: after a reconnect a worker held its old leases plus a
 /// full capacity of new ones.
 #[tokio::test]
 async fn a_reconnecting_worker_never_exceeds_its_capacity() {
@@ -260,7 +260,7 @@ async fn a_reconnecting_worker_never_exceeds_its_capacity() {
     assert_eq!(running, 2);
 }
 
-/// Issue 11 hole 3: after a failed fsync the server went on serving.
+/// Regression: after a failed fsync the server went on serving.
 #[tokio::test]
 async fn a_failed_fsync_stops_the_server_and_it_exits_non_zero() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -290,7 +290,7 @@ async fn a_failed_fsync_stops_the_server_and_it_exits_non_zero() {
         matches!(err.code(), Some(Code::Unavailable | Code::Cancelled)),
         "{err:?}"
     );
-    // The storage error itself is for the server's log (DESIGN.md §2).
+    // The storage error itself is for the server's log (docs/src/design.md §2).
     // (The server exits after the fail-stop, so the first error may also be
     // a refused connection, which names the client's own OS error.)
     assert!(
@@ -326,7 +326,7 @@ async fn a_failed_fsync_stops_the_server_and_it_exits_non_zero() {
     }
 }
 
-/// `--deliver-before-fsync`, as the README says: a worker can be handed a
+/// `--deliver-before-fsync`, as docs/src/durability.md says: a worker can be handed a
 /// job whose enqueue a crash then undoes. Every flush round stalls
 /// (`--fault-sync-delay`) before it writes anything out; the job is pushed
 /// to a waiting worker while its enqueue waits for its round; a SIGKILL

@@ -198,7 +198,7 @@ async fn a_heartbeat_within_the_grace_keeps_the_lease() {
     let _b = next_leased(&mut stream).await;
     drop(stream);
     // The grace starts when the server sees the stream end; a heartbeat
-    // that gets there first keeps nothing (the README's row for a stream
+    // that gets there first keeps nothing (the concepts chapter's row for a stream
     // that ends).
     until(
         Duration::from_secs(10),

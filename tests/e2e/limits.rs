@@ -1,4 +1,4 @@
-//! Issue 11's size and count limits, against a real server: what a client
+//! The size and count limits, against a real server: what a client
 //! is told when it goes over one, and that no reply is ever too big to send.
 
 use std::time::Duration;
@@ -10,7 +10,7 @@ use tonic::Code;
 
 use crate::harness::TestServer;
 
-/// Issue 11 hole 17: a request over `--max-message-bytes` was answered
+/// Regression: a request over `--max-message-bytes` was answered
 /// OUT_OF_RANGE (tonic's code for "decoded message length too large").
 #[tokio::test]
 async fn a_request_over_the_message_limit_is_resource_exhausted() {
@@ -31,7 +31,7 @@ async fn a_request_over_the_message_limit_is_resource_exhausted() {
         .expect("under the limit");
 }
 
-/// Issue 11 hole 13: an EnqueueBatch just under the request limit stored
+/// Regression: an EnqueueBatch just under the request limit stored
 /// its jobs, then failed (OUT_OF_RANGE) because the reply echoed every
 /// payload; a retry stored them again.
 #[tokio::test]
@@ -78,7 +78,7 @@ async fn an_enqueue_batch_near_the_request_limit_succeeds_with_a_small_reply() {
     assert_eq!(stored.payload.len(), 16_500);
 }
 
-/// Issue 11 hole 13 for the other writes: Ack, Fail and Retry replies name
+/// The same for the other writes: Ack, Fail and Retry replies name
 /// the job without its payload.
 #[tokio::test]
 async fn ack_fail_and_retry_replies_carry_no_payload() {
@@ -169,7 +169,7 @@ async fn list_all(c: &jobq_client::Client, omit_payload: bool) -> Vec<pb::ListJo
     }
 }
 
-/// Issue 11 hole 5: 8 jobs of 900 KiB broke `jobq list` (OUT_OF_RANGE:
+/// Regression: 8 jobs of 900 KiB broke `jobq list` (OUT_OF_RANGE:
 /// decoded message length too large), and the server built the whole page
 /// in memory first.
 #[tokio::test]
@@ -249,7 +249,7 @@ async fn a_job_over_the_page_byte_bound_makes_a_page_of_its_own() {
     assert_eq!(listed, ids);
 }
 
-/// Issue 11 hole 7: the server refused any heartbeat naming more leases
+/// Regression: the server refused any heartbeat naming more leases
 /// than `--max-capacity`, while the client sent 500 a call; with a max
 /// below 500 every lease expired. The per-call limit is now one constant,
 /// shared by client and server, and independent of capacity.

@@ -1,4 +1,4 @@
-//! The operator's calls (issue 13) end to end: a real server, a real Lease
+//! The operator's calls end to end: a real server, a real Lease
 //! stream and a real Worker.
 
 use std::{

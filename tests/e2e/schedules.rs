@@ -1,4 +1,4 @@
-//! Schedules (issue 13) end to end: a `*/1 * * * * *` schedule makes about
+//! Schedules end to end: a `*/1 * * * * *` schedule makes about
 //! one job a second, with no tick enqueued twice across a SIGKILL and a
 //! restart of the server, and deleting it stops it; bad input is refused.
 

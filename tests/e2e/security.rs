@@ -1,4 +1,4 @@
-//! Issue 8 end to end: TLS and mTLS with a throwaway rcgen CA, SIGHUP
+//! Security end to end: TLS and mTLS with a throwaway rcgen CA, SIGHUP
 //! reloading the tokens file of a real `jobq serve` process, and `serve`
 //! refusing to expose itself by accident.
 

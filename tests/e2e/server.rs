@@ -1,5 +1,5 @@
 //! The server over gRPC: durability across `kill -9`, the rules of
-//! DESIGN.md §1 through the wire, bad input, long polls, the reaper, and
+//! docs/src/design.md §1 through the wire, bad input, long polls, the reaper, and
 //! graceful shutdown.
 
 use std::time::{Duration, Instant};

@@ -736,7 +736,7 @@ async fn eight_workers_drain_two_thousand_jobs_each_done_once() {
     assert!(runs.values().all(|&n| n == 1), "every job ran exactly once");
 }
 
-// ---- The typed client (issue 13) ----
+// ---- The typed client ----
 
 #[tokio::test]
 async fn a_payload_that_does_not_decode_is_dead_lettered_at_once() {

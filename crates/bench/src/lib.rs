@@ -39,8 +39,8 @@ pub use hist::Summary;
 pub use report::{Outcome, Report};
 pub use server::Memory;
 
-/// The flags of `jobq bench`. Defaults are the workloads of the README's
-/// table.
+/// The flags of `jobq bench`. Defaults are the workloads of the benchmarks
+/// chapter (docs/src/benchmarks.md).
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Drive this running server (e.g. http://127.0.0.1:50051) instead of

@@ -17,12 +17,16 @@
 //!   subcommand (completion scripts would offer it): `main` runs it before
 //!   parsing.
 //! - `completions`: `jobq completions bash|zsh|fish`.
+//! - `docs_reference` (tests only): renders the book's CLI and
+//!   configuration references from these clap definitions and checks them.
 
 mod cancel;
 mod cli;
 mod completions;
 mod conn;
 mod delete;
+#[cfg(test)]
+mod docs_reference;
 mod enqueue;
 mod exit;
 mod get;

@@ -1,7 +1,7 @@
 //! The watchdog of `jobq work`: a small process that outlives it, so that
 //! when `jobq work` dies without cleaning up (SIGKILL, the OOM killer, a
 //! crash) its commands die too, and a job the server hands to another
-//! worker never runs twice at once (issue 11 hole 9).
+//! worker never runs twice at once.
 //!
 //! `PR_SET_PDEATHSIG` (see `work.rs`) reaches each command itself, but not
 //! what the command started (a shell script's children), which shares the

@@ -190,7 +190,7 @@ fn hide_environment() {
     }
 }
 
-/// Makes the command die with `jobq work` (issue 11 hole 9): a SIGKILLed
+/// Makes the command die with `jobq work`: a SIGKILLed
 /// worker runs no cleanup, and the server hands its job to someone else, so
 /// a command that lived on would run twice at once. The kernel sends the
 /// command SIGKILL when the thread that started it ends (a tokio worker

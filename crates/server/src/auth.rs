@@ -1,4 +1,4 @@
-//! Who may call what (DESIGN.md §5a).
+//! Who may call what (docs/src/design.md §6).
 //!
 //! - [`Tokens`]: the `--auth-tokens` file, `[[token]]` entries of a name,
 //!   the SHA-256 of the secret, queue globs and roles. Secrets are never

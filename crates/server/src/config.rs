@@ -194,7 +194,7 @@ pub struct Config {
     /// enqueue → delivered latency on sled; but a crash inside that window
     /// (about one fsync) can undo a job a worker already runs: its caller
     /// got no reply and retries. (A take made for another reason can meet
-    /// such a job without the flag too; see the README.) No effect on
+    /// such a job without the flag too; see the book's durability chapter.) No effect on
     /// PostgreSQL, whose changes are committed before a take can see them.
     #[arg(long, env = "JOBQ_DELIVER_BEFORE_FSYNC")]
     pub deliver_before_fsync: bool,

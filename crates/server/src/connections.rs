@@ -1,5 +1,4 @@
-//! The connections the gRPC server accepts, and their limits (issue 11
-//! holes 14 and 15).
+//! The connections the gRPC server accepts, and their limits.
 //!
 //! tonic's own accept loop retries a failed `accept` at once, so at the fd
 //! limit (EMFILE) it spins at 100 % CPU and logs nothing, and it keeps a

@@ -101,7 +101,7 @@ impl From<Job> for pb::Job {
 /// The job as a write's reply (Ack, Fail, Retry) carries it: no payload,
 /// and only the latest attempt of its history. A reply never echoes the
 /// request's bytes, so it cannot be too big to send once the change is
-/// durable (issue 11 hole 13); GetJob has the whole job.
+/// durable; GetJob has the whole job.
 pub fn receipt(mut job: Job) -> pb::Job {
     job.payload = Vec::new();
     let keep = job.history.len().saturating_sub(1);

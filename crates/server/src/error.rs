@@ -1,5 +1,5 @@
 //! The server's error type, and the one place where errors become gRPC
-//! status codes (DESIGN.md §2).
+//! status codes (docs/src/design.md §2).
 
 use std::sync::Arc;
 
@@ -37,7 +37,7 @@ pub enum Error {
     #[error("the server is shutting down")]
     ShuttingDown,
     /// The server stopped serving because a change could not be made
-    /// durable (a failed fsync, a full disk): fail-stop (DESIGN.md §1 rule
+    /// durable (a failed fsync, a full disk): fail-stop (docs/src/design.md §1 rule
     /// 7). The process exits; a restart recovers from what is on disk.
     #[error("the server stopped serving after a storage failure: {0}")]
     FailStopped(Arc<str>),
@@ -133,14 +133,14 @@ impl From<Error> for Status {
 /// The code a status that tonic's transport made, before any handler ran,
 /// is answered with:
 /// - a request over `max_decoding_message_size` (`--max-message-bytes`)
-///   comes as OUT_OF_RANGE; DESIGN.md §2 answers limits with
+///   comes as OUT_OF_RANGE; docs/src/design.md §2 answers limits with
 ///   RESOURCE_EXHAUSTED. No handler of ours returns OUT_OF_RANGE
 ///   ([`Error::code`]).
 /// - a request that is not a valid protobuf message (a string field that
 ///   is not UTF-8, a truncated or garbled body) comes as INTERNAL, as the
 ///   gRPC status-code table has it for a library that cannot parse a
 ///   request; here INTERNAL means the server's own storage failed (an
-///   operator's alarm), and bad input is INVALID_ARGUMENT (DESIGN.md §2).
+///   operator's alarm), and bad input is INVALID_ARGUMENT (docs/src/design.md §2).
 ///   Told apart by prost's message, which no handler of ours sends.
 pub fn transport_code(code: Code, message: &str) -> Code {
     match code {

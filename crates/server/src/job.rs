@@ -63,7 +63,7 @@ impl FromStr for LeaseId {
     }
 }
 
-/// Where a job is in its life (DESIGN.md §1).
+/// Where a job is in its life (docs/src/design.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Status {
     /// Waiting to be taken, not before `run_at`.
@@ -185,7 +185,7 @@ pub struct Job {
     /// Attempts allowed before FAILED.
     pub max_attempts: u32,
     /// Delivery priority, [`PRIORITY_MIN`]..=[`PRIORITY_MAX`]: among due
-    /// jobs of a queue, higher first (DESIGN.md §1 rule 5).
+    /// jobs of a queue, higher first (docs/src/design.md §1 rule 5).
     pub priority: i32,
     /// When it was enqueued.
     pub enqueued_at: SystemTime,

@@ -1,4 +1,4 @@
-//! Lease streams: the server pushes jobs to workers (DESIGN.md §3).
+//! Lease streams: the server pushes jobs to workers (docs/src/design.md §3).
 //!
 //! Each `Lease` call gets a task that takes due jobs while the stream holds
 //! fewer than its capacity, and sleeps on the store's change signal (or the

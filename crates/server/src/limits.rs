@@ -1,4 +1,4 @@
-//! Limits that hold under abuse (issue 8), beside the per-request ones in
+//! Limits that hold under abuse, beside the per-request ones in
 //! [`crate::validate`]:
 //!
 //! - [`StreamQuota`]: most Lease streams one token may hold open

@@ -3,7 +3,7 @@
 //!
 //! It does no I/O and never reads the clock or a random number generator:
 //! `now`, the new lease id and the backoff jitter all come in as arguments,
-//! so the same inputs always give the same job (DESIGN.md §1).
+//! so the same inputs always give the same job (docs/src/design.md §1).
 
 use std::time::{Duration, SystemTime};
 

@@ -1,6 +1,6 @@
 //! Turns wire requests into validated domain values.
 //!
-//! Every limit of DESIGN.md §2 is checked here, before anything touches the
+//! Every limit of docs/src/design.md §2 is checked here, before anything touches the
 //! store, so bad input changes nothing and always gets INVALID_ARGUMENT with
 //! a message that names the field.
 

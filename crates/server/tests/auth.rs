@@ -1,4 +1,4 @@
-//! Tokens end to end (issue 8): a real server on 127.0.0.1:0 with an
+//! Tokens end to end: a real server on 127.0.0.1:0 with an
 //! `--auth-tokens` file, called over gRPC with `authorization: Bearer`.
 //!
 //! - `every_rpc_by_every_role_in_and_out_of_its_queues`: the matrix, every

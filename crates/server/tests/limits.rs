@@ -1,4 +1,4 @@
-//! Limits that hold under abuse (issue 8), against a real server: Lease
+//! Limits that hold under abuse, against a real server: Lease
 //! streams per token, the in-flight request bytes budget, and lease ids
 //! that knowing job ids does not help guess.
 
@@ -272,7 +272,7 @@ struct WrongWire {
 
 /// A request that is not a valid protobuf message (a string that is not
 /// UTF-8, a field of the wrong wire type) is bad input: INVALID_ARGUMENT,
-/// as DESIGN.md §2 has it, not the INTERNAL that tonic reports and that
+/// as docs/src/design.md §2 has it, not the INTERNAL that tonic reports and that
 /// here means the server's storage failed. Nothing is enqueued.
 #[tokio::test]
 async fn undecodable_requests_are_invalid_argument() {

@@ -1,4 +1,4 @@
-//! The hazard of issue 9: after ANALYZE sees many DONE rows, a plain
+//! The hazard: after ANALYZE sees many DONE rows, a plain
 //! `SKIP LOCKED` queue's planner may switch the dequeue to a primary-key
 //! scan and the drain rate falls 6×. Fill 100k DONE rows, ANALYZE, check
 //! with EXPLAIN that the dequeue still uses the partial index of PENDING

@@ -1,5 +1,5 @@
 //! PauseQueue against takes in flight on PostgreSQL: once it returns, no
-//! server takes another job of the queue (DESIGN.md §1 rule 6). A take
+//! server takes another job of the queue (docs/src/design.md §1 rule 6). A take
 //! reads the paused queues in one statement and locks a due job in the
 //! next; a take holds its queues' pause locks (shared) across both, and a
 //! pause waits for them. Needs `JOBQ_TEST_PG` (see `scripts/pg-test.sh`).

@@ -1,4 +1,4 @@
-//! Fuzzes the gRPC service with random and hostile requests (DESIGN.md §2):
+//! Fuzzes the gRPC service with random and hostile requests (docs/src/design.md §2):
 //! "Bad input never panics the server and never changes stored state."
 //!
 //! Each proptest case opens a real sled store in a temp dir, builds the real

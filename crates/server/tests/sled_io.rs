@@ -135,7 +135,7 @@ fn a_take_and_a_heartbeat_write_the_same_bytes_whatever_the_payload_size() {
         println!(
             "bytes written per take, per lease per heartbeat: {small:?} with 100 B payloads (in the record), {large:?} with 256 KiB (apart)"
         );
-        // Issue 12: at most 1 KiB per job plus its history entry, and no
+        // The target: at most 1 KiB per job plus its history entry, and no
         // more for a big payload than for a small one (sled's log frames
         // vary by a few bytes, so allow a little).
         for (what, small, large) in [("take", small.0, large.0), ("heartbeat", small.1, large.1)] {

@@ -98,7 +98,7 @@ impl<B: Backend> Jobs<B> {
     /// With `on`, waiters are woken as soon as a change that makes a job
     /// due is applied, before it is durable: a worker may then run a job
     /// whose enqueue (or retry) a crash undoes. Without, only once durable
-    /// (DESIGN.md §5, notify-after-durable), the default.
+    /// (docs/src/design.md §5, notify-after-durable), the default.
     #[must_use]
     pub fn deliver_before_durable(mut self, on: bool) -> Jobs<B> {
         self.early_wake = on;

@@ -1,4 +1,4 @@
-// The operator's calls (issue 13), part of the store contract: included by
+// The operator's calls, part of the store contract: included by
 // `suite.rs`, so they run against every backend.
 
 #[tokio::test]

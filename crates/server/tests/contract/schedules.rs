@@ -1,4 +1,4 @@
-// Schedules (issue 13), part of the store contract: included by
+// Schedules, part of the store contract: included by
 // `suite.rs`, so they run against every backend.
 
 fn schedule(name: &str, cron: &str, created_ms: u64) -> Schedule {

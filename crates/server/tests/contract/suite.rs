@@ -2,7 +2,7 @@
 // each module that includes it defines `TestStore`, `guard()`, `fresh()`,
 // `reopen(&guard)`, `flush_rounds(&store)` and `MODEL_CASES`.
 //
-// One test per arrow and rule of DESIGN.md §1, a model test against a
+// One test per arrow and rule of docs/src/design.md §1, a model test against a
 // plain in-memory model driven by the same state machine, concurrency and
 // restart. Times are explicit (`at(ms)`), so nothing here sleeps.
 

@@ -52,7 +52,7 @@ pub async fn set_paused(pg: &Pg, queue: &str, paused: bool) -> Result<(), PgErro
         // returns), and a take that starts meanwhile waits for this commit
         // and then reads the pause. Without it, a take that had read "not
         // paused" just before could still take a job after PauseQueue
-        // returned (DESIGN.md §1 rule 6). A take stuck mid-transaction
+        // returned (docs/src/design.md §1 rule 6). A take stuck mid-transaction
         // makes this fail (UNAVAILABLE, retryable) rather than wait on.
         tx.batch_execute(&format!(
             "SET LOCAL lock_timeout = '{}ms'; SELECT pg_advisory_xact_lock({PAUSE_LOCK}, {})",

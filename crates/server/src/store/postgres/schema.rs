@@ -61,7 +61,7 @@ CREATE TABLE jobq_jobs (
     finished_at       timestamptz,
     last_error        text,
     extra             jsonb NOT NULL DEFAULT '{}',
-    -- A job is RUNNING exactly while it holds a lease (DESIGN.md §1).
+    -- A job is RUNNING exactly while it holds a lease (docs/src/design.md §1).
     CONSTRAINT jobq_jobs_lease CHECK ((status = 'running') = (lease_id IS NOT NULL))
 );
 
@@ -102,7 +102,7 @@ CREATE TABLE jobq_paused (
 
 /// Version 3: `jobq_jobs.priority` (existing jobs get 0), and the dequeue's
 /// index replaced by `jobq_jobs_due_by_priority`, ordered like the new
-/// dequeue's `ORDER BY priority DESC, run_at, id` (DESIGN.md §1 rule 5).
+/// dequeue's `ORDER BY priority DESC, run_at, id` (docs/src/design.md §1 rule 5).
 /// Still partial: the size of the backlog, whatever piles up in DONE.
 const V3: &str = r#"
 ALTER TABLE jobq_jobs ADD COLUMN priority integer NOT NULL DEFAULT 0

@@ -2,7 +2,7 @@
 //! locked with `FOR UPDATE SKIP LOCKED` so concurrent takers (on any
 //! server) each get a different job without waiting on each other.
 //!
-//! Priority first (DESIGN.md §1 rule 5), without letting jobs that are
+//! Priority first (docs/src/design.md §1 rule 5), without letting jobs that are
 //! not due yet make a take slow. The index is `jobq_jobs_due_by_priority
 //! (queue, priority DESC, run_at, id) WHERE status = 'pending'`. A plain
 //! `ORDER BY priority DESC, run_at, id` over it would step over every

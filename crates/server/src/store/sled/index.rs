@@ -10,7 +10,7 @@
 //! in its queue's bitmap of that status (ListJobs by status, by queue, or
 //! both, reads only the records they name).
 //!
-//! Delivery order (DESIGN.md §1 rule 5) is priority, then `run_at`, then
+//! Delivery order (docs/src/design.md §1 rule 5) is priority, then `run_at`, then
 //! id, among *due* jobs. A queue keeps one `(run_at, id)` set per priority
 //! in use, highest first: the first due job is the first entry of the
 //! first set whose first entry is due. That is one O(log n) look per

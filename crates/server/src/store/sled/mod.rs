@@ -81,7 +81,7 @@ use crate::{
 /// neither the lock nor a commit round carries much of a purge at a time.
 /// With 256, takes during a purge of 1M DONE jobs were delayed up to
 /// 7–10 ms (p99 2.5–3.8); with 64, up to 6.6–7.3 ms (p99 1.1–1.3), and
-/// the purge still ends within 10 s (README, issue 12's table).
+/// the purge still ends within 10 s (the benchmarks chapter's table).
 const PURGE_CHUNK: usize = 64;
 
 /// The bytes a leaf of the `payloads` tree fills to before it splits on
@@ -95,7 +95,7 @@ const PURGE_CHUNK: usize = 64;
 /// against 93 (64 KiB: 87.5, and enqueues of 1 KiB payloads at 18k/s
 /// against 22–23k, from rewriting a bigger leaf). `jobs` keeps sled's
 /// count: a heartbeat or take consolidates its record's leaf now and then,
-/// and those bytes are bounded (issue 12).
+/// and those bytes are bounded.
 const PAYLOAD_LEAF_BYTES: usize = 32 * 1024;
 
 /// The key, in the `jobs` tree, of the token of the indexes saved at a
