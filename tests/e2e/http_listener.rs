@@ -14,7 +14,7 @@ use tokio::{
     net::TcpStream,
 };
 
-use crate::harness::{http_get, until, ServerProcess};
+use crate::harness::{http_get, serve_refused, until, ServerProcess};
 
 /// Reads until the server closes the connection (EOF or reset), failing
 /// the test after `limit`; returns what was read.
@@ -207,6 +207,34 @@ async fn http_connections_that_send_nothing_or_a_slow_head_are_closed() {
     assert_eq!(status, 200);
 }
 
+/// A request whose body never finishes is answered 503 after
+/// `--http-request-timeout`, and its connection closed.
+#[tokio::test]
+async fn a_request_body_that_never_ends_is_cut_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ServerProcess::start(
+        dir.path(),
+        &[
+            "--http-request-timeout",
+            "1s",
+            "--http-idle-timeout",
+            "120s",
+        ],
+    );
+    let mut conn = TcpStream::connect(server.http).await.expect("connect");
+    let head = format!(
+        "POST /login HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken=",
+        server.http
+    );
+    conn.write_all(head.as_bytes()).await.expect("send");
+    let started = Instant::now();
+    let got = closed_within(&mut conn, Duration::from_secs(20)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("--http-request-timeout"), "{text}");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+}
+
 /// A kept-alive connection with no request in flight is closed after
 /// `--http-idle-timeout`, not the (shorter) header timeout; a request on
 /// it before then is served.
@@ -284,4 +312,20 @@ async fn metrics_reuse_their_counts_for_the_stats_cache_period() {
     assert!(pending(&body), "counted again: {body}");
     let (_, body) = http_get(cached.http, "/metrics").await;
     assert!(!pending(&body), "reused: {body}");
+}
+
+/// Caps that would leave the store fewer descriptors than its reserve are
+/// refused at start, naming the flags, before the store is opened.
+#[test]
+fn connection_caps_over_the_fd_limit_are_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let out = serve_refused(&data, &["--max-connections", "100000000"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {stderr}");
+    assert!(
+        stderr.contains("--max-connections 100000000") && stderr.contains("--reserved-fds"),
+        "{stderr}"
+    );
+    assert!(!data.exists(), "opened the data folder first: {stderr}");
 }

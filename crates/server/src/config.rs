@@ -46,6 +46,12 @@ pub struct Config {
     #[arg(long, env = "JOBQ_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub http_idle_timeout: Duration,
 
+    /// Longest an HTTP request may take once its head has arrived: reading
+    /// its body and answering it. One that takes longer is answered 503
+    /// and its connection closed.
+    #[arg(long, env = "JOBQ_HTTP_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub http_request_timeout: Duration,
+
     /// How long queue counts shown by `/metrics` and the dashboard may be
     /// reused: a scrape within this of the last one is answered from it,
     /// so any number of scrapers costs one count of the store per period.
@@ -72,7 +78,8 @@ pub struct Config {
 
     /// File descriptors neither listener may use, kept for the store (sled
     /// files, PostgreSQL connections, payload files) and the rest of the
-    /// server. Default: a quarter of the fd limit, at least 64. The server
+    /// server. Default: a quarter of the fd limit, at least 64 (plus
+    /// `--pg-pool-size` with `--store`), the least it may be. The server
     /// refuses to start when `--max-connections` plus
     /// `--http-max-connections` plus this exceeds the fd limit.
     #[arg(long, env = "JOBQ_RESERVED_FDS")]
@@ -211,8 +218,10 @@ pub struct Config {
     pub keepalive_timeout: Duration,
 
     /// Most client connections open at once; one more is closed as soon as
-    /// it is accepted (and logged). Default: three quarters of the fd limit
-    /// (RLIMIT_NOFILE), so connections cannot starve the store of fds.
+    /// it is accepted (and logged). Default: what the fd limit
+    /// (RLIMIT_NOFILE, raised to its hard limit at start) leaves after
+    /// `--reserved-fds` and `--http-max-connections`, so connections cannot
+    /// starve the store of fds.
     #[arg(long, env = "JOBQ_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
 
@@ -488,6 +497,7 @@ impl Config {
         let http = [
             ("--http-header-timeout", self.http_header_timeout),
             ("--http-idle-timeout", self.http_idle_timeout),
+            ("--http-request-timeout", self.http_request_timeout),
             ("--http-session-lifetime", self.http_session_lifetime),
         ];
         for (flag, value) in http {

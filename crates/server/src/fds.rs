@@ -89,9 +89,19 @@ pub fn raise_limit() -> u64 {
 /// When the given flags do not fit in `limit`, naming them.
 pub fn budget(limit: u64, config: &Config) -> Result<Budget, String> {
     let limit = limit.min(LARGEST_LIMIT);
-    let reserved = config
-        .reserved_fds
-        .unwrap_or_else(|| MIN_RESERVED_FDS.max(limit / 4));
+    // PostgreSQL's pool is the store's own use of descriptors.
+    let pool = if config.store.is_some() {
+        u64::try_from(config.pg_pool_size).unwrap_or(u64::MAX)
+    } else {
+        0
+    };
+    let least = MIN_RESERVED_FDS.saturating_add(pool);
+    let reserved = config.reserved_fds.unwrap_or_else(|| least.max(limit / 4));
+    if reserved < least {
+        return Err(format!(
+            "--reserved-fds {reserved} is under the least the store needs, {least} ({MIN_RESERVED_FDS}, plus --pg-pool-size with --store)"
+        ));
+    }
     let fix = "lower them, or raise the fd limit (`ulimit -n`, systemd's LimitNOFILE=)";
     if reserved >= limit {
         return Err(format!(
@@ -180,6 +190,16 @@ mod tests {
         let mut c = config(true);
         c.http_max_connections = Some(0);
         assert!(budget(1024, &c).is_err());
+        let mut c = config(true);
+        c.reserved_fds = Some(10);
+        assert!(budget(1024, &c).unwrap_err().contains("--reserved-fds 10"));
+        c.store = Some("postgres://localhost/jobq".into());
+        c.pg_pool_size = 100;
+        c.reserved_fds = Some(100);
+        assert!(budget(1024, &c).unwrap_err().contains("--pg-pool-size"));
+        c.reserved_fds = None;
+        assert_eq!(budget(100_000, &c).unwrap().reserved, 25_000);
+        assert_eq!(budget(256, &c).unwrap().reserved, 164);
         let mut c = config(true);
         c.max_connections = Some(500);
         c.http_max_connections = Some(200);

@@ -225,6 +225,7 @@ async fn serve_store<S: Store + CommitHook>(
                     .unwrap_or(fds::DEFAULT_HTTP_MAX_CONNECTIONS),
                 header_timeout: config.http_header_timeout,
                 idle_timeout: config.http_idle_timeout,
+                request_timeout: config.http_request_timeout,
             };
             Some(tokio::spawn(web::serve(
                 listener,

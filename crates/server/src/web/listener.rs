@@ -20,7 +20,9 @@
 //! trickles a header a byte at a time is closed ([`HeadClock`]). hyper's
 //! own `header_read_timeout` is not used: it also runs while a kept-alive
 //! connection waits for its next request, which would make the idle
-//! timeout the header timeout.
+//! timeout the header timeout. And a request, once its head is in, has
+//! `--http-request-timeout` to send its body and be answered
+//! ([`deadline`]): a body trickled forever does not hold a connection.
 
 use std::{
     io,
@@ -64,6 +66,8 @@ pub struct HttpLimits {
     pub header_timeout: Duration,
     /// How long a connection may have no request in flight.
     pub idle_timeout: Duration,
+    /// How long a request may take after its head: its body and its answer.
+    pub request_timeout: Duration,
 }
 
 /// Whether a connection is reading a request head, and since when.
@@ -202,6 +206,10 @@ pub async fn serve(
         },
         shutdown.clone(),
     );
+    let router = router.layer(axum::middleware::from_fn_with_state(
+        limits.request_timeout,
+        deadline,
+    ));
     let mut open = JoinSet::new();
     loop {
         tokio::select! {
@@ -270,6 +278,37 @@ async fn serve_one(conn: Conn, router: Router, limits: HttpLimits, shutdown: Can
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Answers 503, and closes the connection, for a request that has not
+/// been answered within `timeout` of its head (a body trickled forever, a
+/// store that does not answer).
+async fn deadline(
+    axum::extract::State(timeout): axum::extract::State<Duration>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::{
+        http::{header, HeaderValue, StatusCode},
+        response::IntoResponse,
+    };
+    match tokio::time::timeout(timeout, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let mut response = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the request was not read and answered within {} (--http-request-timeout)",
+                    crate::config::duration_text(timeout)
+                ),
+            )
+                .into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
         }
     }
 }
