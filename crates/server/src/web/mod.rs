@@ -23,18 +23,19 @@ pub mod stats;
 
 use std::sync::Arc;
 
-use crate::{
-    auth::Auth,
-    error::Error,
-    metrics::{Metrics, Rates},
-    store::Store,
-};
 use axum::{
     http::StatusCode,
     middleware,
     response::{IntoResponse, Response},
     routing::{get, post},
     Router,
+};
+
+use crate::{
+    auth::Auth,
+    error::Error,
+    metrics::{Metrics, Rates},
+    store::Store,
 };
 
 /// What the pages read from.
