@@ -2,10 +2,7 @@
 //! connections, running out of file descriptors, and a shutdown that must
 //! not wait on peers that are idle or do not read.
 
-use std::{
-    os::unix::process::CommandExt,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use jobq_client::{Client, EnqueueOptions};
 use tokio::{
@@ -139,31 +136,27 @@ fn open_fds(pid: u32) -> usize {
 #[tokio::test]
 async fn out_of_file_descriptors_the_server_backs_off_and_recovers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // Few fds: the server starts (sled, the runtime, two listeners) with
-    // some to spare, and the test's connections take the rest.
-    let nofile: libc::rlim_t = 96;
-    let server = ServerProcess::start_with(
-        dir.path(),
-        "127.0.0.1:0",
-        &["--max-connections", "10000", "--handshake-timeout", "120s"],
-        move |cmd| {
-            // SAFETY: setrlimit is async-signal-safe; it only lowers the
-            // child's own limit, between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let limit = libc::rlimit {
-                        rlim_cur: nofile,
-                        rlim_max: nofile,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        },
-    );
+    // The server settles its connection caps under its fd limit at start
+    // (fds.rs), so a cap over the limit is refused. Here it starts with
+    // its usual limit and caps, and the limit is lowered afterwards, as
+    // if something else had taken the fds: the caps no longer protect it.
+    let server = ServerProcess::start(dir.path(), &["--handshake-timeout", "120s"]);
     let pid = server.child.id();
+    let nofile: libc::rlim_t = 96;
+    let limit = libc::rlimit {
+        rlim_cur: nofile,
+        rlim_max: nofile,
+    };
+    // SAFETY: prlimit on our own child; it reads `limit` and writes nothing.
+    let rc = unsafe {
+        libc::prlimit(
+            libc::pid_t::try_from(pid).expect("pid"),
+            libc::RLIMIT_NOFILE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     let c = server.client().await;
     c.enqueue("q", "k", b"x".to_vec(), EnqueueOptions::new())
         .await

@@ -273,3 +273,90 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
     assert_eq!(got["status"], "PENDING", "{got}");
     b.close().await.expect("close the browser");
 }
+
+/// Waits for an element `css` to be on the page (a click's navigation
+/// may still be under way).
+async fn shown(b: &Browser, css: &str, what: &str) {
+    until(Duration::from_secs(10), what, || {
+        let b = b.clone();
+        async move { b.find(Locator::Css(css)).await.ok().map(|_| ()) }
+    })
+    .await;
+}
+
+/// With tokens on, a browser logs in through the form, gets a session
+/// cookie its page scripts cannot read, and the Log out button ends the
+/// session: the dashboard asks for a token again.
+#[tokio::test]
+async fn the_dashboard_logs_in_and_out_in_a_browser() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokens = dir.path().join("tokens.toml");
+    crate::pki::tokens_file(&tokens, &[("ops", "ops-secret", &["admin"], &["*"])]);
+    let server = ServerProcess::start(
+        &dir.path().join("data"),
+        &["--auth-tokens", tokens.to_str().expect("path")],
+    );
+    let c = jobq_client::Client::builder(server.url())
+        .token("ops-secret")
+        .connect()
+        .await
+        .expect("connect");
+    c.enqueue(
+        "emails",
+        "send-email",
+        b"{}".to_vec(),
+        EnqueueOptions::new(),
+    )
+    .await
+    .expect("enqueue");
+
+    let profile = tempfile::tempdir().expect("profile dir");
+    let (_driver, b) = browser(profile.path()).await;
+    let base = format!("http://{}", server.http);
+    b.goto(&format!("{base}/")).await.expect("open /");
+    b.find(Locator::Css("#token"))
+        .await
+        .expect("the login form")
+        .send_keys("ops-secret")
+        .await
+        .expect("type the token");
+    b.find(Locator::Css(r#"form[action="/login"] button"#))
+        .await
+        .expect("the Log in button")
+        .click()
+        .await
+        .expect("log in");
+    shown(
+        &b,
+        r#"tr[data-queue="emails"]"#,
+        "the queues page, signed in",
+    )
+    .await;
+    let cookies = b.get_all_cookies().await.expect("cookies");
+    assert_eq!(cookies.len(), 1, "{cookies:?}");
+    assert_eq!(cookies[0].name(), "jobq_session");
+    assert_ne!(cookies[0].value(), "ops-secret");
+    assert_eq!(cookies[0].http_only(), Some(true));
+    let script = b
+        .execute("return document.cookie", vec![])
+        .await
+        .expect("run a script");
+    assert_eq!(script, serde_json::json!(""), "scripts cannot read it");
+
+    b.find(Locator::Css("#logout button"))
+        .await
+        .expect("a Log out button")
+        .click()
+        .await
+        .expect("log out");
+    shown(
+        &b,
+        r#"form[action="/login"]"#,
+        "the login form after logging out",
+    )
+    .await;
+    assert!(b.get_all_cookies().await.expect("cookies").is_empty());
+    b.goto(&format!("{base}/")).await.expect("open / again");
+    shown(&b, "#token", "logged out: the login form again").await;
+    b.close().await.expect("close the browser");
+}

@@ -375,6 +375,18 @@ impl Auth {
         )))
     }
 
+    /// The caller presenting `caller`'s secret under the current tokens,
+    /// with the rights its entry has now; `None` once that secret is no
+    /// longer in the file (revoked, or its secret changed) or tokens are
+    /// off. For what outlives one request, as a dashboard session does.
+    pub fn current_caller(&self, caller: &Caller) -> Option<Caller> {
+        self.current()?
+            .entries
+            .iter()
+            .find(|t| t.digest == caller.0.digest)
+            .map(|t| Caller(Arc::clone(t)))
+    }
+
     fn current(&self) -> Option<Arc<Tokens>> {
         self.table
             .as_ref()

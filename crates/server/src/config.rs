@@ -27,6 +27,64 @@ pub struct Config {
     #[arg(long, env = "JOBQ_HTTP_ALLOW_HOST", value_delimiter = ',')]
     pub http_allow_host: Vec<String>,
 
+    /// Most HTTP connections (`--http-listen`) open at once; one more is
+    /// closed as soon as it is accepted (and logged). Default 256, less
+    /// when the fd limit leaves less: a quarter of what `--reserved-fds`
+    /// leaves.
+    #[arg(long, env = "JOBQ_HTTP_MAX_CONNECTIONS")]
+    pub http_max_connections: Option<usize>,
+
+    /// How long an HTTP request's headers may take: a new connection that
+    /// has not sent a whole request head within this is closed, and so is
+    /// a kept-alive one that began its next request this long ago without
+    /// finishing its head.
+    #[arg(long, env = "JOBQ_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub http_header_timeout: Duration,
+
+    /// How long a kept-alive HTTP connection may wait, with no request in
+    /// flight, for its next request before it is closed.
+    #[arg(long, env = "JOBQ_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub http_idle_timeout: Duration,
+
+    /// Longest an HTTP request may take once its head has arrived: reading
+    /// its body and answering it. One that takes longer is answered 503
+    /// and its connection closed.
+    #[arg(long, env = "JOBQ_HTTP_REQUEST_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub http_request_timeout: Duration,
+
+    /// How long queue counts shown by `/metrics` and the dashboard may be
+    /// reused: a scrape within this of the last one is answered from it,
+    /// so any number of scrapers costs one count of the store per period.
+    /// 0 counts on every request.
+    #[arg(long, env = "JOBQ_STATS_CACHE", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub stats_cache: Duration,
+
+    /// How long a dashboard login lasts (with `--auth-tokens`): the
+    /// session cookie and the server's record of it expire after this.
+    #[arg(long, env = "JOBQ_HTTP_SESSION_LIFETIME", default_value = "12h", value_parser = humantime::parse_duration)]
+    pub http_session_lifetime: Duration,
+
+    /// Most dashboard sessions at once; a login beyond it is refused (503)
+    /// until one expires or logs out.
+    #[arg(long, env = "JOBQ_HTTP_MAX_SESSIONS", default_value_t = 1024)]
+    pub http_max_sessions: usize,
+
+    /// Browsers reach the HTTP listener over https, through a
+    /// TLS-terminating proxy: the session cookie is marked `Secure` and
+    /// named with the `__Host-` prefix, so the browser sends it only over
+    /// TLS and only to this host.
+    #[arg(long, env = "JOBQ_HTTP_BEHIND_TLS")]
+    pub http_behind_tls: bool,
+
+    /// File descriptors neither listener may use, kept for the store (sled
+    /// files, PostgreSQL connections, payload files) and the rest of the
+    /// server. Default: a quarter of the fd limit, at least 64 (plus
+    /// `--pg-pool-size` with `--store`), the least it may be. The server
+    /// refuses to start when `--max-connections` plus
+    /// `--http-max-connections` plus this exceeds the fd limit.
+    #[arg(long, env = "JOBQ_RESERVED_FDS")]
+    pub reserved_fds: Option<u64>,
+
     /// Where jobs live: a PostgreSQL URL (`postgres://user:pass@host/db`)
     /// shared by any number of servers. Unset: the embedded sled database
     /// in `--data`.
@@ -160,8 +218,10 @@ pub struct Config {
     pub keepalive_timeout: Duration,
 
     /// Most client connections open at once; one more is closed as soon as
-    /// it is accepted (and logged). Default: three quarters of the fd limit
-    /// (RLIMIT_NOFILE), so connections cannot starve the store of fds.
+    /// it is accepted (and logged). Default: what the fd limit
+    /// (RLIMIT_NOFILE, raised to its hard limit at start) leaves after
+    /// `--reserved-fds` and `--http-max-connections`, so connections cannot
+    /// starve the store of fds.
     #[arg(long, env = "JOBQ_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
 
@@ -433,6 +493,24 @@ impl Config {
         }
         if self.min_lease.is_zero() {
             return Err("--min-lease must be longer than 0s".into());
+        }
+        let http = [
+            ("--http-header-timeout", self.http_header_timeout),
+            ("--http-idle-timeout", self.http_idle_timeout),
+            ("--http-request-timeout", self.http_request_timeout),
+            ("--http-session-lifetime", self.http_session_lifetime),
+        ];
+        for (flag, value) in http {
+            if value.is_zero() || value > MAX_LIMIT_DURATION {
+                return Err(format!(
+                    "{flag} {} must be longer than 0s and at most {}",
+                    duration_text(value),
+                    duration_text(MAX_LIMIT_DURATION)
+                ));
+            }
+        }
+        if self.http_max_sessions == 0 {
+            return Err("--http-max-sessions must be at least 1".into());
         }
         // PostgreSQL takes whole milliseconds up to i32::MAX.
         let longest_statement = Duration::from_millis(u64::from(i32::MAX.unsigned_abs()));

@@ -77,6 +77,28 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// How long a connection may have no call in flight.
     pub idle_timeout: Duration,
+    /// The flags that set these, as the log lines name them.
+    pub flags: LimitFlags,
+}
+
+/// The flags that set a listener's [`Limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitFlags {
+    /// The connection cap's.
+    pub max_connections: &'static str,
+    /// The handshake timeout's.
+    pub handshake_timeout: &'static str,
+    /// The idle timeout's.
+    pub idle_timeout: &'static str,
+}
+
+impl LimitFlags {
+    /// The gRPC listener's.
+    pub const GRPC: LimitFlags = LimitFlags {
+        max_connections: "--max-connections",
+        handshake_timeout: "--handshake-timeout",
+        idle_timeout: "--idle-timeout",
+    };
 }
 
 impl Limits {
@@ -90,6 +112,7 @@ impl Limits {
                 .unwrap_or_else(default_max_connections),
             handshake_timeout: config.handshake_timeout,
             idle_timeout: config.idle_timeout,
+            flags: LimitFlags::GRPC,
         }
     }
 }
@@ -360,7 +383,7 @@ async fn accept_loop(
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             if let Some(unlogged) = refusals.tick() {
-                warn!(%remote, limit = limits.max_connections, unlogged, "refused a connection: --max-connections reached");
+                warn!(%remote, limit = limits.max_connections, unlogged, "refused a connection: {} reached", limits.flags.max_connections);
             }
             drop(io);
             continue;
@@ -403,7 +426,7 @@ async fn watch(
         let deadline = if !state.read_any.load(Ordering::SeqCst) {
             let at = opened + limits.handshake_timeout;
             if now >= at {
-                info!(%remote, timeout = ?limits.handshake_timeout, "closed a connection that sent nothing (--handshake-timeout)");
+                info!(%remote, timeout = ?limits.handshake_timeout, "closed a connection that sent nothing ({})", limits.flags.handshake_timeout);
                 state.close.cancel();
                 return;
             }
@@ -411,7 +434,7 @@ async fn watch(
         } else if state.idle() {
             let at = state.idle_since() + limits.idle_timeout;
             if now >= at {
-                debug!(%remote, timeout = ?limits.idle_timeout, "closed an idle connection (--idle-timeout)");
+                debug!(%remote, timeout = ?limits.idle_timeout, "closed an idle connection ({})", limits.flags.idle_timeout);
                 state.close.cancel();
                 return;
             }

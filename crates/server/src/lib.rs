@@ -28,6 +28,8 @@
 //! - [`connections`]: the accept loop and each connection's limits
 //!   (`--max-connections`, handshake and idle timeouts, EMFILE backoff,
 //!   closing at shutdown).
+//! - [`fds`]: the fd limit raised at start, and the descriptors kept for
+//!   the store out of both listeners' reach.
 //! - [`metrics`]: the Prometheus registry, counted from the store's facts;
 //!   [`rpc_timing`]: the tower layer that times every RPC.
 //! - [`web`]: the HTTP listener: `/metrics` and the dashboard.
@@ -38,6 +40,7 @@ pub mod config;
 pub mod connections;
 pub mod convert;
 pub mod error;
+pub mod fds;
 pub mod job;
 pub mod leases;
 pub mod limits;

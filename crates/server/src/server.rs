@@ -17,6 +17,7 @@ use crate::{
     config::Config,
     connections::{self, TrackCalls},
     error::{Error, Result, TransportCodes},
+    fds,
     leases::{self, LeaseHub},
     limits::RequestBudget,
     metrics::{Metrics, Rates},
@@ -67,6 +68,21 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    let mut config = config;
+    // Connections must never take the descriptors the store needs (a
+    // store that cannot open a file fail-stops): both caps are settled
+    // here, under the raised fd limit, with a reserve kept (fds.rs).
+    let fd_limit = fds::raise_limit();
+    let budget = fds::budget(fd_limit, &config).map_err(Error::Limits)?;
+    config.max_connections = Some(budget.max_connections);
+    config.http_max_connections = Some(budget.http_max_connections);
+    info!(
+        fd_limit = budget.limit,
+        reserved_fds = budget.reserved,
+        max_connections = budget.max_connections,
+        http_max_connections = budget.http_max_connections,
+        "file descriptors"
+    );
     let config = Arc::new(config);
     // Everything that can refuse to start without the store comes first:
     // a store opened and then dropped by an early return would not be
@@ -196,10 +212,25 @@ async fn serve_store<S: Store + CommitHook>(
                 auth: auth.clone(),
                 metrics_token_free: config.metrics_token_free,
                 allow_hosts: config.http_allow_host.clone(),
+                stats: web::stats::StatsCache::new(config.stats_cache),
+                sessions: web::sessions::Sessions::new(
+                    config.http_session_lifetime,
+                    config.http_max_sessions,
+                ),
+                behind_tls: config.http_behind_tls,
             });
+            let limits = web::HttpLimits {
+                max_connections: config
+                    .http_max_connections
+                    .unwrap_or(fds::DEFAULT_HTTP_MAX_CONNECTIONS),
+                header_timeout: config.http_header_timeout,
+                idle_timeout: config.http_idle_timeout,
+                request_timeout: config.http_request_timeout,
+            };
             Some(tokio::spawn(web::serve(
                 listener,
                 web::router(web),
+                limits,
                 shutdown.clone(),
             )))
         }

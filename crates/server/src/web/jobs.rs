@@ -149,11 +149,11 @@ pub async fn page<S: Store>(
     // the next-page link would name them.
     if filter.queue.is_empty() && !who.sees_everything() {
         let queues: Vec<String> = web
-            .store
-            .stats(None, SystemTime::now())
+            .stats
+            .get(&*web.store)
             .await?
-            .into_iter()
-            .map(|s| s.queue)
+            .iter()
+            .map(|s| s.queue.clone())
             .filter(|q| who.sees(q))
             .collect();
         let rest = filter.query();

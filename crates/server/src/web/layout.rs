@@ -1,6 +1,7 @@
-//! The page shell: title, navigation, a little CSS. No scripts.
+//! The page shell: title, navigation (with a Log out button for a
+//! browser signed in with a session), a little CSS. No scripts.
 
-use std::time::SystemTime;
+use std::{future::Future, time::SystemTime};
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
@@ -20,7 +21,24 @@ form.inline { display: inline; } .error { color: #b42318; } .muted { color: #6b7
 ol.timeline { list-style: none; padding-left: 0; border-left: 3px solid #cfd6e4; margin-left: 8px; }
 ol.timeline li { margin: 0 0 12px 0; padding-left: 14px; }
 button { cursor: pointer; }
+header form { margin-left: auto; }
 "#;
+
+tokio::task_local! {
+    /// Set while a request signed in with a session cookie is handled.
+    static SIGNED_IN: bool;
+}
+
+/// Runs a request's handler for a browser signed in with a session: its
+/// pages show the Log out button.
+pub async fn signed_in<F: Future>(handler: F) -> F::Output {
+    SIGNED_IN.scope(true, handler).await
+}
+
+/// [`signed_in`], for a page rendered outside a handler.
+pub fn signed_in_sync<R>(render: impl FnOnce() -> R) -> R {
+    SIGNED_IN.sync_scope(true, render)
+}
 
 /// A whole page.
 pub fn page(title: &str, body: Markup) -> Markup {
@@ -39,6 +57,11 @@ pub fn page(title: &str, body: Markup) -> Markup {
                     a href="/jobs" { "Jobs" }
                     a href="/jobs?status=FAILED" { "Dead letters" }
                     a href="/metrics" { "Metrics" }
+                    @if SIGNED_IN.try_with(|s| *s).unwrap_or(false) {
+                        form #logout method="post" action="/logout" {
+                            button type="submit" { "Log out" }
+                        }
+                    }
                 }
                 main {
                     h1 { (title) }

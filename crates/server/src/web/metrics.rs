@@ -1,7 +1,7 @@
 //! `/metrics`: OpenMetrics for Prometheus (which asks for it), the classic
 //! Prometheus text format for everyone else.
 
-use std::{sync::Arc, time::SystemTime};
+use std::sync::Arc;
 
 use axum::{
     extract::State,
@@ -18,7 +18,7 @@ pub async fn scrape<S: Store>(
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, WebError> {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
-    let stats = web.store.stats(None, SystemTime::now()).await?;
+    let stats = web.stats.get(&*web.store).await?;
     let text = web.metrics.render(&stats, (web.streams)(), format)?;
     Ok(([(header::CONTENT_TYPE, format.content_type())], text))
 }

@@ -6,15 +6,20 @@
 //! One file per page: [`queues`] (`/`), [`jobs`] (`/jobs`, and retrying
 //! every dead letter that matches a filter), [`job`] (`/jobs/{id}` and its
 //! Retry), [`metrics`] (`/metrics`); [`layout`] is the page shell;
-//! [`login`] asks for a token when tokens are on (`/login`, and the guard
-//! in front of every other route).
+//! [`login`] asks for a token when tokens are on (`/login`, `/logout`,
+//! and the guard in front of every other route), [`sessions`] keeps the
+//! browsers' logins; [`stats`] caches the queue counts; [`listener`]
+//! accepts connections under their cap and timeouts.
 
 mod job;
 mod jobs;
 mod layout;
+pub mod listener;
 mod login;
 mod metrics;
 mod queues;
+pub mod sessions;
+pub mod stats;
 
 use std::sync::Arc;
 
@@ -25,11 +30,10 @@ use axum::{
     routing::{get, post},
     Router,
 };
-use tokio_util::sync::CancellationToken;
 
 use crate::{
     auth::Auth,
-    error::{Error, Result},
+    error::Error,
     metrics::{Metrics, Rates},
     store::Store,
 };
@@ -50,6 +54,12 @@ pub struct Web<S> {
     pub metrics_token_free: bool,
     /// Host names answered to without tokens (`--http-allow-host`).
     pub allow_hosts: Vec<String>,
+    /// The queue counts, reused for `--stats-cache`.
+    pub stats: stats::StatsCache,
+    /// The browsers' logins.
+    pub sessions: sessions::Sessions,
+    /// Browsers reach the listener over https (`--http-behind-tls`).
+    pub behind_tls: bool,
 }
 
 /// The routes.
@@ -66,6 +76,7 @@ pub fn router<S: Store>(web: Arc<Web<S>>) -> Router {
             login::guard::<S>,
         ))
         .route("/login", get(login::form).post(login::submit::<S>))
+        .route("/logout", post(login::logout::<S>))
         .layer(middleware::from_fn(same_origin_posts))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&web),
@@ -219,20 +230,7 @@ async fn same_origin_posts(req: axum::extract::Request, next: middleware::Next) 
         .into_response()
 }
 
-/// Serves `router` on `listener` until `shutdown` fires.
-///
-/// # Errors
-/// When the listener fails.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-        .map_err(|e| Error::Io(format!("http listener: {e}")))
-}
+pub use listener::{serve, HttpLimits};
 
 /// A store error as an HTTP answer: the gRPC code decides the status.
 struct WebError(Error);

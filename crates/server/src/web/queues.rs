@@ -1,6 +1,6 @@
 //! `/`: every queue with its counts, the oldest due job, and the rates.
 
-use std::{sync::Arc, time::Duration, time::SystemTime};
+use std::{sync::Arc, time::Duration};
 
 use axum::{extract::State, Extension};
 use maud::{html, Markup, PreEscaped};
@@ -13,7 +13,7 @@ pub async fn page<S: Store>(
     State(web): State<Arc<Web<S>>>,
     Extension(who): Extension<Who>,
 ) -> Result<Markup, WebError> {
-    let mut stats = web.store.stats(None, SystemTime::now()).await?;
+    let mut stats = Vec::clone(&*web.stats.get(&*web.store).await?);
     stats.retain(|s| who.sees(&s.queue));
     let (minute, ten) = (
         web.rates.over(Duration::from_secs(60)),
