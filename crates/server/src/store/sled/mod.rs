@@ -178,7 +178,8 @@ impl Jobs<Sled> {
     /// See [`Sled::open`].
     pub fn open(config: &Config) -> Result<SledStore> {
         Ok(Jobs::new(Sled::open(config)?, config.backoff())
-            .deliver_before_durable(config.deliver_before_fsync))
+            .deliver_before_durable(config.deliver_before_fsync)
+            .max_paused_queues(config.max_paused_queues))
     }
 
     /// How many group-commit rounds (flush + fsync) have run; for tests and
@@ -1036,9 +1037,10 @@ impl Backend for Sled {
         self.apply_locked(&mut index, events, now)
     }
 
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+    async fn set_paused(&self, queue: &str, paused: bool, most: usize) -> Result<()> {
         let mut index = self.lock();
         if paused {
+            crate::validate::pause_room(index.paused_len(), index.is_paused(queue), most)?;
             self.paused_tree
                 .insert(queue.as_bytes(), &[])
                 .map_err(SledError::from)?;
