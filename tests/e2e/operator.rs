@@ -407,3 +407,40 @@ async fn the_job_page_shows_a_big_payload_cut_short() {
         "says what it left out"
     );
 }
+
+/// `--max-paused-queues` through the binary: one pause past it is
+/// RESOURCE_EXHAUSTED and pauses nothing, a paused queue can be paused
+/// again, and the count holds across a restart.
+#[tokio::test]
+async fn pauses_stop_at_max_paused_queues_across_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut server = ServerProcess::start(data.path(), &["--max-paused-queues", "2"]);
+    let c = server.client().await;
+    c.pause_queue("a").await.expect("pause a");
+    c.pause_queue("b").await.expect("pause b");
+    assert_eq!(code(c.pause_queue("c").await), Code::ResourceExhausted);
+    c.pause_queue("a")
+        .await
+        .expect("pausing a paused queue stays OK");
+    let paused = |stats: Vec<pb::QueueStats>| -> Vec<String> {
+        stats
+            .into_iter()
+            .filter(|s| s.paused)
+            .map(|s| s.queue)
+            .collect()
+    };
+    assert_eq!(paused(c.stats(None).await.expect("stats")), ["a", "b"]);
+
+    let addr = server.addr.to_string();
+    server.terminate();
+    let server = ServerProcess::start_at(data.path(), &addr, &["--max-paused-queues", "2"]);
+    let c = server.client().await;
+    assert_eq!(
+        code(c.pause_queue("c").await),
+        Code::ResourceExhausted,
+        "still two paused after the restart"
+    );
+    c.resume_queue("b").await.expect("resume b");
+    c.pause_queue("c").await.expect("room again");
+    assert_eq!(paused(c.stats(None).await.expect("stats")), ["a", "c"]);
+}

@@ -193,13 +193,17 @@ class Client:
         """PENDING or RUNNING -> FAILED with last_error "cancelled: <reason>";
         a running job's worker is sent `revoked` (its handler's
         ``ctx.cancelled`` is set). FAILED_PRECONDITION for a DONE or FAILED
-        job. Needs the admin role."""
+        job. The reason is never refused: a NUL is kept as U+FFFD and the
+        kept text is cut to the server's --max-error-bytes. Needs the admin
+        role."""
         return self.stub.CancelJob(pb.CancelJobRequest(id=job_id, reason=reason),
                                    timeout=self.timeout, metadata=self._md).job
 
     def pause_queue(self, queue: str) -> None:
         """Nothing is taken from ``queue`` until resume_queue (enqueues are
-        accepted, running jobs finish). Persisted. Needs the admin role."""
+        accepted, running jobs finish). Persisted. RESOURCE_EXHAUSTED when
+        the server's --max-paused-queues queues are paused and ``queue`` is
+        not one of them. Needs the admin role."""
         self.stub.PauseQueue(pb.PauseQueueRequest(queue=queue), timeout=self.timeout,
                              metadata=self._md)
 

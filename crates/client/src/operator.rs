@@ -11,6 +11,9 @@ impl Client {
     /// Cancels a PENDING or RUNNING job: it becomes FAILED with
     /// `last_error = "cancelled: <reason>"`. A RUNNING job's holder is sent
     /// `revoked` on its Lease stream and its ack is refused. Returns the job.
+    /// The reason is never refused: as a Fail's error, a NUL in it is kept
+    /// as U+FFFD and the kept text is cut to the server's
+    /// `--max-error-bytes`.
     ///
     /// # Errors
     /// `FAILED_PRECONDITION` when the job is DONE or FAILED, `NOT_FOUND`
@@ -35,6 +38,10 @@ impl Client {
     /// Pauses `queue`: nothing is taken from it until
     /// [`resume_queue`](Self::resume_queue); enqueues are still accepted and
     /// running jobs finish. Persisted by the server; idempotent.
+    ///
+    /// # Errors
+    /// `RESOURCE_EXHAUSTED` when the server's `--max-paused-queues` queues
+    /// are paused already and `queue` is not one of them.
     pub async fn pause_queue(&self, queue: impl Into<String>) -> Result<()> {
         let req = pb::PauseQueueRequest {
             queue: queue.into(),

@@ -170,7 +170,8 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_PAGE_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub max_page_bytes: usize,
 
-    /// Longest error text kept from a Fail; longer ones are cut.
+    /// Longest text a job keeps of why it failed (a Fail's error, a
+    /// CancelJob's "cancelled: <reason>"); longer text is cut to it.
     #[arg(long, env = "JOBQ_MAX_ERROR_BYTES", default_value_t = 4096)]
     pub max_error_bytes: usize,
 
@@ -181,6 +182,11 @@ pub struct Config {
     /// Most schedules (CreateSchedule beyond it is RESOURCE_EXHAUSTED).
     #[arg(long, env = "JOBQ_MAX_SCHEDULES", default_value_t = 1000)]
     pub max_schedules: usize,
+
+    /// Most paused queues (PauseQueue of one more is RESOURCE_EXHAUSTED;
+    /// pausing a queue already paused is always OK).
+    #[arg(long, env = "JOBQ_MAX_PAUSED_QUEUES", default_value_t = DEFAULT_MAX_PAUSED_QUEUES)]
+    pub max_paused_queues: usize,
 
     /// Longest long-poll `wait` a Dequeue may ask for.
     #[arg(long, env = "JOBQ_MAX_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
@@ -568,6 +574,10 @@ impl Config {
         }
     }
 }
+
+/// `--max-paused-queues` unless set: a few per team is plenty, and each
+/// is an entry of every Stats reply.
+pub const DEFAULT_MAX_PAUSED_QUEUES: usize = 1000;
 
 /// The longest lease, delay or backoff a flag may allow: 100 years.
 pub const MAX_LIMIT_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

@@ -389,12 +389,15 @@ pub fn deletable(job: &Job) -> Result<(), TransitionError> {
     }
 }
 
+/// What the `last_error` of a cancelled job with a reason begins with.
+pub const CANCELLED_PREFIX: &str = "cancelled: ";
+
 /// The `last_error` of a cancelled job: `cancelled: <reason>`, or
 /// `cancelled` without one.
 pub fn cancelled(reason: &str) -> String {
     match reason.trim() {
         "" => "cancelled".to_owned(),
-        _ => format!("cancelled: {reason}"),
+        _ => format!("{CANCELLED_PREFIX}{reason}"),
     }
 }
 

@@ -336,21 +336,31 @@ pub fn ack(req: pb::AckRequest) -> Result<(JobId, LeaseId)> {
     Ok((job_id("job_id", &req.job_id)?, lease_id(&req.lease_id)?))
 }
 
+/// The one rule for the text a job keeps of why it ended badly, whoever
+/// sends it (a worker's Fail error, an operator's CancelJob reason): it is
+/// never refused for its content. Each NUL character becomes U+FFFD (no
+/// store's text column can hold a NUL; a program's stderr may), then text
+/// over `limit` bytes is cut on a character boundary and ends in "…",
+/// within the limit. A Fail must not be lost for what its handler's error
+/// says (the job would wait out its lease and lose the error), and a
+/// cancel's reason lands in the same `last_error`, read by the same
+/// people, so it follows the same rule.
+pub(crate) fn kept_text(text: String, limit: usize) -> String {
+    let text = match text.contains('\0') {
+        true => text.replace('\0', "\u{fffd}"),
+        false => text,
+    };
+    cut_error(text, limit)
+}
+
 /// A Fail: which job, under which lease, why and when to retry. The error
-/// text is cut to `--max-error-bytes` rather than refused: a handler's
-/// error should never be lost for being long. The cut text ends in "…",
-/// which counts against the limit. For the same reason a NUL character in
-/// it (a program's stderr may hold one) becomes U+FFFD rather than
-/// refusing the Fail: no store's text column can hold a NUL.
+/// follows [`kept_text`] with `--max-error-bytes`; an empty one is kept as
+/// "failed (no error given)".
 pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)> {
     let id = job_id("job_id", &req.job_id)?;
     let lease_id = lease_id(&req.lease_id)?;
     let retry_delay = delay("retry_delay", req.retry_delay, config)?;
-    let error = match req.error.contains('\0') {
-        true => req.error.replace('\0', "\u{fffd}"),
-        false => req.error,
-    };
-    let mut error = cut_error(error, config.max_error_bytes);
+    let mut error = kept_text(req.error, config.max_error_bytes);
     if error.is_empty() {
         error = "failed (no error given)".to_owned();
     }

@@ -19,10 +19,16 @@ mod sled {
     }
 
     async fn reopen(dir: &TempDir) -> SledStore {
+        reopen_with(dir, |_| {}).await
+    }
+
+    /// [`reopen`], with `tweak` applied to the configuration.
+    async fn reopen_with(dir: &TempDir, tweak: impl FnOnce(&mut Config)) -> SledStore {
         let mut config = Config::with_data(dir.path());
         config.backoff_base = BACKOFF.base;
         config.backoff_cap = BACKOFF.cap;
         config.cache_bytes = 8 * 1024 * 1024;
+        tweak(&mut config);
         SledStore::open(&config).expect("open the store")
     }
 
@@ -58,9 +64,15 @@ mod postgres {
     /// Connects to the database at `url`, with the caller's clock: the
     /// suite replays time with `at(ms)`.
     async fn reopen(url: &str) -> PgStore {
+        reopen_with(url, |_| {}).await
+    }
+
+    /// [`reopen`], with `tweak` applied to the configuration.
+    async fn reopen_with(url: &str, tweak: impl FnOnce(&mut Config)) -> PgStore {
         let mut config = Config::with_data("unused");
         config.backoff_base = BACKOFF.base;
         config.backoff_cap = BACKOFF.cap;
+        tweak(&mut config);
         let options = PgOptions {
             clock: Clock::Caller,
             group_commit: 1,

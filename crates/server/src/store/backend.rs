@@ -90,11 +90,19 @@ pub trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Result<Change>>>> + Send;
 
     /// Records that `queue` is paused (or no longer is). Idempotent.
+    /// Pausing a queue not yet paused when `most` are is
+    /// [`crate::Error::ResourceExhausted`] and changes nothing (decided
+    /// atomically with the write: on a shared engine, across servers).
     /// [`Backend::take`] and [`Backend::next_run_at`] skip paused queues,
     /// reading the paused set at the time of the take (for a shared
     /// engine: as committed by any server). Resuming a queue on a shared
     /// engine tells the other servers that jobs may be due.
-    fn set_paused(&self, queue: &str, paused: bool) -> impl Future<Output = Result<()>> + Send;
+    fn set_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        most: usize,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Every paused queue, sorted by name.
     fn paused(&self) -> impl Future<Output = Result<Vec<String>>> + Send;

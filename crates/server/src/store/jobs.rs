@@ -18,6 +18,7 @@ use super::{
     Enqueued, Extended, FailReport, ListFilter, Page, QueueStats, Store,
 };
 use crate::{
+    config::DEFAULT_MAX_PAUSED_QUEUES,
     error::{Error, Result},
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
     machine::{Backoff, Event},
@@ -64,6 +65,8 @@ pub struct Jobs<B> {
     /// Wake waiters when a change that makes a job due is applied, not
     /// once it is durable (`--deliver-before-fsync`).
     early_wake: bool,
+    /// Most paused queues (`--max-paused-queues`).
+    max_paused: usize,
 }
 
 impl<B> Clone for Jobs<B> {
@@ -76,6 +79,7 @@ impl<B> Clone for Jobs<B> {
             stop: Arc::clone(&self.stop),
             schedule_gate: Arc::clone(&self.schedule_gate),
             early_wake: self.early_wake,
+            max_paused: self.max_paused,
         }
     }
 }
@@ -92,7 +96,16 @@ impl<B: Backend> Jobs<B> {
             stop: Arc::new(Stop::default()),
             schedule_gate: Arc::default(),
             early_wake: false,
+            max_paused: DEFAULT_MAX_PAUSED_QUEUES,
         }
+    }
+
+    /// At most `most` queues paused at once: pausing one more is
+    /// [`Error::ResourceExhausted`] (`--max-paused-queues`).
+    #[must_use]
+    pub fn max_paused_queues(mut self, most: usize) -> Jobs<B> {
+        self.max_paused = most;
+        self
     }
 
     /// With `on`, waiters are woken as soon as a change that makes a job
@@ -481,7 +494,11 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
         self.check()?;
-        self.written(self.backend.set_paused(queue, paused).await)?;
+        self.written(
+            self.backend
+                .set_paused(queue, paused, self.max_paused)
+                .await,
+        )?;
         // A resume wakes the waiters once it is durable; a pause needs no
         // wake-up (a take re-checks the paused set every time).
         let resumed = if paused {

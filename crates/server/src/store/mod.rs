@@ -209,7 +209,10 @@ pub trait Store: Send + Sync + 'static {
     /// Pauses (`paused = true`) or resumes a queue. A paused queue hands
     /// out nothing ([`Store::take`] skips it, [`Store::next_run_at`]
     /// ignores it); enqueues and running jobs go on. Resuming wakes
-    /// waiters. Durable on return, and survives a restart.
+    /// waiters. Durable on return, and survives a restart. Pausing one
+    /// more queue than `--max-paused-queues` is
+    /// [`crate::Error::ResourceExhausted`]; pausing a paused queue is
+    /// always OK.
     fn set_paused(&self, queue: &str, paused: bool) -> impl Future<Output = Result<()>> + Send;
 
     /// Extends each held lease; one result per lease, in order (an error

@@ -6,11 +6,12 @@ use std::time::SystemTime;
 
 use jobq::pb;
 
-use super::{invalid, job_id, name, no_nul, status_filter};
+use super::{invalid, job_id, kept_text, name, status_filter};
 use crate::{
     config::Config,
-    error::Result,
+    error::{Error, Result},
     job::{JobId, Status},
+    machine,
 };
 
 /// 0001-01-01T00:00:00Z, the first second google/protobuf/timestamp.proto
@@ -30,27 +31,34 @@ pub struct Purge {
     pub finished_before: SystemTime,
 }
 
-/// A CancelJob: which job, and why. The reason is operator input, so an
-/// over-long one, or one with a NUL character, is refused (not cut or
-/// mended, as a handler's error is): the operator sees the rule and
-/// nothing changes.
+/// A CancelJob: which job, and why. The reason follows the rule of a
+/// Fail's error ([`kept_text`]): the job keeps "cancelled: <reason>", and
+/// that whole text fits `--max-error-bytes` (the reason is cut to the room
+/// the prefix leaves; a NUL becomes U+FFFD).
 pub fn cancel(req: pb::CancelJobRequest, config: &Config) -> Result<(JobId, String)> {
     let id = job_id("id", &req.id)?;
-    if req.reason.len() > config.max_error_bytes {
-        return Err(invalid(format!(
-            "reason is {} bytes long; the limit is {} (--max-error-bytes)",
-            req.reason.len(),
-            config.max_error_bytes
-        )));
-    }
-    no_nul("reason", &req.reason)?;
-    Ok((id, req.reason))
+    let room = config
+        .max_error_bytes
+        .saturating_sub(machine::CANCELLED_PREFIX.len());
+    Ok((id, kept_text(req.reason, room)))
 }
 
 /// The queue of a PauseQueue or ResumeQueue.
 pub fn queue(value: String) -> Result<String> {
     name("queue", &value)?;
     Ok(value)
+}
+
+/// Whether `queue` may be paused when `paused` queues are and it is not
+/// one of them (`already`): at most `most` (`--max-paused-queues`). A
+/// queue already paused always may (PauseQueue is idempotent).
+pub fn pause_room(paused: usize, already: bool, most: usize) -> Result<()> {
+    if !already && paused >= most {
+        return Err(Error::ResourceExhausted(format!(
+            "there are {paused} paused queues; the limit is {most} (--max-paused-queues): resume one first"
+        )));
+    }
+    Ok(())
 }
 
 /// A DeleteJob's job id.
@@ -104,23 +112,32 @@ mod tests {
     }
 
     #[test]
-    fn cancel_needs_a_job_id_and_a_bounded_reason() {
+    fn cancel_needs_a_job_id_and_cuts_a_long_reason() {
         let c = config();
         let ok = pb::CancelJobRequest {
             id: "7".into(),
             reason: "duplicate".into(),
         };
         assert_eq!(cancel(ok, &c).unwrap(), (JobId(7), "duplicate".into()));
-        for (id, reason) in [
-            ("", String::new()),
-            ("x", String::new()),
-            ("7", "r".repeat(c.max_error_bytes + 1)),
-        ] {
+        for id in ["", "x"] {
             let req = pb::CancelJobRequest {
                 id: id.into(),
-                reason,
+                reason: String::new(),
             };
             assert!(cancel(req, &c).is_err(), "{id:?}");
+        }
+        // As a Fail's error: cut, never refused; the kept text
+        // ("cancelled: " and the reason) fits --max-error-bytes.
+        for reason in ["r".repeat(c.max_error_bytes + 1), "é".repeat(5000)] {
+            let req = pb::CancelJobRequest {
+                id: "7".into(),
+                reason: reason.clone(),
+            };
+            let (_, cut) = cancel(req, &c).expect("a long reason is cut");
+            let kept = machine::cancelled(&cut);
+            assert_eq!(kept.len(), c.max_error_bytes, "{kept}");
+            assert!(kept.ends_with('…'), "{kept}");
+            assert!(reason.starts_with(cut.trim_end_matches('…')));
         }
     }
 
@@ -181,7 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cancel_reason_with_a_nul_is_refused() {
+    fn a_nul_in_a_cancel_reason_is_replaced_as_in_a_fail_error() {
         let req = |reason: &str| pb::CancelJobRequest {
             id: "7".into(),
             reason: reason.into(),
@@ -190,8 +207,20 @@ mod tests {
             cancel(req("wrong order"), &config()).unwrap().1,
             "wrong order"
         );
-        let err = cancel(req("a\0b"), &config()).unwrap_err().to_string();
-        assert!(err.contains("reason") && err.contains("NUL"), "{err}");
+        assert_eq!(
+            cancel(req("a\0b"), &config()).unwrap().1,
+            "a\u{fffd}b",
+            "the same text a Fail's error keeps"
+        );
+    }
+
+    #[test]
+    fn pausing_one_more_queue_than_the_limit_is_refused_unless_it_is_paused() {
+        pause_room(2, false, 3).expect("room for a third");
+        let err = pause_room(3, false, 3).expect_err("no room for a fourth");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(err.to_string().contains("--max-paused-queues"), "{err}");
+        pause_room(3, true, 3).expect("pausing a paused queue is idempotent");
     }
 
     #[test]

@@ -156,6 +156,71 @@ async fn a_paused_queue_hands_out_nothing_until_resumed() {
 }
 
 #[tokio::test]
+async fn pausing_past_max_paused_queues_is_refused_and_changes_nothing() {
+    let dir = guard().await;
+    let cap = |c: &mut jobq_server::Config| c.max_paused_queues = 3;
+    {
+        let store = reopen_with(&dir, cap).await;
+        for queue in ["a", "b", "c"] {
+            store.set_paused(queue, true).await.expect("within the cap");
+        }
+        let err = store.set_paused("d", true).await.expect_err("a fourth");
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+        assert!(err.to_string().contains("--max-paused-queues"), "{err}");
+        store
+            .set_paused("a", true)
+            .await
+            .expect("pausing a paused queue at the cap is OK");
+        enqueue(&store, "d", None, 0, at(0)).await;
+        let paused: Vec<String> = store
+            .stats(None, at(1))
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.paused)
+            .map(|s| s.queue)
+            .collect();
+        assert_eq!(paused, ["a", "b", "c"], "the refused pause left nothing");
+        assert!(take(&store, "d", at(2)).await.is_some(), "d is not paused");
+        store.set_paused("b", false).await.expect("resume");
+        store.set_paused("d", true).await.expect("room again");
+    }
+    // The count survives a reopen; the limit is the reopened store's.
+    {
+        let store = reopen_with(&dir, cap).await;
+        let err = store.set_paused("e", true).await.expect_err("still full");
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    }
+    let store = reopen_with(&dir, |c| c.max_paused_queues = 4).await;
+    store.set_paused("e", true).await.expect("a higher limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_pauses_stay_within_max_paused_queues() {
+    let dir = guard().await;
+    let store = Arc::new(reopen_with(&dir, |c| c.max_paused_queues = 3).await);
+    let pauses = (0..12).map(|i| {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.set_paused(&format!("q{i}"), true).await })
+    });
+    let mut codes = Vec::new();
+    for pause in pauses {
+        codes.push(match pause.await.expect("no panic") {
+            Ok(()) => Code::Ok,
+            Err(e) => e.code(),
+        });
+    }
+    let ok = codes.iter().filter(|&&c| c == Code::Ok).count();
+    assert_eq!(ok, 3, "{codes:?}");
+    assert!(
+        codes.iter().all(|&c| matches!(c, Code::Ok | Code::ResourceExhausted)),
+        "{codes:?}"
+    );
+    let stats = store.stats(None, at(0)).await.unwrap();
+    assert_eq!(stats.iter().filter(|s| s.paused).count(), 3, "{stats:?}");
+}
+
+#[tokio::test]
 async fn a_paused_queue_without_jobs_is_listed_and_a_pause_survives_a_reopen() {
     let dir = guard().await;
     {

@@ -229,7 +229,8 @@ impl Jobs<Pg> {
     /// See [`Pg::connect`].
     pub async fn connect(config: &Config, options: PgOptions) -> Result<PgStore> {
         Ok(Jobs::new(Pg::connect(options).await?, config.backoff())
-            .deliver_before_durable(config.deliver_before_fsync))
+            .deliver_before_durable(config.deliver_before_fsync)
+            .max_paused_queues(config.max_paused_queues))
     }
 }
 
@@ -431,8 +432,8 @@ impl Backend for Pg {
         }
     }
 
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
-        Ok(operator::set_paused(self, queue, paused).await?)
+    async fn set_paused(&self, queue: &str, paused: bool, most: usize) -> Result<()> {
+        operator::set_paused(self, queue, paused, most).await
     }
 
     async fn paused(&self) -> Result<Vec<String>> {

@@ -40,11 +40,20 @@ pub fn pause_lock_key(queue: &str) -> i32 {
     i32::from_ne_bytes(crc32fast::hash(queue.as_bytes()).to_ne_bytes())
 }
 
+/// The one-key advisory lock that pauses of queues not yet paused take
+/// (exclusive, per transaction), so that each counts the others'
+/// committed pauses against `--max-paused-queues`: "jqpc" in ASCII.
+/// (The migrations' one-key lock has another key.)
+pub const PAUSE_CAP_LOCK: i64 = 0x6a71_7063;
+
 /// Pauses or resumes a queue (idempotent). A resume tells every server
 /// (this one included, through its listener) that jobs may be due.
-pub async fn set_paused(pg: &Pg, queue: &str, paused: bool) -> Result<(), PgError> {
-    let mut client = pg.client().await?;
-    let tx = client.transaction().await?;
+/// Pausing a queue not yet paused when `most` are is RESOURCE_EXHAUSTED,
+/// counted under [`PAUSE_CAP_LOCK`] so that pauses racing on any servers
+/// never go past it; pausing a paused queue always succeeds.
+pub async fn set_paused(pg: &Pg, queue: &str, paused: bool, most: usize) -> Result<()> {
+    let mut client = pg.client().await.map_err(Error::from)?;
+    let tx = client.transaction().await.map_err(PgError::from)?;
     if paused {
         // A take holds its queues' pause locks (shared) from before it
         // reads jobq_paused until it commits: this waits for the takes of
@@ -59,19 +68,45 @@ pub async fn set_paused(pg: &Pg, queue: &str, paused: bool) -> Result<(), PgErro
             PAUSE_LOCK_TIMEOUT.as_millis(),
             pause_lock_key(queue)
         ))
-        .await?;
+        .await
+        .map_err(PgError::from)?;
+        let already = tx
+            .query_opt("SELECT 1 FROM jobq_paused WHERE queue = $1", &[&queue])
+            .await
+            .map_err(PgError::from)?
+            .is_some();
+        if !already {
+            // Taken after the queue's own lock, by pauses only: a take
+            // never waits for it.
+            tx.execute(
+                &format!("SELECT pg_advisory_xact_lock({PAUSE_CAP_LOCK})"),
+                &[],
+            )
+            .await
+            .map_err(PgError::from)?;
+            let count: i64 = tx
+                .query_one("SELECT count(*) FROM jobq_paused", &[])
+                .await
+                .map_err(PgError::from)?
+                .get(0);
+            let count = usize::try_from(count).unwrap_or(usize::MAX);
+            crate::validate::pause_room(count, false, most)?;
+        }
         tx.execute(
             "INSERT INTO jobq_paused (queue) VALUES ($1) ON CONFLICT DO NOTHING",
             &[&queue],
         )
-        .await?;
+        .await
+        .map_err(PgError::from)?;
     } else {
         tx.execute("DELETE FROM jobq_paused WHERE queue = $1", &[&queue])
-            .await?;
+            .await
+            .map_err(PgError::from)?;
         tx.execute("SELECT pg_notify($1, $2)", &[&listen::DUE, &queue])
-            .await?;
+            .await
+            .map_err(PgError::from)?;
     }
-    tx.commit().await?;
+    tx.commit().await.map_err(PgError::from)?;
     Ok(())
 }
 

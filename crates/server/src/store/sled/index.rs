@@ -391,6 +391,11 @@ impl Index {
         self.paused.contains(queue)
     }
 
+    /// How many queues are paused.
+    pub(crate) fn paused_len(&self) -> usize {
+        self.paused.len()
+    }
+
     /// The paused queues, sorted.
     pub(crate) fn paused(&self) -> Vec<String> {
         self.paused.iter().cloned().collect()

@@ -137,6 +137,8 @@ pub struct Sled {
     paused_tree: sled::Tree,
     /// Schedules by name ([`schedules`]).
     schedules_tree: sled::Tree,
+    /// Their payloads, in chunks ([`schedules`]).
+    schedule_payloads: sled::Tree,
     /// Where the indexes are saved at a clean stop ([`SAVED_FILE`]).
     saved_file: PathBuf,
     /// The indexes, and the paused queues (under the same lock, so a take
@@ -178,7 +180,8 @@ impl Jobs<Sled> {
     /// See [`Sled::open`].
     pub fn open(config: &Config) -> Result<SledStore> {
         Ok(Jobs::new(Sled::open(config)?, config.backoff())
-            .deliver_before_durable(config.deliver_before_fsync))
+            .deliver_before_durable(config.deliver_before_fsync)
+            .max_paused_queues(config.max_paused_queues))
     }
 
     /// How many group-commit rounds (flush + fsync) have run; for tests and
@@ -258,6 +261,14 @@ impl Sled {
             index.set_paused(&queue, true);
         }
         let schedules_tree = db.open_tree("schedules").map_err(SledError::from)?;
+        let schedule_payloads = db.open_tree("schedule_payloads").map_err(SledError::from)?;
+        let orphans = schedules::collect(&schedules_tree, &schedule_payloads)?;
+        if orphans > 0 {
+            tracing::info!(
+                orphans,
+                "removed schedule payloads of writes cut short by a crash"
+            );
+        }
         let flusher = Flusher::start(db.clone(), &config.data, config.fault_sync())?;
         Ok(Sled {
             flusher,
@@ -267,6 +278,7 @@ impl Sled {
             files,
             paused_tree,
             schedules_tree,
+            schedule_payloads,
             saved_file,
             state: Mutex::new(index),
             sealed: AtomicBool::new(false),
@@ -1036,9 +1048,10 @@ impl Backend for Sled {
         self.apply_locked(&mut index, events, now)
     }
 
-    async fn set_paused(&self, queue: &str, paused: bool) -> Result<()> {
+    async fn set_paused(&self, queue: &str, paused: bool, most: usize) -> Result<()> {
         let mut index = self.lock();
         if paused {
+            crate::validate::pause_room(index.paused_len(), index.is_paused(queue), most)?;
             self.paused_tree
                 .insert(queue.as_bytes(), &[])
                 .map_err(SledError::from)?;
@@ -1089,20 +1102,25 @@ impl Backend for Sled {
 
     async fn put_schedule(&self, schedule: &Schedule) -> Result<()> {
         let _state = self.lock();
-        schedules::put(&self.schedules_tree, schedule)
+        schedules::put(
+            &self.schedules_tree,
+            &self.schedule_payloads,
+            schedule,
+            || self.next_id(),
+        )
     }
 
     async fn delete_schedule(&self, name: &str) -> Result<Option<Schedule>> {
         let _state = self.lock();
-        schedules::delete(&self.schedules_tree, name)
+        schedules::delete(&self.schedules_tree, &self.schedule_payloads, name)
     }
 
     async fn schedules(&self) -> Result<Vec<Schedule>> {
-        schedules::all(&self.schedules_tree)
+        schedules::all(&self.schedules_tree, &self.schedule_payloads)
     }
 
     async fn schedule(&self, name: &str) -> Result<Option<Schedule>> {
-        schedules::get(&self.schedules_tree, name)
+        schedules::get(&self.schedules_tree, &self.schedule_payloads, name)
     }
 
     async fn schedule_ticked(
