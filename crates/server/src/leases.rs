@@ -430,8 +430,13 @@ impl<S: Store> LeaseHub<S> {
             .chain(before.filter(|b| Some(*b) != owner))
             .filter_map(|s| reg.streams.get(&s))
             .collect();
+        // A lease still waiting in a stream's channel is never sent now
+        // (the transport skips it), and its worker, who never saw it, is
+        // not told.
+        let mut unsent = false;
         for entry in &streams {
             entry.pipe.claimed().remove(&ended.lease);
+            unsent |= entry.pipe.unpulled().remove(&ended.lease);
         }
         if streams.is_empty() {
             return;
@@ -476,6 +481,19 @@ impl<S: Store> LeaseHub<S> {
                 tell: false,
                 cancelled: false,
             },
+        };
+        let notice = match notice {
+            Notice::Revoked {
+                job, lease, reason, ..
+            } if unsent => Notice::Revoked {
+                job,
+                lease,
+                reason,
+                stall: false,
+                tell: false,
+                cancelled: false,
+            },
+            notice => notice,
         };
         for entry in streams {
             let _ = entry.notices.send(notice.clone());

@@ -317,15 +317,17 @@ pub async fn next_run_at(pg: &Pg, queues: &[String]) -> Result<Option<SystemTime
     Ok(on_local_clock(pg.clock, row.try_get(0)?, row.try_get(1)?))
 }
 
-/// The earliest lease expiry among RUNNING jobs, on this server's clock.
+/// The earliest expiry among the leases this server's reaper reclaims
+/// (see [`expiring`]), on this server's clock.
 pub async fn next_lease_expiry(pg: &Pg) -> Result<Option<SystemTime>, PgError> {
     let client = pg.client().await?;
     let stmt = client
         .prepare_cached(
-            "SELECT min(lease_expires_at), now() FROM jobq_jobs WHERE status = 'running'",
+            "SELECT min(lease_expires_at), now() FROM jobq_jobs WHERE status = 'running' \
+             AND (lease_server IS NULL OR lease_server = $1)",
         )
         .await?;
-    let row = client.query_one(&stmt, &[]).await?;
+    let row = client.query_one(&stmt, &[&pg.me]).await?;
     Ok(on_local_clock(pg.clock, row.try_get(0)?, row.try_get(1)?))
 }
 
@@ -348,23 +350,29 @@ fn on_local_clock(clock: Clock, at: Option<SystemTime>, db_now: SystemTime) -> O
     })
 }
 
-/// Leases that expired at `at` (or the database's `now()`). A plain read:
-/// several servers' reapers may list the same lease, and the reclaim that
-/// follows names the lease id, so only one of them reclaims it (the
-/// others' are refused as stale). A `FOR UPDATE SKIP LOCKED` here would
-/// lock nothing useful (the statement runs on its own, so its locks end
-/// with it) and cost a write of every row it read.
+/// Leases that expired at `at` (or the database's `now()`), except those of
+/// another server's Lease streams: only the server whose stream holds a
+/// lease knows whether its job ever left that server (one that did not is
+/// given back without an attempt), and a dead server's stream leases are
+/// reclaimed as orphans (see [`super::cluster::reclaim_orphaned`]).
+///
+/// A plain read: several servers' reapers may list the same plain lease,
+/// and the reclaim that follows names the lease id, so only one of them
+/// reclaims it (the others' are refused as stale). A `FOR UPDATE SKIP
+/// LOCKED` here would lock nothing useful (the statement runs on its own,
+/// so its locks end with it) and cost a write of every row it read.
 pub async fn expiring(pg: &Pg, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>, PgError> {
     let client = pg.client().await?;
     let stmt = client
         .prepare_cached(
             "SELECT id, lease_id FROM jobq_jobs WHERE status = 'running' \
              AND lease_expires_at <= coalesce($1::timestamptz, now()) \
+             AND (lease_server IS NULL OR lease_server = $3) \
              ORDER BY lease_expires_at LIMIT $2",
         )
         .await?;
     let rows = client
-        .query(&stmt, &[&pg.now_param(at), &EXPIRING_LIMIT])
+        .query(&stmt, &[&pg.now_param(at), &EXPIRING_LIMIT, &pg.me])
         .await?;
     rows.iter()
         .map(|r| {
