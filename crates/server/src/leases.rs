@@ -284,6 +284,10 @@ enum End {
     Shutdown,
     /// The store failed; the worker is told and will reconnect.
     StoreFailed,
+    /// This server's own heartbeat is stale (see
+    /// [`Store::registered`]): the worker is told to reconnect to another
+    /// server, and keeps its leases.
+    Unregistered,
 }
 
 /// A validated Lease request.
@@ -781,6 +785,7 @@ impl<S: Store> LeaseHub<S> {
             debug!(adopted = held.len(), "lease stream adopted held leases");
         }
         let mut changes = self.store.changes();
+        let mut registered = self.store.registered();
         let (mut draining, mut stalled) = (false, false);
         // The due version of this stream's queues when it last looked, and
         // whether only a change woke it since: a change to other queues
@@ -789,6 +794,9 @@ impl<S: Store> LeaseHub<S> {
         let (mut seen, mut by_change) = (None, false);
         let mut retake: Option<tokio::time::Instant> = None;
         let end = 'stream: loop {
+            if !*registered.borrow_and_update() {
+                break 'stream End::Unregistered;
+            }
             let waiting_for_pull = !pipe.unpulled().is_empty();
             let hungry = held.len() < capacity && !draining && !stalled && !waiting_for_pull;
             let timer_due = retake.is_some_and(|at| at <= tokio::time::Instant::now());
@@ -918,6 +926,11 @@ impl<S: Store> LeaseHub<S> {
                     }
                 },
                 () = pipe.pulled.notified(), if waiting_for_pull => {}
+                changed = registered.changed() => {
+                    if changed.is_err() {
+                        break 'stream End::Shutdown;
+                    }
+                }
                 changed = changes.changed(), if hungry => {
                     if changed.is_err() {
                         break 'stream End::Shutdown;
@@ -944,7 +957,7 @@ impl<S: Store> LeaseHub<S> {
                 _ => false,
             });
             let split: (HashMap<_, _>, HashMap<_, _>) = match end {
-                End::WorkerGone | End::StoreFailed => {
+                End::WorkerGone | End::StoreFailed | End::Unregistered => {
                     // Claimed ones too: the reaper's give-back of them may
                     // have failed, or not be published yet.
                     let unpulled = std::mem::take(&mut *pipe.unpulled());
@@ -984,6 +997,19 @@ impl<S: Store> LeaseHub<S> {
                     held = held.len(),
                     "lease stream ended by shutdown; leases kept"
                 );
+            }
+            End::Unregistered => {
+                let _ = tx.try_send(Outgoing {
+                    lease: None,
+                    item: Err(tonic::Status::unavailable(
+                        "this server cannot heartbeat to the database; reconnect to another server and declare the leases you hold",
+                    )),
+                });
+                info!(
+                    held = sent.len(),
+                    "lease stream ended: this server's heartbeat is stale; leases kept for the worker to declare elsewhere"
+                );
+                self.give_back(never_sent).await;
             }
             End::StoreFailed => {
                 // If the store cannot take the give-back either, the job's

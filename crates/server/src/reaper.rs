@@ -109,13 +109,35 @@ async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: Canc
     // no other until it has heartbeated for a whole timeout: after an
     // outage that silenced everyone, the others need a tick to catch up.
     let mut healthy_since = Some(tokio::time::Instant::now());
+    // The last heartbeat that succeeded. Older than half the timeout, and
+    // the others may soon take this server for dead: it takes nothing, and
+    // its Lease streams end, until a heartbeat succeeds again.
+    let mut beat = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         let started = tokio::time::Instant::now();
-        if let Err(err) = store.heartbeat().await {
+        // Bounded, so a black-holed connection still lets the verdict
+        // below change.
+        let result = match tokio::time::timeout(timeout / 2, store.heartbeat()).await {
+            Ok(result) => result,
+            Err(_) => Err(crate::Error::Unavailable("the heartbeat timed out".into())),
+        };
+        if result.is_ok() {
+            beat = tokio::time::Instant::now();
+        }
+        let registered = beat.elapsed() < timeout / 2;
+        if registered != *store.registered().borrow() {
+            if registered {
+                info!("server heartbeat succeeds again; taking jobs again");
+            } else {
+                warn!("no server heartbeat for half of --server-timeout; taking nothing and ending Lease streams until one succeeds");
+            }
+            store.set_registered(registered);
+        }
+        if let Err(err) = result {
             warn!(cause = %err, "server heartbeat failed; retrying");
             healthy_since = None;
             continue;

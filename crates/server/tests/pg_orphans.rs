@@ -80,6 +80,16 @@ async fn two_survivors_split_a_dead_servers_leases_and_reclaim_all_in_one_pass()
         dead.enqueue_batch(batch, now).await.unwrap();
     }
     let queues = vec!["q".to_owned()];
+    // Alive while its streams take (a stale heartbeat takes nothing).
+    let beating = tokio::spawn({
+        let dead = Arc::clone(&dead);
+        async move {
+            loop {
+                dead.heartbeat().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    });
     let taken = futures::stream::iter(0..N)
         .map(|_| dead.take_streamed(&queues, "w", None, LEASE, SystemTime::now()))
         .buffer_unordered(8)
@@ -87,6 +97,8 @@ async fn two_survivors_split_a_dead_servers_leases_and_reclaim_all_in_one_pass()
         .count()
         .await;
     assert_eq!(taken, N);
+    beating.abort();
+    let _ = beating.await;
 
     // The dead server's registration is gone (it stopped heartbeating
     // long ago): it is dead at once.

@@ -182,6 +182,9 @@ pub(crate) struct Signals {
     due_buckets: Box<[AtomicU64]>,
     lease_changes: watch::Sender<u64>,
     resyncs: watch::Sender<u64>,
+    /// Whether this server's own heartbeat to a shared store is fresh (see
+    /// [`crate::store::Store::registered`]); always true otherwise.
+    registered: watch::Sender<bool>,
     listeners: RwLock<Vec<Listener>>,
     observers: RwLock<Vec<Observer>>,
     /// The earliest lease expiry the reaper may be sleeping towards, in ms
@@ -198,6 +201,7 @@ impl Default for Signals {
             due_buckets: (0..DUE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             lease_changes: watch::Sender::new(0),
             resyncs: watch::Sender::new(0),
+            registered: watch::Sender::new(true),
             listeners: RwLock::new(Vec::new()),
             observers: RwLock::new(Vec::new()),
             // Not armed yet: the first lease re-arms.
@@ -217,6 +221,19 @@ impl Signals {
 
     pub(crate) fn resyncs(&self) -> watch::Receiver<u64> {
         self.resyncs.subscribe()
+    }
+
+    pub(crate) fn registered(&self) -> watch::Receiver<bool> {
+        self.registered.subscribe()
+    }
+
+    pub(crate) fn is_registered(&self) -> bool {
+        *self.registered.borrow()
+    }
+
+    pub(crate) fn set_registered(&self, registered: bool) {
+        self.registered
+            .send_if_modified(|r| std::mem::replace(r, registered) != registered);
     }
 
     pub(crate) fn subscribe(&self, listener: Listener) {

@@ -170,6 +170,11 @@ impl<B: Backend> Jobs<B> {
         now: SystemTime,
     ) -> Result<Option<Leased>> {
         self.check()?;
+        if !self.signals.is_registered() {
+            return Err(Error::Unavailable(
+                "this server cannot heartbeat to the database; reconnect to another server".into(),
+            ));
+        }
         rules::later(now, lease, "lease")?;
         let event = Event::Take {
             lease_id: rules::fresh_lease_id(),
@@ -836,6 +841,14 @@ impl<B: Backend> Store for Jobs<B> {
 
     fn resyncs(&self) -> watch::Receiver<u64> {
         self.signals.resyncs()
+    }
+
+    fn registered(&self) -> watch::Receiver<bool> {
+        self.signals.registered()
+    }
+
+    fn set_registered(&self, registered: bool) {
+        self.signals.set_registered(registered);
     }
 
     fn on_lease_ended(&self, listener: Listener) {

@@ -402,6 +402,16 @@ pub trait Store: Send + Sync + 'static {
     /// timer.
     fn lease_changes(&self) -> watch::Receiver<u64>;
 
+    /// Whether this server takes jobs for its Lease streams and Dequeue
+    /// calls: with a shared store, only while its own heartbeat is younger
+    /// than half of `--server-timeout` (else the others may take it for
+    /// dead and reclaim from its streams' live workers what it hands out).
+    /// Always true for a store of its own.
+    fn registered(&self) -> watch::Receiver<bool>;
+
+    /// The heartbeat loop's verdict for [`Store::registered`].
+    fn set_registered(&self, registered: bool);
+
     /// Bumped when lease-ended events may have been missed (a shared
     /// engine's notification connection broke and came back): whoever
     /// tracks leases checks them against the store.

@@ -32,6 +32,12 @@ pub enum PgError {
     /// deleted between two statements): trying again will see it settled.
     #[error("postgres: {0}; retry")]
     Raced(String),
+    /// This server's own heartbeat is older than half of
+    /// `--server-timeout`: the others may take it for dead and reclaim what
+    /// its Lease streams hold, so it takes nothing for them until a
+    /// heartbeat succeeds again.
+    #[error("this server cannot heartbeat to the database; reconnect to another server")]
+    Unregistered,
 }
 
 impl PgError {
@@ -41,7 +47,7 @@ impl PgError {
     /// deadlock). Such failures are UNAVAILABLE; the rest are INTERNAL.
     pub fn transient(&self) -> bool {
         match self {
-            PgError::Pool(_) | PgError::Raced(_) => true,
+            PgError::Pool(_) | PgError::Raced(_) | PgError::Unregistered => true,
             PgError::Shared { transient, .. } => *transient,
             PgError::Db(e) => {
                 if e.is_closed() {

@@ -97,7 +97,29 @@ pub async fn take(
             .collect::<Result<HashSet<String>, _>>()
             .map_err(PgError::from)
     };
-    let (_, now, _, paused) = futures::try_join!(sync_off, db_now, locked, paused)?;
+    // A stream's take: only while this server's own heartbeat is fresh
+    // (half of `--server-timeout`), read in this transaction, so that no
+    // server the others may be about to judge dead hands out a lease they
+    // would reclaim from a live worker.
+    let registered = async {
+        if !streamed {
+            return Ok(true);
+        }
+        let stmt = tx
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM jobq_servers WHERE id = $1 \
+                 AND heartbeat_at > now() - make_interval(secs => $2))",
+            )
+            .await?;
+        let half = pg.server_timeout.as_secs_f64() / 2.0;
+        let row = tx.query_one(&stmt, &[&pg.me, &half]).await?;
+        row.try_get::<_, bool>(0).map_err(PgError::from)
+    };
+    let (_, now, _, paused, registered) =
+        futures::try_join!(sync_off, db_now, locked, paused, registered)?;
+    if !registered {
+        return Err(PgError::Unregistered);
+    }
     let stmt = tx.prepare_cached(&DEQUEUE_ROW).await?;
     let now_param = pg.now_param(now);
     for queue in queues.iter().filter(|q| !paused.contains(*q)) {
