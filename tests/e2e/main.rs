@@ -15,6 +15,7 @@ mod observability;
 mod operator;
 mod pki;
 mod schedules;
+mod secrets;
 mod security;
 mod server;
 mod traces;
