@@ -18,5 +18,6 @@ mod schedules;
 mod secrets;
 mod security;
 mod server;
+mod token_in_clear;
 mod traces;
 mod worker;
