@@ -3,6 +3,7 @@ channel options, request builders, errors and the retry backoff."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 from datetime import timedelta
@@ -138,6 +139,37 @@ def auth_metadata(token: Optional[str]) -> Metadata:
     if not token or not token.strip():
         return ()
     return (("authorization", f"Bearer {token.strip()}"),)
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback address (127.0.0.0/8, ::1, ::ffff:127.x.y.z).
+    Any other name is not, even one that resolves to a loopback address:
+    what it resolves to can change."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+def check_plaintext_token(target: str, auth: Metadata, insecure: bool) -> None:
+    """Refuses, before any channel exists, a token that would travel in
+    clear to another machine: `target` (host:port) is reached over
+    plaintext, is not this machine, and the caller did not say
+    insecure=True."""
+    if not auth or insecure:
+        return
+    host = target[: target.index("]") + 1] if target.startswith("[") else target.rsplit(":", 1)[0]
+    if not is_loopback(host):
+        raise ValueError(
+            f"refusing to send the token in clear to {host}: the connection is plaintext "
+            f"and {host} is not this machine; use https://, or pass insecure=True")
 
 
 def channel_options() -> List[Tuple[str, int]]:

@@ -35,8 +35,9 @@ __all__ = ["AsyncClient", "AsyncWorker", "AsyncHandler"]
 
 class AsyncClient:
     """Client's twin on ``grpc.aio``: the same arguments (``server`` URL,
-    ``$JOBQ_SERVER``, ``token``, TLS), every method a coroutine (list_jobs an
-    async iterator). Create it inside the event loop that uses it."""
+    ``$JOBQ_SERVER``, ``token``, TLS, ``insecure``), every method a coroutine
+    (list_jobs an async iterator). Create it inside the event loop that
+    uses it."""
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class AsyncClient:
         root_certificates: Optional[bytes] = None,
         certificate_chain: Optional[bytes] = None,
         private_key: Optional[bytes] = None,
+        insecure: bool = False,
     ) -> None:
         if channel is not None and not isinstance(channel, grpc.aio.Channel):
             raise TypeError("AsyncClient needs a grpc.aio.Channel; for a blocking channel "
@@ -60,6 +62,8 @@ class AsyncClient:
             self.target = target
             creds = c.credentials(tls or url_tls, root_certificates, certificate_chain,
                                   private_key)
+            if creds is None:
+                c.check_plaintext_token(target, self._auth, insecure)
             options = c.channel_options()
             channel = (grpc.aio.secure_channel(target, creds, options=options) if creds
                        else grpc.aio.insecure_channel(target, options=options))

@@ -26,6 +26,11 @@ class Client:
     system's roots), ``certificate_chain`` and ``private_key`` (the
     client's PEM, for mTLS). ``channel`` uses a ready-made blocking channel
     instead (an asyncio one is refused: use ``jobq.aio.AsyncClient``).
+
+    Without TLS, a token is sent only to this machine (``localhost``,
+    127.0.0.0/8, ``::1``): to any other host it is a ``ValueError`` before
+    anything is sent, unless ``insecure=True`` (anyone on the path could
+    read the token). A ready-made ``channel`` is the caller's to secure.
     """
 
     def __init__(
@@ -39,6 +44,7 @@ class Client:
         root_certificates: Optional[bytes] = None,
         certificate_chain: Optional[bytes] = None,
         private_key: Optional[bytes] = None,
+        insecure: bool = False,
     ) -> None:
         if isinstance(channel, grpc.aio.Channel):
             raise TypeError("Client needs a blocking grpc.Channel; for a grpc.aio "
@@ -52,6 +58,8 @@ class Client:
             self.target = target
             creds = c.credentials(tls or url_tls, root_certificates, certificate_chain,
                                   private_key)
+            if creds is None:
+                c.check_plaintext_token(target, self._auth, insecure)
             options = c.channel_options()
             channel = (grpc.secure_channel(target, creds, options=options) if creds
                        else grpc.insecure_channel(target, options=options))

@@ -390,7 +390,55 @@ def server_urls(tmp, client, addr):
     assert parse_server("http://" + addr) == (addr, False)
 
 
-TESTS = [server_urls, kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens,
+def token_in_clear(tmp, client, addr):
+    """A token goes over plaintext only to this machine: to another host it
+    is a ValueError when the client is created, before anything is sent,
+    unless insecure=True. 0.0.0.0 is not a loopback address, but Linux
+    delivers connections to it locally: with insecure=True the same real
+    server answers."""
+    import asyncio
+    from jobq.aio import AsyncClient
+    port = addr.rsplit(":", 1)[1]
+    remote = f"http://0.0.0.0:{port}"
+    for server in (remote, f"0.0.0.0:{port}", "http://jobs.internal:50051",
+                   "http://192.0.2.1:50051", "http://[2001:db8::1]:50051"):
+        for make in (Client, AsyncClient):
+            try:
+                make(server, token="s3cret")
+                raise AssertionError(f"{make.__name__}({server!r}) took a token over plaintext")
+            except ValueError as e:
+                assert "refusing to send the token in clear" in str(e), e
+                assert "insecure=True" in str(e), e
+                assert "s3cret" not in str(e), e
+    # From $JOBQ_TOKEN too.
+    os.environ["JOBQ_TOKEN"] = "s3cret"
+    try:
+        try:
+            Client(remote)
+            raise AssertionError("$JOBQ_TOKEN went over plaintext")
+        except ValueError as e:
+            assert "refusing to send the token in clear" in str(e), e
+    finally:
+        del os.environ["JOBQ_TOKEN"]
+    # Said so, to this machine, over TLS, or without a token: no refusal.
+    with Client(remote, token="s3cret", insecure=True) as allowed:
+        allowed.wait_ready()
+        job, _ = allowed.enqueue("in-clear", "k", b"x")
+        assert allowed.get_job(job.id).queue == "in-clear"
+
+    async def over_aio():
+        async with AsyncClient(remote, token="s3cret", insecure=True) as aio:
+            await aio.wait_ready()
+            assert "in-clear" in await aio.stats("in-clear")
+    asyncio.run(over_aio())
+    for server in (f"http://127.0.0.1:{port}", f"http://127.1.2.3:{port}",
+                   f"http://localhost:{port}", f"http://[::1]:{port}",
+                   "https://jobs.internal:50051"):
+        Client(server, token="s3cret").close()
+    Client(remote).close()
+
+
+TESTS = [server_urls, token_in_clear, kill_one_worker, heartbeat_keeps_lease, sigterm_drains, trace_follows_the_job, tokens,
          tls_and_token, operator_calls, schedules]
 
 

@@ -39,7 +39,13 @@ pub struct Cli {
 
     /// Export spans over OTLP/gRPC to this collector (e.g.
     /// http://127.0.0.1:4317). Off by default.
-    #[arg(long, global = true, env = "JOBQ_OTLP_ENDPOINT")]
+    #[arg(
+        long,
+        global = true,
+        env = "JOBQ_OTLP_ENDPOINT",
+        // A collector's URL may carry credentials.
+        hide_env_values = true
+    )]
     pub otlp_endpoint: Option<String>,
 
     /// The subcommand.

@@ -1,5 +1,6 @@
 //! How the client commands and `jobq work` reach the server: the global
-//! `--server`, `--token`, `--ca-cert`, `--client-cert` and `--client-key`.
+//! `--server`, `--token`, `--insecure`, `--ca-cert`, `--client-cert` and
+//! `--client-key`.
 
 use std::path::{Path, PathBuf};
 
@@ -19,9 +20,18 @@ pub struct Conn {
     )]
     pub server: String,
 
-    /// Bearer token sent with every call (see `jobq token new`).
+    /// Bearer token sent with every call (see `jobq token new`). Over
+    /// plaintext `http://` it is sent only to this machine (`localhost`,
+    /// 127.0.0.0/8, `::1`), unless `--insecure`.
     #[arg(long, global = true, env = "JOBQ_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// Send `--token` over plaintext `http://` to another machine anyway:
+    /// anyone on the path can read it and call the server as you. Use an
+    /// `https://` `--server` instead where you can. (`jobq serve` has an
+    /// `--insecure` of its own, for listening without TLS.)
+    #[arg(long, global = true, env = "JOBQ_INSECURE")]
+    pub insecure: bool,
 
     /// CA certificate (PEM) that signed the server's certificate, for
     /// `https://` servers whose CA the system does not trust.
@@ -43,7 +53,7 @@ fn read(path: &Path, what: &str) -> anyhow::Result<Vec<u8>> {
 
 impl Conn {
     fn connect_options(&self) -> anyhow::Result<Connect> {
-        let mut connect = Client::builder(self.server.clone());
+        let mut connect = Client::builder(self.server.clone()).insecure(self.insecure);
         if let Some(token) = &self.token {
             connect = connect.token(token.clone());
         }
@@ -77,7 +87,8 @@ impl Conn {
 
     /// A worker builder for this server, with the token and TLS applied.
     pub fn worker(&self) -> anyhow::Result<WorkerBuilder> {
-        let mut builder = jobq_client::Worker::builder(self.server.as_str());
+        let mut builder =
+            jobq_client::Worker::builder(self.server.as_str()).insecure(self.insecure);
         if let Some(token) = &self.token {
             builder = builder.token(token.clone());
         }

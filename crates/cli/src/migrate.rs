@@ -9,7 +9,7 @@ use crate::output::Out;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The PostgreSQL URL (`postgres://user:pass@host/db`).
-    #[arg(long, env = "JOBQ_STORE")]
+    #[arg(long, env = "JOBQ_STORE", hide_env_values = true)]
     pub store: String,
 }
 

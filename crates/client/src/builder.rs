@@ -74,6 +74,7 @@ pub(crate) struct Config {
 pub struct WorkerBuilder {
     target: WorkerTarget,
     token: Option<String>,
+    insecure: bool,
     ca_cert: Option<Vec<u8>>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
     queues: Vec<String>,
@@ -114,6 +115,7 @@ impl WorkerBuilder {
         Self {
             target,
             token: None,
+            insecure: false,
             ca_cert: None,
             identity: None,
             queues: vec!["default".to_owned()],
@@ -135,6 +137,14 @@ impl WorkerBuilder {
     /// [`Client`] target brings its own, see [`Client::builder`]).
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
+        self
+    }
+
+    /// Lets the token travel over plaintext `http://` to a URL target that
+    /// is not this machine, as [`Connect::insecure`](crate::Connect::insecure);
+    /// refused by default.
+    pub fn insecure(mut self, insecure: bool) -> Self {
+        self.insecure = insecure;
         self
     }
 
@@ -313,8 +323,10 @@ impl WorkerBuilder {
         if let Some(problem) = problem {
             return Err(Error::Config(problem));
         }
-        let connection_set =
-            self.token.is_some() || self.ca_cert.is_some() || self.identity.is_some();
+        let connection_set = self.token.is_some()
+            || self.insecure
+            || self.ca_cert.is_some()
+            || self.identity.is_some();
         let server = match &self.target {
             WorkerTarget::Url(url) => Some(url.clone()),
             WorkerTarget::Client(_) => None,
@@ -322,12 +334,12 @@ impl WorkerBuilder {
         let client = match self.target {
             WorkerTarget::Client(_) if connection_set => {
                 return Err(Error::Config(
-                    "token, CA and identity apply to a URL target; set them on the Client (Client::builder) instead".into(),
+                    "token, insecure, CA and identity apply to a URL target; set them on the Client (Client::builder) instead".into(),
                 ))
             }
             WorkerTarget::Client(client) => client,
             WorkerTarget::Url(url) => {
-                let mut connect = Client::builder(url);
+                let mut connect = Client::builder(url).insecure(self.insecure);
                 if let Some(token) = self.token {
                     connect = connect.token(token);
                 }
@@ -408,5 +420,27 @@ mod tests {
             problem(Worker::builder("http://127.0.0.1:1")),
             "no handlers"
         );
+    }
+
+    #[tokio::test]
+    async fn a_worker_does_not_send_its_token_in_clear_to_another_machine() {
+        let remote = || {
+            Worker::builder("http://192.0.2.1:50051")
+                .handler("k", |_ctx| async { Ok::<(), HandlerError>(()) })
+                .token("s3cret")
+        };
+        let refused = problem(remote());
+        assert!(
+            refused.contains("refusing to send the token in clear to 192.0.2.1"),
+            "{refused}"
+        );
+        assert!(remote().insecure(true).into_config().is_ok());
+        assert!(builder().token("s3cret").into_config().is_ok());
+        // On a Client target the Client decides.
+        let client = Client::connect_lazy("http://127.0.0.1:1").unwrap();
+        let on_client = Worker::builder(client)
+            .handler("k", |_ctx| async { Ok::<(), HandlerError>(()) })
+            .insecure(true);
+        assert!(problem(on_client).contains("insecure"));
     }
 }

@@ -61,10 +61,13 @@ impl Interceptor for Credentials {
 ///
 /// `https://` URLs use TLS: the server's certificate is checked against
 /// [`ca_cert`](Self::ca_cert) if given, else against the system's roots.
+/// A token is not sent over plaintext `http://` to another machine unless
+/// [`insecure`](Self::insecure) says so.
 #[derive(Clone)]
 pub struct Connect {
     url: String,
     token: Option<String>,
+    insecure: bool,
     ca_cert: Option<Vec<u8>>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
     domain: Option<String>,
@@ -76,6 +79,7 @@ impl fmt::Debug for Connect {
         f.debug_struct("Connect")
             .field("url", &self.url)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("insecure", &self.insecure)
             .field("ca_cert", &self.ca_cert.is_some())
             .field("identity", &self.identity.is_some())
             .field("domain", &self.domain)
@@ -89,6 +93,7 @@ impl Connect {
         Self {
             url,
             token: None,
+            insecure: false,
             ca_cert: None,
             identity: None,
             domain: None,
@@ -115,6 +120,17 @@ impl Connect {
         // as in the Python client, not a malformed `Bearer ` header.
         let token = token.into();
         self.token = (!token.trim().is_empty()).then_some(token);
+        self
+    }
+
+    /// Lets the token travel over plaintext `http://` to a host that is
+    /// not this machine (anyone on the path can read it, and call the
+    /// server as you). Without it, connecting with a token to an `http://`
+    /// URL whose host is not `localhost` or a loopback address
+    /// (127.0.0.0/8, `::1`) is refused before anything is sent. Default:
+    /// false. Use `https://` instead where you can.
+    pub fn insecure(mut self, insecure: bool) -> Self {
+        self.insecure = insecure;
         self
     }
 
@@ -207,18 +223,31 @@ impl Connect {
         Ok(())
     }
 
+    /// The token's header; refused, before anything is sent, for a token
+    /// that would travel in clear to another machine.
     fn credentials(&self) -> Result<Credentials> {
-        match &self.token {
-            Some(t) => Credentials::bearer(t),
-            None => Ok(Credentials::none()),
+        let Some(token) = &self.token else {
+            return Ok(Credentials::none());
+        };
+        if !self.insecure {
+            if let Some(host) = crate::loopback::plaintext_remote(&self.url) {
+                return Err(Error::Config(format!(
+                    "refusing to send the token in clear to {host}: {} is plaintext http:// and \
+                     {host} is not this machine; use https://, or allow it with \
+                     insecure(true) (the CLI's --insecure)",
+                    self.url
+                )));
+            }
         }
+        Credentials::bearer(token)
     }
 
     /// Connects now.
     ///
     /// # Errors
     /// [`Error::Connect`] (naming the URL and the cause) when the URL or TLS
-    /// settings are malformed or nothing answers; [`Error::Config`] for a bad token.
+    /// settings are malformed or nothing answers; [`Error::Config`] for a bad
+    /// token, or one that would travel in clear (see [`insecure`](Self::insecure)).
     pub async fn connect(self) -> Result<Client> {
         self.check_timeout()?;
         let credentials = self.credentials()?;
@@ -273,6 +302,38 @@ mod tests {
             .domain("jobs.internal")
             .endpoint()
             .is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_token_is_not_sent_in_clear_to_another_machine() {
+        // 192.0.2.0/24 is TEST-NET-1: nothing answers there, so a refusal
+        // that came from dialling would take the connect timeout, not be
+        // at once and say why.
+        for url in ["http://192.0.2.1:50051", "http://jobs.internal:50051"] {
+            let with_token = || Connect::new(url.into()).token("s3cret");
+            let err = with_token().connect_lazy().expect_err(url);
+            assert!(
+                matches!(&err, crate::Error::Config(m) if m.contains("refusing to send the token in clear") && m.contains("insecure")),
+                "{url}: {err}"
+            );
+            let started = std::time::Instant::now();
+            let err = with_token().connect().await.expect_err(url);
+            assert!(matches!(err, crate::Error::Config(_)), "{url}: {err}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(1));
+            // Said so: allowed. Without a token: nothing to protect.
+            assert!(with_token().insecure(true).connect_lazy().is_ok(), "{url}");
+            assert!(Connect::new(url.into()).connect_lazy().is_ok(), "{url}");
+        }
+        for url in [
+            "http://127.0.0.1:50051",
+            "http://127.0.0.2:50051",
+            "http://localhost:50051",
+            "http://[::1]:50051",
+            "https://jobs.internal:50051",
+        ] {
+            let connect = Connect::new(url.into()).token("s3cret");
+            assert!(connect.connect_lazy().is_ok(), "{url}");
+        }
     }
 
     #[test]

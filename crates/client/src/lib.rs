@@ -85,6 +85,7 @@ pub mod handler;
 mod heartbeat;
 mod inflight;
 mod job;
+mod loopback;
 mod metrics;
 pub mod model;
 mod operator;

@@ -10,6 +10,12 @@
 //!   the lease owner for Ack, Fail, Heartbeat and adopted leases, made
 //!   before the store is changed.
 //!
+//! A job (or schedule) in a queue the token may not read is, to that
+//! token, a job that does not exist: every call naming it by id gets the
+//! NOT_FOUND, with the same message, that an id naming nothing gets.
+//! Else a token could count another tenant's jobs, or learn its
+//! schedules' names, by asking about ids and names.
+//!
 //! Health and reflection are not behind the interceptor: they reveal no
 //! jobs.
 
@@ -269,17 +275,33 @@ impl Caller {
         (roles & (role.bit() | Role::Admin.bit())) != 0 && self.0.queues.is_match(queue)
     }
 
-    /// `role` on job `id`, which is in `queue`. The refusal names the job,
-    /// not its queue: a caller that may not see the job may not learn
-    /// where it is either.
+    /// `role` on job `id`, which is in `queue`. A token that may not read
+    /// the queue is told that the job does not exist, word for word as for
+    /// an id that names no job. One that may read it (and so may see the
+    /// job anyway) is refused, naming the job and not its queue.
     fn require_on_job(&self, role: Role, queue: &str, id: JobId) -> Result<()> {
         if self.may(role, queue) {
             return Ok(());
+        }
+        if !self.may(Role::Read, queue) {
+            return Err(Error::NotFound(id));
         }
         Err(Error::PermissionDenied(format!(
             "token {:?} may not {} job {id}",
             self.name(),
             verb(role)
+        )))
+    }
+
+    /// `role` on some queue: without it, a call naming a job or schedule
+    /// is refused before anything is read, alike whether it exists or not.
+    fn require_somewhere(&self, role: Role) -> Result<()> {
+        if self.has_role(role) {
+            return Ok(());
+        }
+        Err(Error::PermissionDenied(format!(
+            "token {:?} has no {role} role on any queue",
+            self.name()
         )))
     }
 }
@@ -540,14 +562,12 @@ fn verb(role: Role) -> &'static str {
 pub enum Access<'a> {
     /// Enqueue into each of these queues (Enqueue, EnqueueBatch).
     Produce(Vec<&'a str>),
-    /// Take from these queues (Dequeue, Lease), adopting `held` leases.
-    Take {
-        /// The queues.
-        queues: &'a [String],
-        /// Leases a reconnecting Lease stream says it still holds.
-        held: &'a [(JobId, LeaseId)],
-    },
-    /// Complete or extend these leases (Ack, Fail, Heartbeat).
+    /// Take from these queues (Dequeue, Lease). The leases a reconnecting
+    /// Lease stream declares are checked by [`hidden_leases`].
+    Take(&'a [String]),
+    /// Complete these leases (Ack, Fail): a lease of a job the token may
+    /// not see is NOT_FOUND. Heartbeat uses [`hidden_leases`], and reports
+    /// such a lease lost, as one of a job that does not exist.
     Leases(&'a [(JobId, LeaseId)]),
     /// Read one job (GetJob).
     ReadJob(JobId),
@@ -563,16 +583,21 @@ pub enum Access<'a> {
     /// Change one queue as an operator (PauseQueue, ResumeQueue, PurgeJobs,
     /// CreateSchedule on its queue).
     AdministerQueue(&'a str),
-    /// Change one schedule (DeleteSchedule, and CreateSchedule replacing
-    /// one of the same name): the admin role on its queue.
+    /// Delete one schedule: the admin role on its queue. One on a queue
+    /// the token may not read is NOT_FOUND, as a name that names none.
     AdministerSchedule(&'a str),
+    /// Create a schedule, replacing any of the same name: the admin role
+    /// on the queue the replaced one feeds. Names are one namespace, so a
+    /// name taken on a queue the token may not administer is refused
+    /// (PERMISSION_DENIED, naming no queue) rather than taken over.
+    ReplaceSchedule(&'a str),
 }
 
 /// The one check per RPC: the caller's role on the queues involved, and
 /// for leases, that the caller's token took them. Jobs named only by id
 /// are read to learn their queue; a job that does not exist passes here
 /// (for a token with the role on some queue) and is NOT_FOUND from the
-/// store.
+/// store, and so is one in a queue the token may not read.
 ///
 /// The owner check is fenced by the lease id: a lease id names one lease
 /// for ever, so the owner read here is the owner of the lease the store
@@ -588,13 +613,13 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
         Access::Produce(queues) => queues
             .into_iter()
             .try_for_each(|q| who.require(Role::Produce, q)),
-        Access::Take { queues, held } => {
-            for q in queues {
-                who.require(Role::Consume, q)?;
-            }
-            leases(store, caller, held).await
-        }
-        Access::Leases(held) => leases(store, caller, held).await,
+        Access::Take(queues) => queues
+            .iter()
+            .try_for_each(|q| who.require(Role::Consume, q)),
+        Access::Leases(held) => match hidden_leases(store, who, held).await?.first() {
+            Some(&(id, _)) => Err(Error::NotFound(id)),
+            None => Ok(()),
+        },
         Access::ReadJob(id) => job_role(store, caller, id, Role::Read).await,
         Access::ReadQueue(Some(queue)) => who.require(Role::Read, queue),
         // Every queue (Stats), filtered afterwards; a token that reads no
@@ -617,21 +642,19 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
         ))),
         Access::Administer(id) => job_role(store, caller, id, Role::Admin).await,
         Access::AdministerQueue(queue) => who.require(Role::Admin, queue),
-        Access::AdministerSchedule(name) => {
+        Access::AdministerSchedule(name) | Access::ReplaceSchedule(name) => {
+            caller.require_somewhere(Role::Admin)?;
+            let replace = matches!(access, Access::ReplaceSchedule(_));
             match store.schedules().await?.iter().find(|s| s.name == name) {
-                // Not naming the queue: the caller may not know it.
-                Some(schedule) if !caller.may(Role::Admin, &schedule.queue) => {
-                    Err(Error::PermissionDenied(format!(
-                        "token {:?} may not administer schedule {name:?}",
-                        caller.name()
-                    )))
+                // Unknown: NOT_FOUND from the store (or created).
+                None => Ok(()),
+                Some(schedule) if caller.may(Role::Admin, &schedule.queue) => Ok(()),
+                Some(schedule) if !replace && !caller.may(Role::Read, &schedule.queue) => {
+                    Err(Error::ScheduleNotFound(name.to_owned()))
                 }
-                Some(_) => Ok(()),
-                // Unknown: NOT_FOUND from the store, but only for a token
-                // that administers something.
-                None if caller.has_role(Role::Admin) => Ok(()),
-                None => Err(Error::PermissionDenied(format!(
-                    "token {:?} has no admin role on any queue",
+                // Not naming the queue: the caller may not know it.
+                Some(_) => Err(Error::PermissionDenied(format!(
+                    "token {:?} may not administer schedule {name:?}",
                     caller.name()
                 ))),
             }
@@ -643,14 +666,9 @@ pub async fn authorize<S: Store>(store: &S, who: &Who, access: Access<'_>) -> Re
 /// before the job is even read: a token without it is refused the same way
 /// whether the id names a job or not, so it cannot learn which ids (or
 /// queues) exist. A job that does not exist passes, and is NOT_FOUND from
-/// the store.
+/// the store; one in a queue the token may not read is NOT_FOUND here.
 async fn job_role<S: Store>(store: &S, caller: &Caller, id: JobId, role: Role) -> Result<()> {
-    if !caller.has_role(role) {
-        return Err(Error::PermissionDenied(format!(
-            "token {:?} has no {role} role on any queue",
-            caller.name()
-        )));
-    }
+    caller.require_somewhere(role)?;
     match store.peek(id).await {
         Ok(job) => caller.require_on_job(role, &job.queue, id),
         Err(Error::NotFound(_)) => Ok(()),
@@ -658,14 +676,40 @@ async fn job_role<S: Store>(store: &S, caller: &Caller, id: JobId, role: Role) -
     }
 }
 
-async fn leases<S: Store>(store: &S, caller: &Caller, held: &[(JobId, LeaseId)]) -> Result<()> {
+/// Checks leases named by job and lease id (Ack, Fail, Heartbeat, the
+/// leases a Lease stream declares): the token must have the consume role
+/// (on some queue at all, else it is refused whatever the ids name), and
+/// on each job's queue, and must have taken the lease. Returns the leases
+/// whose job is in a queue the token may not read (nor consume): the
+/// caller answers for those as for a job that does not exist (NOT_FOUND,
+/// a lost lease, a declared lease dropped), and must not act on them.
+/// Empty when tokens are off.
+///
+/// # Errors
+/// [`Error::PermissionDenied`]; store errors from reading jobs.
+pub async fn hidden_leases<S: Store>(
+    store: &S,
+    who: &Who,
+    held: &[(JobId, LeaseId)],
+) -> Result<Vec<(JobId, LeaseId)>> {
+    let Who::Token(caller) = who else {
+        return Ok(Vec::new());
+    };
+    caller.require_somewhere(Role::Consume)?;
+    let mut hidden = Vec::new();
     for &(id, lease_id) in held {
         let job = match store.peek(id).await {
             Ok(job) => job,
             Err(Error::NotFound(_)) => continue,
             Err(e) => return Err(e),
         };
-        caller.require_on_job(Role::Consume, &job.queue, id)?;
+        match caller.require_on_job(Role::Consume, &job.queue, id) {
+            Err(Error::NotFound(_)) => {
+                hidden.push((id, lease_id));
+                continue;
+            }
+            other => other?,
+        }
         let Some(lease) = job.lease.as_ref().filter(|l| l.id == lease_id) else {
             // Not the current lease: the store answers ABORTED.
             continue;
@@ -678,7 +722,7 @@ async fn leases<S: Store>(store: &S, caller: &Caller, held: &[(JobId, LeaseId)])
             }
         }
     }
-    Ok(())
+    Ok(hidden)
 }
 
 #[cfg(test)]

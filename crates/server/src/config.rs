@@ -87,8 +87,9 @@ pub struct Config {
 
     /// Where jobs live: a PostgreSQL URL (`postgres://user:pass@host/db`)
     /// shared by any number of servers. Unset: the embedded sled database
-    /// in `--data`.
-    #[arg(long, env = "JOBQ_STORE")]
+    /// in `--data`. Its password is never shown (`--help` does not print
+    /// the variable's value; logs show the URL with `***`).
+    #[arg(long, env = "JOBQ_STORE", hide_env_values = true)]
     pub store: Option<String>,
 
     /// Most connections to PostgreSQL per server (with `--store`).

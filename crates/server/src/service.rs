@@ -145,11 +145,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         self.live()?;
         let who = self.auth.who(&req)?;
         let (mut spec, wait) = validate::dequeue(req.into_inner(), &self.config)?;
-        let access = Access::Take {
-            queues: &spec.queues,
-            held: &[],
-        };
-        auth::authorize(&*self.store, &who, access).await?;
+        auth::authorize(&*self.store, &who, Access::Take(&spec.queues)).await?;
         spec.owner = who.owner();
         let _permit = if wait.is_zero() {
             None
@@ -294,12 +290,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         auth::authorize(&*self.store, &who, Access::AdministerQueue(&schedule.queue)).await?;
         // Creating replaces a schedule of the same name: the caller must
         // also administer the queue that one feeds.
-        auth::authorize(
-            &*self.store,
-            &who,
-            Access::AdministerSchedule(&schedule.name),
-        )
-        .await?;
+        auth::authorize(&*self.store, &who, Access::ReplaceSchedule(&schedule.name)).await?;
         let config = &self.config;
         self.store
             .put_schedule(schedule.clone(), |existing| {
@@ -355,11 +346,11 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         self.live()?;
         let who = self.auth.who(&req)?;
         let mut spec = validate::lease_stream(req.into_inner(), &self.config)?;
-        let access = Access::Take {
-            queues: &spec.take.queues,
-            held: &spec.held,
-        };
-        auth::authorize(&*self.store, &who, access).await?;
+        auth::authorize(&*self.store, &who, Access::Take(&spec.take.queues)).await?;
+        // A declared lease of a job the token may not see is dropped, as
+        // one of a job that does not exist is.
+        let hidden = auth::hidden_leases(&*self.store, &who, &spec.held).await?;
+        spec.held.retain(|lease| !hidden.contains(lease));
         spec.take.owner = who.owner();
         spec.caller = who.caller().cloned();
         let queues = spec.take.queues.clone();
@@ -391,20 +382,36 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let (worker_id, draining) = (req.worker_id.clone(), req.draining);
         let token = validate::stream_token(&req.stream_token)?.to_owned();
         let (leases, extend_by) = validate::heartbeat(req, &self.config)?;
-        auth::authorize(&*self.store, &who, Access::Leases(&leases)).await?;
-        let results = self.store.extend(&leases, extend_by, now()).await?;
+        // A lease of a job the token may not see is reported lost, in its
+        // place in the request, as one of a job that does not exist is; it
+        // is neither extended nor touched here.
+        let hidden = auth::hidden_leases(&*self.store, &who, &leases).await?;
+        let visible: Vec<(JobId, LeaseId)> = leases
+            .iter()
+            .filter(|lease| !hidden.contains(lease))
+            .copied()
+            .collect();
+        let mut results = self
+            .store
+            .extend(&visible, extend_by, now())
+            .await?
+            .into_iter();
         let lost: Vec<(JobId, LeaseId)> = leases
             .iter()
-            .zip(results)
-            .filter(|(_, r)| r.is_err())
-            .map(|(lease, _)| *lease)
+            .filter(|lease| hidden.contains(lease) || results.next().is_some_and(|r| r.is_err()))
+            .copied()
             .collect();
         self.hub
-            .heartbeat(&worker_id, &leases, draining, &token, who.caller());
-        if !lost.is_empty() {
+            .heartbeat(&worker_id, &visible, draining, &token, who.caller());
+        let ended: Vec<(JobId, LeaseId)> = lost
+            .iter()
+            .filter(|lease| !hidden.contains(lease))
+            .copied()
+            .collect();
+        if !ended.is_empty() {
             // A lost lease that a stream here still counts: its lease-ended
             // event was missed; free the slot now.
-            self.hub.reconcile(Some(&lost)).await;
+            self.hub.reconcile(Some(&ended)).await;
         }
         let lost = lost
             .into_iter()

@@ -6,6 +6,8 @@
 //! - no token and unknown tokens are UNAUTHENTICATED on every RPC; health
 //!   and reflection stay open.
 //! - a lease belongs to the token that took it.
+//! - a job or schedule of a queue the token may not read looks missing:
+//!   the same NOT_FOUND as an id or name that names nothing.
 //! - Stats without a queue and ListSchedules show only the token's
 //!   queues; ListJobs across queues needs read on every queue.
 
@@ -187,17 +189,17 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
         }
         Rpc::Heartbeat => {
             let (job_id, lease_id) = leased(c, queue, taker).await;
-            code(
-                c.heartbeat(req(
-                    pb::HeartbeatRequest {
-                        worker_id: "w".into(),
-                        leases: vec![pb::LeaseRef { job_id, lease_id }],
-                        ..Default::default()
-                    },
-                    token,
-                ))
-                .await,
-            )
+            let lease = pb::LeaseRef { job_id, lease_id };
+            let beat = pb::HeartbeatRequest {
+                worker_id: "w".into(),
+                leases: vec![lease.clone()],
+                ..Default::default()
+            };
+            match c.heartbeat(req(beat, token)).await {
+                // Reported lost: to the caller, a job that is not there.
+                Ok(r) if r.get_ref().lost == [lease] => Code::NotFound,
+                r => code(r),
+            }
         }
         Rpc::Retry => {
             let (job_id, lease_id) = leased(c, queue, "root").await;
@@ -309,9 +311,25 @@ async fn every_rpc_by_every_role_in_and_out_of_its_queues() {
                 } else {
                     format!("out.q{n}")
                 };
-                let allowed = inside && (role == "admin" || role == needs(rpc));
+                let has_role = role == "admin" || role == needs(rpc);
+                let allowed = inside && has_role;
+                // A job or schedule, named by id or name, of a queue the
+                // token may not read is one that does not exist.
+                let by_name = matches!(
+                    rpc,
+                    Rpc::GetJob
+                        | Rpc::Retry
+                        | Rpc::CancelJob
+                        | Rpc::DeleteJob
+                        | Rpc::Ack
+                        | Rpc::Fail
+                        | Rpc::Heartbeat
+                        | Rpc::DeleteSchedule
+                );
                 let want = if allowed {
                     Code::Ok
+                } else if has_role && by_name {
+                    Code::NotFound
                 } else {
                     Code::PermissionDenied
                 };
@@ -620,9 +638,9 @@ async fn create_schedule_cannot_replace_a_schedule_on_a_queue_the_token_may_not_
         .unwrap();
 }
 
-/// A refusal for a job in a queue the token may not use names the job,
+/// The answer about a job in a queue the token may not use names the job,
 /// never its queue: the caller may not learn where another tenant's job
-/// is.
+/// is (nor, when it may not read the queue, that the job exists).
 #[tokio::test]
 async fn a_refusal_for_another_queues_job_does_not_name_the_queue() {
     let server = TestServer::start().await;
@@ -632,7 +650,7 @@ async fn a_refusal_for_another_queues_job_does_not_name_the_queue() {
         .get_job(req(pb::GetJobRequest { id: id.clone() }, Some("reader")))
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert_eq!(refused.code(), Code::NotFound);
     assert!(!refused.message().contains("secret"), "{refused:?}");
     assert!(refused.message().contains(&id), "{refused:?}");
     let (job, lease) = leased(&mut c, "out.secret-queue", "root").await;
@@ -646,6 +664,240 @@ async fn a_refusal_for_another_queues_job_does_not_name_the_queue() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert_eq!(refused.code(), Code::NotFound);
     assert!(!refused.message().contains("secret"), "{refused:?}");
+}
+
+/// The code and the message of a refusal, with `name` (the job id or
+/// schedule name asked about) replaced, so that answers about two
+/// different names compare equal when they say the same thing.
+fn answer<T>(r: Result<T, tonic::Status>, name: &str) -> (Code, String) {
+    match r {
+        Ok(_) => (Code::Ok, String::new()),
+        Err(s) => (s.code(), s.message().replace(name, "<name>")),
+    }
+}
+
+async fn as_root(c: &mut Cli, id: &str) -> pb::Job {
+    let get = pb::GetJobRequest { id: id.into() };
+    c.get_job(req(get, Some("root")))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// A token with a role on some queues asks about a job (or schedule) of a
+/// queue it may not read, and about an id (or name) that names nothing:
+/// both answers are the same NOT_FOUND, with the same message, which names
+/// no queue; and nothing changes. Else it could count another tenant's
+/// jobs, or learn its schedules' names, by asking.
+#[tokio::test]
+async fn a_job_or_schedule_of_a_queue_the_token_cannot_read_looks_missing() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let hidden = "out.hidden";
+    let (failed, failed_lease) = leased(&mut c, hidden, "root").await;
+    c.fail(req(
+        pb::FailRequest {
+            job_id: failed.clone(),
+            lease_id: failed_lease,
+            error: "dead".into(),
+            fatal: true,
+            ..Default::default()
+        },
+        Some("root"),
+    ))
+    .await
+    .unwrap();
+    let (running, lease_id) = leased(&mut c, hidden, "root").await;
+    // Last: a dequeue takes the oldest due job.
+    let pending = enqueue(&mut c, hidden, "root").await;
+    c.create_schedule(req(yearly(hidden), Some("root")))
+        .await
+        .unwrap();
+    let missing = "424242".to_owned();
+    let mut before = Vec::new();
+    for id in [&pending, &failed, &running] {
+        before.push(as_root(&mut c, id).await);
+    }
+
+    let mut differ = Vec::new();
+    for (rpc, real) in [
+        ("GetJob as reader", &pending),
+        ("Retry as admin", &failed),
+        ("CancelJob as admin", &pending),
+        ("DeleteJob as admin", &pending),
+        ("Ack as consumer", &running),
+        ("Fail as consumer", &running),
+        ("Heartbeat as consumer", &running),
+        ("Lease adopting as consumer", &running),
+    ] {
+        let mut answers = Vec::new();
+        for id in [real, &missing] {
+            let lease = pb::LeaseRef {
+                job_id: id.clone(),
+                lease_id: lease_id.clone(),
+            };
+            let got = match rpc {
+                "GetJob as reader" => answer(
+                    c.get_job(req(pb::GetJobRequest { id: id.clone() }, Some("reader")))
+                        .await,
+                    id,
+                ),
+                "Retry as admin" => answer(
+                    c.retry(req(pb::RetryRequest { job_id: id.clone() }, Some("admin")))
+                        .await,
+                    id,
+                ),
+                "CancelJob as admin" => answer(
+                    c.cancel_job(req(
+                        pb::CancelJobRequest {
+                            id: id.clone(),
+                            reason: "mine now".into(),
+                        },
+                        Some("admin"),
+                    ))
+                    .await,
+                    id,
+                ),
+                "DeleteJob as admin" => answer(
+                    c.delete_job(req(pb::DeleteJobRequest { id: id.clone() }, Some("admin")))
+                        .await,
+                    id,
+                ),
+                "Ack as consumer" => answer(
+                    c.ack(req(
+                        pb::AckRequest {
+                            job_id: id.clone(),
+                            lease_id: lease_id.clone(),
+                        },
+                        Some("consumer"),
+                    ))
+                    .await,
+                    id,
+                ),
+                "Fail as consumer" => answer(
+                    c.fail(req(
+                        pb::FailRequest {
+                            job_id: id.clone(),
+                            lease_id: lease_id.clone(),
+                            error: "x".into(),
+                            fatal: true,
+                            ..Default::default()
+                        },
+                        Some("consumer"),
+                    ))
+                    .await,
+                    id,
+                ),
+                // A heartbeat reports a lease of a job that does not exist
+                // as lost: so must it one of a job the token cannot see.
+                "Heartbeat as consumer" => {
+                    let beat = pb::HeartbeatRequest {
+                        worker_id: "w".into(),
+                        leases: vec![lease.clone()],
+                        ..Default::default()
+                    };
+                    match c.heartbeat(req(beat, Some("consumer"))).await {
+                        Ok(r) => {
+                            let lost = r.into_inner().lost == [lease.clone()];
+                            (Code::Ok, format!("reported lost: {lost}"))
+                        }
+                        Err(s) => (s.code(), s.message().replace(id.as_str(), "<name>")),
+                    }
+                }
+                // A Lease stream drops a declared lease of a job that does
+                // not exist: so must it one of a job the token cannot see.
+                _ => answer(
+                    c.lease(req(
+                        pb::LeaseRequest {
+                            queues: vec!["in.adopt".into()],
+                            worker_id: "w".into(),
+                            capacity: 1,
+                            held: vec![lease.clone()],
+                            ..Default::default()
+                        },
+                        Some("consumer"),
+                    ))
+                    .await,
+                    id,
+                ),
+            };
+            answers.push(got);
+        }
+        let want = match rpc {
+            "Heartbeat as consumer" => (Code::Ok, "reported lost: true".to_owned()),
+            "Lease adopting as consumer" => (Code::Ok, String::new()),
+            _ => (Code::NotFound, "job <name> not found".to_owned()),
+        };
+        if answers[0] != want || answers[1] != want {
+            differ.push(format!(
+                "{rpc}: real job {:?}, missing job {:?}, want {want:?} for both",
+                answers[0], answers[1]
+            ));
+        }
+    }
+
+    let schedule = format!("s-{hidden}");
+    let mut answers = Vec::new();
+    for name in [schedule.as_str(), "s-none"] {
+        let delete = pb::DeleteScheduleRequest { name: name.into() };
+        answers.push(answer(
+            c.delete_schedule(req(delete, Some("admin"))).await,
+            name,
+        ));
+    }
+    let want = (Code::NotFound, "schedule \"<name>\" not found".to_owned());
+    if answers[0] != want || answers[1] != want {
+        differ.push(format!(
+            "DeleteSchedule as admin: real {:?}, missing {:?}, want {want:?} for both",
+            answers[0], answers[1]
+        ));
+    }
+    // A token that administers nothing is refused alike for both.
+    let mut answers = Vec::new();
+    for name in [schedule.as_str(), "s-none"] {
+        let delete = pb::DeleteScheduleRequest { name: name.into() };
+        answers.push(answer(
+            c.delete_schedule(req(delete, Some("reader"))).await,
+            name,
+        ));
+    }
+    if answers[0] != answers[1] || answers[0].0 != Code::PermissionDenied {
+        differ.push(format!(
+            "DeleteSchedule as reader: real {:?}, missing {:?}, want one PERMISSION_DENIED",
+            answers[0], answers[1]
+        ));
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+
+    // Nothing changed (the running job's lease was not extended either).
+    let mut after = Vec::new();
+    for id in [&pending, &failed, &running] {
+        after.push(as_root(&mut c, id).await);
+    }
+    assert_eq!(before, after);
+    let schedules = c
+        .list_schedules(req(pb::ListSchedulesRequest {}, Some("root")))
+        .await
+        .unwrap()
+        .into_inner()
+        .schedules;
+    assert!(
+        schedules.iter().any(|s| s.name == schedule),
+        "{schedules:?}"
+    );
+    // The lease is still root's: its ack goes through.
+    let done = c
+        .ack(req(
+            pb::AckRequest {
+                job_id: running,
+                lease_id,
+            },
+            Some("root"),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.job.unwrap().status, pb::JobStatus::Done as i32);
 }

@@ -25,7 +25,8 @@
 //! its token interceptor with random `authorization` headers: missing,
 //! malformed, non-ASCII, unknown secrets, and known tokens used outside
 //! their roles and queues. A bad header is always UNAUTHENTICATED, a token
-//! outside its scope PERMISSION_DENIED, and neither changes the store. Lease streams are dropped, and their task waited for (see
+//! outside its scope PERMISSION_DENIED (NOT_FOUND for a job it names by id
+//! in a queue it may not read), and neither changes the store. Lease streams are dropped, and their task waited for (see
 //! `quiesce`), before the next call.
 
 use std::{
@@ -1866,7 +1867,12 @@ async fn run_auth_case(calls: &[(HeaderGen, AuthCall)]) -> Checked {
             Some(narrow) => {
                 prop_assert_ne!(code, Code::Unauthenticated, "{}", ctx());
                 let outside = narrow && queue.is_some_and(|q| q != "emails");
-                if outside {
+                // A job named by id in a queue the token may not read is,
+                // to it, a job that does not exist.
+                let by_id = matches!(call, AuthCall::GetJob(_) | AuthCall::Ack(_));
+                if outside && by_id {
+                    prop_assert_eq!(code, Code::NotFound, "{}", ctx());
+                } else if outside {
                     prop_assert_eq!(code, Code::PermissionDenied, "{}", ctx());
                 } else {
                     prop_assert_ne!(code, Code::PermissionDenied, "{}", ctx());

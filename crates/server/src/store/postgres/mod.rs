@@ -28,6 +28,7 @@ pub mod listen;
 mod operator;
 mod purge;
 mod queries;
+mod redact;
 mod row;
 mod schedules;
 pub mod schema;
@@ -49,6 +50,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 pub use error::PgError;
 pub use operator::{pause_lock_key, PAUSE_LOCK};
 pub use queries::{list_sizes, ListFilters, NEXT_RUN_AT};
+pub use redact::{redact, UNPARSEABLE};
 pub use take::dequeue;
 use tokio::task::AbortHandle;
 use tokio_postgres::NoTls;
@@ -76,7 +78,7 @@ pub enum Clock {
 }
 
 /// How to reach and use the database.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PgOptions {
     /// `postgres://user:pass@host:port/db`.
     pub url: String,
@@ -92,6 +94,19 @@ pub struct PgOptions {
     /// `statement_timeout` of every pooled session
     /// (`--pg-statement-timeout`); zero for none.
     pub statement_timeout: Duration,
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("url", &redact(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("server_timeout", &self.server_timeout)
+            .field("clock", &self.clock)
+            .field("group_commit", &self.group_commit)
+            .field("statement_timeout", &self.statement_timeout)
+            .finish()
+    }
 }
 
 impl PgOptions {
@@ -193,18 +208,6 @@ impl Drop for Pg {
 pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, PgError> {
     url.parse::<tokio_postgres::Config>()
         .map_err(|e| PgError::Url(e.to_string()))
-}
-
-/// The URL without its password, for logs.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// Applies the embedded migrations (`jobq migrate`); returns the versions
