@@ -30,7 +30,7 @@ use std::{
     collections::{HashMap, HashSet},
     pin::Pin,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, Ordering},
         Arc, Mutex, MutexGuard, Weak,
     },
     task::{Context, Poll},
@@ -38,7 +38,7 @@ use std::{
 };
 
 use jobq::pb::{self, lease_event::Event};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
@@ -272,7 +272,7 @@ pub struct LeaseHub<S> {
     next_stream: AtomicU64,
     /// Stream tasks not finished yet, their give-backs and reclaims
     /// included (a stream leaves the registry before those).
-    tasks: Arc<AtomicUsize>,
+    tasks: Arc<watch::Sender<usize>>,
 }
 
 /// How a stream's task ended.
@@ -313,7 +313,7 @@ impl<S: Store> LeaseHub<S> {
             shutdown,
             registry: Mutex::new(Registry::default()),
             next_stream: AtomicU64::new(1),
-            tasks: Arc::new(AtomicUsize::new(0)),
+            tasks: Arc::new(watch::Sender::new(0)),
         });
         let weak: Weak<LeaseHub<S>> = Arc::downgrade(&hub);
         store.on_lease_ended(Arc::new(move |ended: &LeaseEnded| {
@@ -392,13 +392,13 @@ impl<S: Store> LeaseHub<S> {
         let hub = Arc::clone(self);
         let task_pipe = Arc::clone(&pipe);
         /// Counts the task until it ends, however it ends.
-        struct Running(Arc<AtomicUsize>);
+        struct Running(Arc<watch::Sender<usize>>);
         impl Drop for Running {
             fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
+                self.0.send_modify(|n| *n -= 1);
             }
         }
-        self.tasks.fetch_add(1, Ordering::AcqRel);
+        self.tasks.send_modify(|n| *n += 1);
         let running = Running(Arc::clone(&self.tasks));
         tokio::spawn(
             async move {
@@ -691,7 +691,16 @@ impl<S: Store> LeaseHub<S> {
     /// still gives back and reclaims its jobs after it left
     /// [`LeaseHub::open_streams`].
     pub fn stream_tasks(&self) -> usize {
-        self.tasks.load(Ordering::Acquire)
+        *self.tasks.borrow()
+    }
+
+    /// Waits until every stream task has finished (after a shutdown: each
+    /// ends its stream, and gives back what its worker never received),
+    /// or until `deadline`. Returns how many are left.
+    pub async fn streams_finished(&self, deadline: tokio::time::Instant) -> usize {
+        let mut tasks = self.tasks.subscribe();
+        let _ = tokio::time::timeout_at(deadline, tasks.wait_for(|n| *n == 0)).await;
+        self.stream_tasks()
     }
 
     /// Checks the leases a new stream declared: those it still holds count
@@ -794,6 +803,11 @@ impl<S: Store> LeaseHub<S> {
         let (mut seen, mut by_change) = (None, false);
         let mut retake: Option<tokio::time::Instant> = None;
         let end = 'stream: loop {
+            // No take begins after a shutdown (one under way finishes, and
+            // what it took is given back below).
+            if self.shutdown.is_cancelled() {
+                break 'stream End::Shutdown;
+            }
             if !*registered.borrow_and_update() {
                 break 'stream End::Unregistered;
             }
@@ -966,7 +980,19 @@ impl<S: Store> LeaseHub<S> {
                         .map(|(lease, job)| (*lease, *job))
                         .partition(|(lease, _)| unpulled.contains(lease) || claimed.contains(lease))
                 }
-                End::Shutdown => (HashMap::new(), HashMap::new()),
+                // Only what never left the server: the workers keep the
+                // rest, to finish and ack through another server or this
+                // one after its restart.
+                End::Shutdown => {
+                    let unpulled = std::mem::take(&mut *pipe.unpulled());
+                    let claimed = std::mem::take(&mut *pipe.claimed());
+                    let never_sent = held
+                        .iter()
+                        .map(|(lease, job)| (*lease, *job))
+                        .filter(|(lease, _)| unpulled.contains(lease) || claimed.contains(lease))
+                        .collect();
+                    (never_sent, HashMap::new())
+                }
             };
             // Orphans from this moment, before the stream's place is freed
             // below: a worker that reconnects at once and declares them
@@ -995,8 +1021,10 @@ impl<S: Store> LeaseHub<S> {
                 });
                 debug!(
                     held = held.len(),
+                    given_back = never_sent.len(),
                     "lease stream ended by shutdown; leases kept"
                 );
+                self.give_back(never_sent).await;
             }
             End::Unregistered => {
                 let _ = tx.try_send(Outgoing {

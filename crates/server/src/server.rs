@@ -379,6 +379,20 @@ async fn serve_store<S: Store + CommitHook>(
         error!(%cause, "jobq stopped after a storage failure (fail-stop); restart it to recover from what is on disk");
         return Err(Error::FailStopped(cause.into()));
     }
+    // Every stream has ended, and given back what it took but never sent,
+    // before this server leaves the registry: a take that committed after
+    // the leave would hold a lease of a departed server, which the others
+    // reclaim as worker disconnected, spending an attempt on a job no
+    // worker saw.
+    let left = hub
+        .streams_finished(tokio::time::Instant::now() + config.shutdown_timeout)
+        .await;
+    if left > 0 {
+        warn!(
+            streams = left,
+            "Lease stream tasks did not finish in time; leaving the registry anyway"
+        );
+    }
     if let Err(err) = store.leave().await {
         warn!(cause = %err, "could not leave the server registry; the others will reclaim this server's stream leases after --server-timeout");
     }
