@@ -105,6 +105,15 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether the same call may succeed later, unchanged: a shared
+    /// database was unreachable, its pool exhausted, or a transaction lost
+    /// a race. Nothing was changed by the failed call.
+    pub fn transient(&self) -> bool {
+        matches!(self, Error::Unavailable(_))
+    }
+}
+
 impl From<Error> for Status {
     fn from(err: Error) -> Status {
         let code = err.code();

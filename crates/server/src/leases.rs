@@ -75,6 +75,14 @@ const MOVED_HERE: &str = "taken over by a newer stream of this worker";
 /// of another server.
 const MOVED_AWAY: &str = "taken over by this worker's stream on another server";
 
+/// The first wait before a stream takes again after a transient store
+/// failure (a database restart, an exhausted pool); it doubles up to
+/// [`STORE_RETRY_MAX`] while the failures go on.
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(50);
+
+/// The longest wait between a stream's retries of a failing store.
+const STORE_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// A message to one stream's task.
 #[derive(Debug, Clone)]
 enum Notice {
@@ -802,6 +810,9 @@ impl<S: Store> LeaseHub<S> {
         // take (on PostgreSQL, a take's transaction saved per stream).
         let (mut seen, mut by_change) = (None, false);
         let mut retake: Option<tokio::time::Instant> = None;
+        // After a transient store failure: no look before this, and the
+        // next failure's wait.
+        let (mut retry_at, mut retry_wait) = (None::<tokio::time::Instant>, STORE_RETRY_FIRST);
         let end = 'stream: loop {
             // No take begins after a shutdown (one under way finishes, and
             // what it took is given back below).
@@ -813,8 +824,11 @@ impl<S: Store> LeaseHub<S> {
             }
             let waiting_for_pull = !pipe.unpulled().is_empty();
             let hungry = held.len() < capacity && !draining && !stalled && !waiting_for_pull;
-            let timer_due = retake.is_some_and(|at| at <= tokio::time::Instant::now());
+            let now = tokio::time::Instant::now();
+            let timer_due = retake.is_some_and(|at| at <= now);
+            let backing_off = retry_at.is_some_and(|at| at > now);
             let look = hungry
+                && !backing_off
                 && !(by_change && !timer_due && seen == Some(self.store.due_version(&take.queues)));
             by_change = false;
             if look {
@@ -840,6 +854,7 @@ impl<S: Store> LeaseHub<S> {
                         .await
                     {
                         Ok(Some(leased)) => {
+                            (retry_at, retry_wait) = (None, STORE_RETRY_FIRST);
                             let (job, lease) = (leased.job.id, leased.lease_id);
                             {
                                 let mut reg = self.registry();
@@ -865,7 +880,16 @@ impl<S: Store> LeaseHub<S> {
                             });
                             continue;
                         }
-                        Ok(None) => {}
+                        Ok(None) => retry_at = None,
+                        // Retried, not an end of the stream: its worker
+                        // keeps its place and its leases.
+                        Err(err) if err.transient() => {
+                            warn!(cause = %err, retry_in = ?retry_wait, "a stream's take failed; retrying");
+                            retry_at = Some(tokio::time::Instant::now() + retry_wait);
+                            retake = retry_at;
+                            retry_wait = (retry_wait * 2).min(STORE_RETRY_MAX);
+                            continue;
+                        }
                         Err(err) => {
                             permit.send(Outgoing {
                                 lease: None,
@@ -881,6 +905,12 @@ impl<S: Store> LeaseHub<S> {
                     // Not at once: the take just found nothing (a due row
                     // held by another transaction), or the channel is full.
                     Ok(at) => at.map(retake_at),
+                    Err(err) if err.transient() => {
+                        warn!(cause = %err, retry_in = ?retry_wait, "a stream could not find its next due job; retrying");
+                        retry_at = Some(tokio::time::Instant::now() + retry_wait);
+                        retry_wait = (retry_wait * 2).min(STORE_RETRY_MAX);
+                        retry_at
+                    }
                     Err(err) => {
                         let _ = tx.try_send(Outgoing {
                             lease: None,

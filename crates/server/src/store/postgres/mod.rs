@@ -172,6 +172,10 @@ pub struct Pg {
 /// What every statement needs, shared with the group-commit task.
 pub struct Core {
     pool: Pool,
+    /// Takes hold at most half the pool at once: a burst of Lease streams
+    /// woken together must not leave acks, fails, heartbeats and cancels
+    /// waiting for a connection while their leases run out.
+    takes: tokio::sync::Semaphore,
     /// This server's id in `jobq_servers`, fresh per process.
     me: String,
     clock: Clock,
@@ -300,6 +304,7 @@ impl Pg {
         }
         let core = Arc::new(Core {
             pool,
+            takes: tokio::sync::Semaphore::new((options.pool_size.max(2) / 2).max(1)),
             me: format!("{}-{:08x}", std::process::id(), rand::random::<u32>()),
             clock: options.clock,
             doubles: AtomicU64::new(0),

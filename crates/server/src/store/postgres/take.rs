@@ -56,6 +56,12 @@ pub async fn take(
     streamed: bool,
     now: SystemTime,
 ) -> Result<Option<Change>, PgError> {
+    // Never closed: only dropped with the store.
+    let _permit = pg
+        .takes
+        .acquire()
+        .await
+        .map_err(|_| PgError::Raced("the store is closing".into()))?;
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
     let sync_off = async {

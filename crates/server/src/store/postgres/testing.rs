@@ -127,3 +127,12 @@ pub async fn take(store: &PgStore, queues: &[&str]) -> Result<Option<Leased>> {
         )
         .await
 }
+
+/// The advisory lock (two keys) that a take of `queue` holds shared for
+/// its transaction: held exclusively, it makes that queue's takes wait.
+pub fn take_lock(queue: &str) -> (i32, i32) {
+    (
+        super::operator::PAUSE_LOCK,
+        super::operator::pause_lock_key(queue),
+    )
+}
