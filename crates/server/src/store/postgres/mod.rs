@@ -336,6 +336,15 @@ impl Pg {
             self.batched.load(Ordering::Relaxed),
         )
     }
+
+    /// Calls (transitions, enqueues) waiting for a group-commit
+    /// transaction: queued while every lane of their kind is busy.
+    pub fn group_commit_queued(&self) -> (usize, usize) {
+        (
+            self.batcher.as_ref().map_or(0, batch::Batcher::queued),
+            self.inserter.as_ref().map_or(0, batch::Batcher::queued),
+        )
+    }
 }
 
 impl Core {
