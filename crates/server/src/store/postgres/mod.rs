@@ -453,6 +453,10 @@ impl Backend for Pg {
         Ok(queries::expiring(self, at).await?)
     }
 
+    async fn last_pending(&self, queue: &str) -> Result<Option<JobId>> {
+        Ok(purge::last_pending(self, queue).await?)
+    }
+
     async fn purge_chunk(
         &self,
         after: Option<JobId>,
