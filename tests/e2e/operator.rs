@@ -328,14 +328,41 @@ async fn the_operator_commands_of_the_cli() {
     assert_eq!(json(&out)["deleted"], true);
     assert_eq!(code(c.get_job(pending.clone()).await), Code::NotFound);
 
-    let (rc, _, _) = jobq(&url, &["purge", "--queue", "q", "--status", "pending"]).await;
-    assert_eq!(rc, 2, "not a finished status: a usage error");
+    let (rc, _, _) = jobq(&url, &["purge", "--queue", "q", "--status", "running"]).await;
+    assert_eq!(rc, 2, "RUNNING jobs are never purged: a usage error");
+    let (rc, _, err) = jobq(
+        &url,
+        &[
+            "purge",
+            "--queue",
+            "q",
+            "--status",
+            "pending",
+            "--older-than",
+            "1h",
+        ],
+    )
+    .await;
+    assert_eq!(rc, 2, "a PENDING job has not finished: {err}");
     let (rc, out, err) = jobq(&url, &["purge", "--queue", "q", "--older-than", "1h"]).await;
     assert_eq!(rc, 0, "{err}");
     assert_eq!(json(&out)["deleted"], 0, "the cancelled job is too new");
     let (rc, out, err) = jobq(&url, &["purge", "--queue", "q", "--status", "failed"]).await;
     assert_eq!(rc, 0, "{err}");
     assert_eq!(json(&out)["deleted"], 1);
+    let (keyed, _) = c
+        .enqueue("q", "k", "junk", EnqueueOptions::new().key("junk-1"))
+        .await
+        .expect("enqueue");
+    let (rc, out, err) = jobq(&url, &["purge", "--queue", "q", "--status", "pending"]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(json(&out)["deleted"], 1, "the keyed PENDING job");
+    let (again, created) = c
+        .enqueue("q", "k", "junk", EnqueueOptions::new().key("junk-1"))
+        .await
+        .expect("enqueue");
+    assert!(created, "the purged job's key is free");
+    assert_ne!(again.id, keyed.id);
     assert_eq!(
         c.get_job(running.clone()).await.expect("kept").status,
         pb::JobStatus::Running as i32

@@ -235,8 +235,10 @@ class Client:
     def purge_jobs(self, queue: str, status: StatusLike = 0,
                    finished_before: Optional[float] = None) -> int:
         """Deletes ``queue``'s DONE and/or FAILED jobs (status 0 = both) that
-        finished before ``finished_before`` (a Unix time; None = now);
-        returns how many. Never PENDING or RUNNING jobs."""
+        finished before ``finished_before`` (a Unix time; None = now), or
+        with status PENDING (and no ``finished_before``) its PENDING jobs
+        when the purge begins; returns how many. Never RUNNING jobs
+        (INVALID_ARGUMENT). Purged jobs free their keys."""
         req = c.purge_request(queue, status, finished_before)
         return self.stub.PurgeJobs(req, timeout=self.timeout, metadata=self._md).deleted
 

@@ -1,5 +1,6 @@
 //! `jobq purge --queue Q [--status done|failed] [--finished-before TIME |
-//! --older-than AGE]`: delete a queue's finished jobs.
+//! --older-than AGE]`: delete a queue's finished jobs; `jobq purge --queue
+//! Q --status pending`: delete its PENDING jobs.
 
 use std::time::SystemTime;
 
@@ -9,10 +10,14 @@ use serde_json::json;
 
 use crate::output::Out;
 
-/// A finished status as written on the command line.
+/// A status that can be purged, as written on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 #[value(rename_all = "lower")]
-pub enum Finished {
+pub enum Purgeable {
+    /// Every PENDING job of the queue (due or delayed) when the purge
+    /// begins; jobs enqueued meanwhile stay. Not with --finished-before or
+    /// --older-than.
+    Pending,
     /// Acknowledged jobs.
     Done,
     /// Dead letters.
@@ -26,9 +31,10 @@ pub struct Args {
     #[arg(long)]
     queue: String,
 
-    /// Only DONE or only FAILED jobs; both when left out.
+    /// Only DONE or only FAILED jobs (both when left out), or the PENDING
+    /// jobs instead. RUNNING jobs are never purged.
     #[arg(long, value_enum)]
-    status: Option<Finished>,
+    status: Option<Purgeable>,
 
     /// Only jobs that finished before this time (RFC 3339, e.g.
     /// 2026-12-01T00:00:00Z). Default: now.
@@ -42,6 +48,13 @@ pub struct Args {
 
 /// Runs `jobq purge` and prints how many jobs went.
 pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
+    if args.status == Some(Purgeable::Pending)
+        && (args.finished_before.is_some() || args.older_than.is_some())
+    {
+        return Err(crate::exit::usage(
+            "--finished-before and --older-than apply to DONE and FAILED jobs: a PENDING job has not finished (--status pending purges every PENDING job of the queue)",
+        ));
+    }
     let before = match (args.finished_before, args.older_than) {
         (Some(t), _) => Some(t),
         (None, Some(age)) => Some(
@@ -52,8 +65,9 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
         (None, None) => None,
     };
     let status = args.status.map(|s| match s {
-        Finished::Done => pb::JobStatus::Done,
-        Finished::Failed => pb::JobStatus::Failed,
+        Purgeable::Pending => pb::JobStatus::Pending,
+        Purgeable::Done => pb::JobStatus::Done,
+        Purgeable::Failed => pb::JobStatus::Failed,
     });
     let deleted = client
         .purge_jobs(args.queue.clone(), status, before)

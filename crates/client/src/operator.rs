@@ -63,11 +63,14 @@ impl Client {
     }
 
     /// Deletes the jobs of `queue` with `status` (DONE or FAILED; `None`:
-    /// both) that finished before `finished_before` (`None`: now); returns
-    /// how many. Never PENDING or RUNNING jobs.
+    /// both) that finished before `finished_before` (`None`: now), or with
+    /// `Some(JobStatus::Pending)` (and `finished_before` `None`) its
+    /// PENDING jobs when the purge begins; returns how many. Never RUNNING
+    /// jobs. Purged jobs free their keys.
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` for another status or a bad queue name.
+    /// `INVALID_ARGUMENT` for RUNNING, for PENDING with a
+    /// `finished_before`, or a bad queue name.
     pub async fn purge_jobs(
         &self,
         queue: impl Into<String>,

@@ -134,3 +134,132 @@ async fn batches_sharing_keys_in_opposite_orders_do_not_deadlock() {
         assert_eq!(ids.len(), 300, "round {round}: both see the same 300 jobs");
     }
 }
+
+/// A connection to the test database beside the store's, its driver on a
+/// task of its own.
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    tokio::spawn(conn);
+    client
+}
+
+/// An error with every cause under it, as an operator's log would show it.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
+/// Waits up to 10 s for `check`, polling.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Three enqueues share one group commit, and the database refuses the
+/// rows of two of them (a constraint their keys break): each of those two
+/// fails with its own row's failure, naming its own key and no other
+/// caller's, and the third is enqueued. (The shared transaction's failure
+/// went to every caller in it, the one whose row was fine too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rows_failure_in_a_group_commit_fails_its_own_caller_only() {
+    let url = testing::fresh_database("jobq_rowfail").await;
+    // A pool of 4: one lane for enqueues, so callers queue behind it.
+    let store = Arc::new(
+        testing::store(jobq_server::store::postgres::PgOptions {
+            pool_size: 4,
+            ..testing::options(&url)
+        })
+        .await,
+    );
+    let admin = connect(&url).await;
+    admin
+        .batch_execute(
+            "ALTER TABLE jobq_jobs ADD CONSTRAINT refused_keys \
+             CHECK (key IS NULL OR key NOT LIKE 'refused-%')",
+        )
+        .await
+        .unwrap();
+    // Hold the lane: an enqueue that waits for a table lock this
+    // transaction holds.
+    let mut holder = connect(&url).await;
+    let lock = holder.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE jobq_jobs IN SHARE MODE")
+        .await
+        .unwrap();
+    let first = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move { store.enqueue(job(Some("first")), SystemTime::now()).await }
+    });
+    eventually("the first enqueue waits for the table lock", || async {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        waiting == 1
+    })
+    .await;
+    let (batches, _) = store.backend().group_commits();
+    let callers: Vec<_> = ["refused-a", "fine-b", "refused-c"]
+        .into_iter()
+        .map(|key| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { store.enqueue(job(Some(key)), SystemTime::now()).await })
+        })
+        .collect();
+    eventually("the three enqueues wait for the lane", || async {
+        store.backend().group_commit_queued().1 == 3
+    })
+    .await;
+    lock.rollback().await.unwrap();
+    first.await.unwrap().expect("the first enqueue");
+    let mut results = Vec::new();
+    for c in callers {
+        results.push(c.await.unwrap());
+    }
+    assert_eq!(
+        store.backend().group_commits().0,
+        batches + 1,
+        "the three shared one transaction"
+    );
+    let [a, b, c] = <[_; 3]>::try_from(results).unwrap();
+    let b = b.expect("a caller whose row is fine is enqueued");
+    assert!(b.created);
+    assert_eq!(b.job.key.as_deref(), Some("fine-b"));
+    for (result, own, others) in [
+        (a, "refused-a", ["refused-c", "fine-b"]),
+        (c, "refused-c", ["refused-a", "fine-b"]),
+    ] {
+        let err = result.expect_err("a refused row fails its caller");
+        let text = chain(&err);
+        assert!(text.contains(own), "names its own key: {text}");
+        for other in others {
+            assert!(!text.contains(other), "names another caller's key: {text}");
+        }
+    }
+    let keys: Vec<String> = admin
+        .query("SELECT key FROM jobq_jobs ORDER BY key", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(keys, ["fine-b", "first"]);
+}

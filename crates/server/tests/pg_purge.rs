@@ -89,6 +89,7 @@ async fn a_purge_pass_crosses_id_gaps_and_stops_after_every_cutoff() {
         done_before: at(1_000),
         failed_before: at(1_000),
         queue: None,
+        pending_through: None,
     };
     let steps = pass(&store, &retention).await;
     // Two steps: the first window deletes the first five and goes on to

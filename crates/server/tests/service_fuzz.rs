@@ -738,6 +738,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => id().prop_map(Op::Delete),
         1 => (prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()], status(), finished_before())
             .prop_map(|(queue, status, finished_before)| Op::Purge { queue, status, finished_before }),
+        // A purge of a queue's PENDING jobs, as an operator sends it.
+        1 => select(&QUEUES[..]).prop_map(|q| Op::Purge { queue: q.into(), status: 1, finished_before: None }),
         2 => sched().prop_map(Op::CreateSchedule),
         1 => prop_oneof![3 => select(vec!["nightly", "hourly", "s.1"]).prop_map(String::from), 1 => opt_name()].prop_map(Op::DeleteSchedule),
         1 => Just(Op::ListSchedules),
@@ -1460,7 +1462,10 @@ impl Harness {
                     .is_none_or(|t| (-62_135_596_800..=253_402_300_799).contains(&t.seconds));
                 let v = all([
                     name_v(queue),
-                    bad_if(![0, 3, 4].contains(status)),
+                    // PENDING, DONE, FAILED or both finished; RUNNING never.
+                    bad_if(![0, 1, 3, 4].contains(status)),
+                    // A PENDING job has not finished.
+                    bad_if(*status == 1 && finished_before.is_some()),
                     bad_if(!nanos_ok),
                     bad_if(!seconds_ok),
                 ]);

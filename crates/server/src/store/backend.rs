@@ -113,9 +113,17 @@ pub trait Backend: Send + Sync + 'static {
         at: SystemTime,
     ) -> impl Future<Output = Result<Vec<(JobId, LeaseId)>>> + Send;
 
+    /// The highest id among the PENDING jobs of `queue` (`None`: it has
+    /// none): where a purge of its PENDING jobs stops, so that jobs
+    /// enqueued while it runs stay.
+    fn last_pending(&self, queue: &str) -> impl Future<Output = Result<Option<JobId>>> + Send;
+
     /// One bounded purge step over the jobs after `after`: deletes the
     /// purgeable ones (re-checked under the engine's own lock or
     /// transaction) and says where the next step starts (`None`: done).
+    /// A step over PENDING jobs ([`Retention::pending_through`]) reads only
+    /// that queue's PENDING jobs, and skips one a take or another change
+    /// holds at that moment (it is leaving PENDING).
     fn purge_chunk(
         &self,
         after: Option<JobId>,

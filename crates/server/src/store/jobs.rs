@@ -673,6 +673,7 @@ impl<B: Backend> Store for Jobs<B> {
             done_before,
             failed_before,
             queue: None,
+            pending_through: None,
         })
         .await
     }
@@ -688,16 +689,32 @@ impl<B: Backend> Store for Jobs<B> {
             None => (finished_before, finished_before),
             Some(Status::Done) => (finished_before, never),
             Some(Status::Failed) => (never, finished_before),
-            Some(other) => {
-                return Err(Error::InvalidArgument(format!(
-                    "status {other} cannot be purged: only DONE and FAILED jobs (delete a PENDING one with DeleteJob)"
-                )))
+            Some(Status::Pending) => {
+                self.check()?;
+                // The PENDING jobs there are now; those enqueued while the
+                // purge runs stay (a purge under a steady stream of
+                // enqueues ends).
+                let Some(last) = self.backend.last_pending(queue).await? else {
+                    return Ok(0);
+                };
+                return self
+                    .purge_where(Retention {
+                        done_before: never,
+                        failed_before: never,
+                        queue: Some(queue.to_owned()),
+                        pending_through: Some(last),
+                    })
+                    .await;
+            }
+            Some(Status::Running) => {
+                return Err(Error::InvalidArgument(rules::RUNNING_PURGE.into()))
             }
         };
         self.purge_where(Retention {
             done_before,
             failed_before,
             queue: Some(queue.to_owned()),
+            pending_through: None,
         })
         .await
     }

@@ -274,11 +274,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// An operator's purge: deletes the jobs of `queue` finished before
     /// `finished_before` whose status is `status` (DONE or FAILED; `None`:
-    /// both), in bounded chunks; returns how many. Never a PENDING or
-    /// RUNNING job. Frees their keys. Durable on return.
+    /// both), or with [`Status::Pending`] its PENDING jobs, due or
+    /// delayed, that were there when the purge began (`finished_before`
+    /// plays no part), in bounded chunks (each a short lock or
+    /// transaction, durable before the next); returns how many. Never a
+    /// RUNNING job. Frees their keys and payloads. Durable on return.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidArgument`] for another status.
+    /// [`crate::Error::InvalidArgument`] for RUNNING.
     fn purge_jobs(
         &self,
         queue: &str,

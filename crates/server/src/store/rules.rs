@@ -9,7 +9,7 @@ use std::{
 use super::QueueStats;
 use crate::{
     error::{Error, Result},
-    job::{Job, LeaseId, NewJob, Status},
+    job::{Job, JobId, LeaseId, NewJob, Status},
 };
 
 /// Checks that `now + d` is representable, so no store ever panics in
@@ -39,8 +39,13 @@ pub fn jitter() -> f64 {
     rand::random::<f64>()
 }
 
-/// Which finished jobs a purge deletes: the retention reaper's (every
-/// queue) or an operator's PurgeJobs (one queue, one or both statuses).
+/// Why a purge of RUNNING jobs is refused (by the store and by the RPC's
+/// validation alike).
+pub const RUNNING_PURGE: &str = "status RUNNING cannot be purged: a worker holds each RUNNING job; cancel it (CancelJob), or purge PENDING, DONE or FAILED jobs";
+
+/// Which jobs a purge deletes: the retention reaper's (finished jobs of
+/// every queue) or an operator's PurgeJobs (one queue: its finished jobs
+/// of one or both statuses, or its PENDING jobs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retention {
     /// DONE jobs finished before this are purged.
@@ -49,6 +54,10 @@ pub struct Retention {
     pub failed_before: SystemTime,
     /// Only jobs of this queue; `None`: every queue.
     pub queue: Option<String>,
+    /// PENDING jobs (due or delayed) with an id up to this one are purged
+    /// too: the queue's PENDING jobs when the purge began, none enqueued
+    /// after it. `None`: no PENDING job. Never a RUNNING job.
+    pub pending_through: Option<JobId>,
 }
 
 /// How far past the later cutoff a purge's walk in id order goes before
@@ -65,8 +74,12 @@ impl Retention {
     /// ran ahead by more, the jobs enqueued then hold the walk back, and
     /// purging waits as long as the clock was ahead). A pass then reads the
     /// purgeable jobs, not every retained one.
+    /// A walk of PENDING jobs stops past the last id it may purge.
     pub fn past_every_cutoff(&self, job: &Job) -> bool {
-        self.enqueued_past_every_cutoff(job.enqueued_at)
+        match self.pending_through {
+            Some(last) => job.id > last,
+            None => self.enqueued_past_every_cutoff(job.enqueued_at),
+        }
     }
 
     /// [`Retention::past_every_cutoff`] for a job enqueued at `enqueued_at`.
@@ -77,8 +90,9 @@ impl Retention {
             .is_some_and(|late| enqueued_at > late)
     }
 
-    /// Whether a job is old enough to purge. Never a PENDING or RUNNING
-    /// job.
+    /// Whether a job is to be purged: finished long enough ago, or PENDING
+    /// (one queue's, not enqueued after the purge began) when the purge
+    /// names PENDING jobs. Never a RUNNING job.
     pub fn purgeable(&self, job: &Job) -> bool {
         if self.queue.as_ref().is_some_and(|q| *q != job.queue) {
             return false;
@@ -86,6 +100,7 @@ impl Retention {
         match (job.status, job.finished_at) {
             (Status::Done, Some(at)) => at < self.done_before,
             (Status::Failed, Some(at)) => at < self.failed_before,
+            (Status::Pending, _) => self.pending_through.is_some_and(|last| job.id <= last),
             _ => false,
         }
     }
@@ -174,6 +189,7 @@ mod tests {
             done_before: t(10_000),
             failed_before: t(5_000),
             queue: None,
+            pending_through: None,
         };
         let enqueued = |at| crate::machine::create(crate::job::JobId(1), new("q", None), t(at));
         // The later cutoff counts (a DONE job enqueued at 9,000 may be
@@ -188,8 +204,29 @@ mod tests {
             done_before: SystemTime::now(),
             failed_before: UNIX_EPOCH,
             queue: Some("q".into()),
+            pending_through: None,
         };
         assert!(!all.past_every_cutoff(&enqueued(10_061)));
+        // A purge of PENDING jobs walks up to the last id it may purge,
+        // whenever they were enqueued.
+        let pending = Retention {
+            done_before: UNIX_EPOCH,
+            failed_before: UNIX_EPOCH,
+            queue: Some("q".into()),
+            pending_through: Some(crate::job::JobId(5)),
+        };
+        let job = |id| crate::machine::create(crate::job::JobId(id), new("q", None), t(1));
+        assert!(!pending.past_every_cutoff(&job(5)));
+        assert!(pending.past_every_cutoff(&job(6)));
+        assert!(pending.purgeable(&job(5)));
+        assert!(
+            !pending.purgeable(&job(6)),
+            "enqueued after the purge began"
+        );
+        assert!(
+            !all.purgeable(&job(1)),
+            "a purge of finished jobs keeps PENDING ones"
+        );
     }
 
     #[test]

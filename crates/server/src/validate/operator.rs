@@ -12,6 +12,7 @@ use crate::{
     error::{Error, Result},
     job::{JobId, Status},
     machine,
+    store::rules::RUNNING_PURGE,
 };
 
 /// 0001-01-01T00:00:00Z, the first second google/protobuf/timestamp.proto
@@ -25,9 +26,10 @@ const TIMESTAMP_MAX_SECONDS: i64 = 253_402_300_799;
 pub struct Purge {
     /// The queue.
     pub queue: String,
-    /// DONE, FAILED, or `None` for both.
+    /// DONE, FAILED, `None` for both, or PENDING.
     pub status: Option<Status>,
-    /// Jobs finished before this go.
+    /// Jobs finished before this go (`now` for PENDING, where it plays no
+    /// part).
     pub finished_before: SystemTime,
 }
 
@@ -66,15 +68,19 @@ pub fn delete(req: pb::DeleteJobRequest) -> Result<JobId> {
     job_id("id", &req.id)
 }
 
-/// A PurgeJobs: a named queue, a finished status (or both), and a time
-/// (`now` when unset).
+/// A PurgeJobs: a named queue, a finished status (or both) and a time
+/// (`now` when unset), or PENDING without a time. Never RUNNING.
 pub fn purge(req: pb::PurgeJobsRequest, now: SystemTime) -> Result<Purge> {
     name("queue", &req.queue)?;
     let status = status_filter(req.status)?;
-    if let Some(s @ (Status::Pending | Status::Running)) = status {
-        return Err(invalid(format!(
-            "status {s} cannot be purged: only DONE and FAILED jobs (delete a PENDING job with DeleteJob)"
-        )));
+    match status {
+        Some(Status::Running) => return Err(invalid(RUNNING_PURGE)),
+        Some(Status::Pending) if req.finished_before.is_some() => {
+            return Err(invalid(
+                "finished_before applies to DONE and FAILED jobs: a PENDING job has not finished (a purge of PENDING jobs deletes every one the queue holds when it begins; leave finished_before unset)",
+            ))
+        }
+        _ => {}
     }
     let finished_before = match req.finished_before {
         None => now,
@@ -142,7 +148,7 @@ mod tests {
     }
 
     #[test]
-    fn purge_takes_a_queue_and_a_finished_status() {
+    fn purge_takes_a_queue_and_a_finished_or_pending_status() {
         let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
         let req = |queue: &str, status: pb::JobStatus, at: Option<prost_types::Timestamp>| {
             pb::PurgeJobsRequest {
@@ -155,9 +161,15 @@ mod tests {
         assert_eq!((all.status, all.finished_before), (None, now));
         let done = purge(req("q", pb::JobStatus::Done, Some(now.into())), now).unwrap();
         assert_eq!(done.status, Some(Status::Done));
+        let pending = purge(req("q", pb::JobStatus::Pending, None), now).unwrap();
+        assert_eq!(pending.status, Some(Status::Pending));
+        let running = purge(req("q", pb::JobStatus::Running, None), now).unwrap_err();
+        assert_eq!(running.code(), tonic::Code::InvalidArgument);
+        assert!(running.to_string().contains("RUNNING"), "{running}");
         for bad in [
             req("", pb::JobStatus::Done, None),
-            req("q", pb::JobStatus::Pending, None),
+            req("", pb::JobStatus::Pending, None),
+            req("q", pb::JobStatus::Pending, Some(now.into())),
             req("q", pb::JobStatus::Running, None),
             req(
                 "q",

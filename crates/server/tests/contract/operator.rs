@@ -367,13 +367,285 @@ async fn purge_jobs_deletes_one_queues_finished_jobs_by_status_and_age() {
     for id in &other {
         assert!(store.get(*id).await.is_ok());
     }
-    for bad in [Status::Pending, Status::Running] {
-        assert_eq!(
-            code(store.purge_jobs("q", Some(bad), at(10_000)).await),
-            Code::InvalidArgument
-        );
-    }
+    assert_eq!(
+        code(store.purge_jobs("q", Some(Status::Running), at(10_000)).await),
+        Code::InvalidArgument
+    );
     assert_eq!(store.get(running_id).await.unwrap().status, Status::Running);
+    assert_eq!(store.get(pending_id).await.unwrap().status, Status::Pending);
+}
+
+/// The service over `store`, as a server runs it (no tokens: open).
+fn service(
+    store: &Arc<TestStore>,
+) -> (
+    Arc<jobq_server::service::JobQueueService<TestStore>>,
+    tokio_util::sync::CancellationToken,
+) {
+    let config = Arc::new(jobq_server::Config::with_data("unused"));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let hub = jobq_server::leases::LeaseHub::new(
+        Arc::clone(store),
+        Arc::clone(&config),
+        shutdown.clone(),
+    );
+    let svc = jobq_server::service::JobQueueService::new(
+        Arc::clone(store),
+        hub,
+        config,
+        shutdown.clone(),
+    );
+    (Arc::new(svc), shutdown)
+}
+
+fn purge_request(
+    queue: &str,
+    status: i32,
+    finished_before: Option<SystemTime>,
+) -> tonic::Request<jobq::pb::PurgeJobsRequest> {
+    tonic::Request::new(jobq::pb::PurgeJobsRequest {
+        queue: queue.into(),
+        status,
+        finished_before: finished_before.map(Into::into),
+    })
+}
+
+/// Counts of one queue: (pending, running, done, failed).
+async fn counts(store: &TestStore, queue: &str) -> (u64, u64, u64, u64) {
+    let stats = store.stats(Some(queue), at(1_000_000)).await.unwrap();
+    stats
+        .iter()
+        .find(|s| s.queue == queue)
+        .map_or((0, 0, 0, 0), |s| (s.pending, s.running, s.done, s.failed))
+}
+
+/// A purge of more than ten thousand PENDING jobs of one queue, through
+/// the RPC: every PENDING job of that queue goes, in many short batches,
+/// while a Lease stream on another queue keeps being served; the queue's
+/// RUNNING job and every job of the other queues stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_pending_jobs_leaves_other_queues_and_running_jobs_and_serves_streams() {
+    use jobq::pb::{self, job_queue_server::JobQueue};
+    use tokio_stream::StreamExt;
+
+    let (_dir, store) = fresh().await;
+    let store = Arc::new(store);
+    const JUNK: usize = 10_500;
+    for chunk in 0..JUNK / 1_500 {
+        let batch = (0..1_500)
+            .map(|i| new_job("junk", None, if i % 10 == 0 { 3_600_000 } else { 0 }))
+            .collect();
+        store.enqueue_batch(batch, at(chunk as u64)).await.unwrap();
+    }
+    let running = take(&*store, "junk", at(100)).await.expect("a junk job");
+    let others: Vec<JobId> = store
+        .enqueue_batch((0..50).map(|_| new_job("other", None, 0)).collect(), at(100))
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.job.id)
+        .collect();
+    let other_running = take(&*store, "other", at(101)).await.expect("an other job");
+    assert_eq!(counts(&store, "junk").await, (JUNK as u64 - 1, 1, 0, 0));
+
+    let (svc, shutdown) = service(&store);
+    let mut stream = svc
+        .lease(tonic::Request::new(pb::LeaseRequest {
+            queues: vec!["work".into()],
+            worker_id: "w".into(),
+            capacity: 1,
+            ..Default::default()
+        }))
+        .await
+        .expect("lease")
+        .into_inner();
+    let purge = tokio::spawn({
+        let svc = Arc::clone(&svc);
+        async move {
+            svc.purge_jobs(purge_request("junk", pb::JobStatus::Pending as i32, None))
+                .await
+        }
+    });
+    // Until the purge ends: a job enqueued on the stream's queue is pushed
+    // to it, and acked, freeing the stream's slot for the next.
+    let mut served_meanwhile = 0;
+    while !purge.is_finished() {
+        let job = store
+            .enqueue(new_job("work", None, 0), SystemTime::now())
+            .await
+            .unwrap()
+            .job;
+        let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("the stream pushes the job during the purge");
+        let Some(Ok(pb::LeaseEvent {
+            event: Some(pb::lease_event::Event::Leased(leased)),
+        })) = event
+        else {
+            panic!("expected a leased job, got {event:?}");
+        };
+        assert_eq!(leased.job.as_ref().unwrap().id, job.id.to_string());
+        let lease = LeaseId(leased.lease_id.parse().unwrap());
+        store.ack(job.id, lease, SystemTime::now()).await.unwrap();
+        if !purge.is_finished() {
+            served_meanwhile += 1;
+        }
+    }
+    let deleted = purge
+        .await
+        .unwrap()
+        .expect("a purge of PENDING jobs")
+        .into_inner()
+        .deleted;
+    assert_eq!(deleted, JUNK as u64 - 1);
+    assert!(
+        served_meanwhile > 0,
+        "the stream was served while the purge ran"
+    );
+    println!("{served_meanwhile} jobs went through the stream during the purge");
+    assert_eq!(counts(&store, "junk").await, (0, 1, 0, 0));
+    assert_eq!(counts(&store, "other").await, (49, 1, 0, 0));
+    for id in &others {
+        assert!(store.get(*id).await.is_ok(), "job {id} of another queue stays");
+    }
+    let pending = store
+        .list(ListFilter {
+            queue: Some("junk".into()),
+            status: Some(Status::Pending),
+            limit: 10,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(pending.jobs.is_empty(), "{:?}", pending.jobs);
+    assert_eq!(store.next_run_at(&qs(&["junk"])).await.unwrap(), None);
+    // The RUNNING jobs were left to their workers.
+    store
+        .ack(running.job.id, running.lease_id, at(200))
+        .await
+        .expect("the junk queue's RUNNING job is acked");
+    store
+        .ack(other_running.job.id, other_running.lease_id, at(200))
+        .await
+        .expect("the other queue's RUNNING job is acked");
+    shutdown.cancel();
+}
+
+/// What goes with a purged PENDING job, and what stays: delayed and due
+/// jobs go, in a paused queue too (which stays paused); a key is free
+/// again, so its next enqueue makes a new job; DONE and FAILED jobs stay.
+/// Bad requests (RUNNING, PENDING with a time, an unknown status) are
+/// INVALID_ARGUMENT and change nothing.
+#[tokio::test]
+async fn a_purge_of_pending_jobs_frees_their_keys_and_refuses_bad_requests() {
+    use jobq::pb::{self, job_queue_server::JobQueue};
+
+    let (_dir, store) = fresh().await;
+    let store = Arc::new(store);
+    let keyed = enqueue(&*store, "q", Some("order-4711"), 0, at(0)).await;
+    let delayed = enqueue(&*store, "q", Some("later"), 3_600_000, at(0)).await;
+    let mut urgent = new_job("q", None, 0);
+    urgent.priority = 100;
+    store.enqueue(urgent, at(0)).await.unwrap();
+    let done = enqueue(&*store, "q", None, 0, at(0)).await;
+    let failed = enqueue(&*store, "q", None, 0, at(0)).await;
+    let running = enqueue(&*store, "q", None, 0, at(0)).await;
+    let leased = |l: Option<Leased>| l.expect("a due job");
+    // The urgent job comes first; then the keyed one, then the rest in
+    // order: take until the chosen ones are reached.
+    let mut held = Vec::new();
+    while held.len() < 6 {
+        let Some(l) = take(&*store, "q", at(10)).await else {
+            break;
+        };
+        held.push(l);
+    }
+    // Put back what is not meant to be RUNNING: DONE, FAILED, and the
+    // others PENDING again (a give-back returns a job without an attempt).
+    let mut kept_running = None;
+    for l in held {
+        let id = l.job.id;
+        if id == done.id {
+            store.ack(id, l.lease_id, at(20)).await.unwrap();
+        } else if id == failed.id {
+            store.cancel(id, "bad".into(), at(20)).await.unwrap();
+        } else if id == running.id {
+            kept_running = Some(l);
+        } else {
+            store.give_back(id, l.lease_id, at(20)).await.unwrap();
+        }
+    }
+    let running = leased(kept_running);
+    store.set_paused("q", true).await.unwrap();
+    let other = enqueue(&*store, "elsewhere", Some("order-4711"), 0, at(30)).await;
+    let before = counts(&store, "q").await;
+    assert_eq!(before, (3, 1, 1, 1));
+
+    let (svc, shutdown) = service(&store);
+    for (status, finished_before, what) in [
+        (pb::JobStatus::Running as i32, None, "RUNNING"),
+        (pb::JobStatus::Pending as i32, Some(at(100)), "finished_before"),
+        (99, None, "99"),
+    ] {
+        let err = svc
+            .purge_jobs(purge_request("q", status, finished_before))
+            .await
+            .expect_err("a bad purge is refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains(what), "{err:?}");
+        assert_eq!(counts(&store, "q").await, before, "a refused purge changes nothing");
+    }
+    assert_eq!(
+        code(store.purge_jobs("q", Some(Status::Running), at(100)).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(counts(&store, "q").await, before);
+
+    let deleted = svc
+        .purge_jobs(purge_request("q", pb::JobStatus::Pending as i32, None))
+        .await
+        .expect("a purge of PENDING jobs")
+        .into_inner()
+        .deleted;
+    assert_eq!(deleted, 3);
+    assert_eq!(counts(&store, "q").await, (0, 1, 1, 1));
+    for id in [keyed.id, delayed.id] {
+        assert_eq!(code(store.get(id).await), Code::NotFound);
+    }
+    for id in [done.id, failed.id, running.job.id, other.id] {
+        assert!(store.get(id).await.is_ok(), "job {id} stays");
+    }
+    let stats = store.stats(Some("q"), at(100)).await.unwrap();
+    assert!(stats[0].paused, "the queue stays paused");
+    assert_eq!(stats[0].oldest_pending_age, None);
+    // Nothing left to purge.
+    let again = svc
+        .purge_jobs(purge_request("q", pb::JobStatus::Pending as i32, None))
+        .await
+        .unwrap()
+        .into_inner()
+        .deleted;
+    assert_eq!(again, 0);
+
+    // The keys are free: their next enqueue makes a new job.
+    let reused = store
+        .enqueue(new_job("q", Some("order-4711"), 0), at(200))
+        .await
+        .unwrap();
+    assert!(reused.created, "a purged PENDING job frees its key");
+    assert!(reused.job.id > keyed.id);
+    let later = store
+        .enqueue(new_job("q", Some("later"), 0), at(200))
+        .await
+        .unwrap();
+    assert!(later.created);
+    store.set_paused("q", false).await.unwrap();
+    assert_eq!(take(&*store, "q", at(300)).await.unwrap().job.id, reused.job.id);
+    store
+        .ack(running.job.id, running.lease_id, at(300))
+        .await
+        .expect("the RUNNING job was left to its worker");
+    shutdown.cancel();
 }
 
 #[tokio::test]
@@ -417,6 +689,7 @@ async fn a_purge_pass_stops_at_the_first_job_enqueued_well_after_every_cutoff() 
         done_before: at(1_000),
         failed_before: at(1_000),
         queue: None,
+        pending_through: None,
     };
     assert_eq!(
         store.backend().purge_chunk(None, retention).await.unwrap(),

@@ -18,8 +18,25 @@
 //!
 //! At most `lanes` transactions of a kind run at once; a caller that finds
 //! a lane free goes at once, alone (no added latency when idle).
+//!
+//! A row's failure fails its own caller only. When a shared transaction
+//! fails and surely committed nothing ([`PgError::rolled_back`]: a
+//! constraint or value one row broke, a key freed by a delete in between,
+//! a deadlock), each of its callers runs again alone, in arrival order, in
+//! a transaction of its own: the one whose row fails gets its own error,
+//! naming only its own data, and the others their results. When the
+//! connection broke instead (a commit may have been applied, so running
+//! again could apply it twice), or the database timed out or ran short
+//! (which running each caller again would only repeat), every caller gets
+//! that failure, which names no caller's data.
 
-use std::{sync::Arc, time::SystemTime};
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::SystemTime,
+};
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -33,8 +50,8 @@ use crate::{
 
 /// A kind of call that can share a transaction with others of its kind.
 pub trait Op: Send + Sync + 'static {
-    /// One entry of a call.
-    type Item: Send + 'static;
+    /// One entry of a call (cloned to run a caller again alone).
+    type Item: Clone + Send + 'static;
     /// Its result.
     type Out: Send + 'static;
     /// Runs entries in one transaction: one result per entry, in order.
@@ -90,6 +107,8 @@ pub struct Request<O: Op> {
 /// The queue in front of one kind of transaction.
 pub struct Batcher<O: Op> {
     tx: mpsc::UnboundedSender<Request<O>>,
+    /// Calls sent and not yet in a transaction.
+    queued: Arc<AtomicUsize>,
 }
 
 impl<O: Op> Batcher<O> {
@@ -98,15 +117,29 @@ impl<O: Op> Batcher<O> {
     /// the transactions in flight.
     pub fn start(pg: std::sync::Weak<Core>, max_events: usize, lanes: usize) -> Batcher<O> {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run::<O>(pg, rx, max_events.max(1), lanes.max(1)));
-        Batcher { tx }
+        let queued = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run::<O>(
+            pg,
+            rx,
+            Arc::clone(&queued),
+            max_events.max(1),
+            lanes.max(1),
+        ));
+        Batcher { tx, queued }
+    }
+
+    /// How many calls wait for a transaction (every lane was busy).
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
     }
 
     /// Runs `items` in the next transaction.
     pub async fn run(&self, items: Vec<O::Item>, now: SystemTime) -> Reply<O> {
         let (reply, rx) = oneshot::channel();
         let request = Request { items, now, reply };
+        self.queued.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(request).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(PgError::Shared {
                 message: "the store is closing".into(),
                 transient: true,
@@ -124,6 +157,7 @@ impl<O: Op> Batcher<O> {
 async fn run<O: Op>(
     pg: std::sync::Weak<Core>,
     mut rx: mpsc::UnboundedReceiver<Request<O>>,
+    queued: Arc<AtomicUsize>,
     max_events: usize,
     lanes: usize,
 ) {
@@ -145,6 +179,7 @@ async fn run<O: Op>(
                 Err(_) => break,
             }
         }
+        queued.fetch_sub(batch.len(), Ordering::Relaxed);
         let Some(pg) = pg.upgrade() else { return };
         tokio::spawn(async move {
             let _permit = permit;
@@ -174,15 +209,26 @@ async fn commit<O: Op>(pg: Arc<Core>, batch: Vec<Request<O>>) {
     let sizes: Vec<usize> = batch.iter().map(|r| r.items.len()).collect();
     let mut items = Vec::with_capacity(sizes.iter().sum());
     let mut replies = Vec::with_capacity(batch.len());
+    // Each caller's own entries, kept to run it alone should the shared
+    // transaction fail.
+    let mut alone = Vec::with_capacity(batch.len());
     for r in batch {
-        items.extend(r.items);
+        items.extend(r.items.iter().cloned());
+        alone.push((r.items, r.now));
         replies.push(r.reply);
     }
-    match O::run(pg, items, now).await {
+    match O::run(Arc::clone(&pg), items, now).await {
         Ok(results) => {
             let mut results = results.into_iter();
             for (reply, n) in replies.into_iter().zip(sizes) {
                 let _ = reply.send(Ok(results.by_ref().take(n).collect()));
+            }
+        }
+        Err(err) if err.rolled_back() => {
+            // Nothing was committed: each caller alone, so that one
+            // caller's row fails that caller only.
+            for (reply, (items, now)) in replies.into_iter().zip(alone) {
+                let _ = reply.send(O::run(Arc::clone(&pg), items, now).await);
             }
         }
         Err(err) => {

@@ -15,8 +15,10 @@ pub enum PgError {
     /// The `--store` URL does not parse.
     #[error("invalid --store URL: {0}")]
     Url(String),
-    /// A group-commit transaction that carried this call failed (see
-    /// `batch.rs`): every caller in it gets the cause.
+    /// A group-commit transaction that carried this call failed where no
+    /// one caller's row was to blame (the connection or the pool failed;
+    /// see `batch.rs`): every caller in it gets the cause, which names no
+    /// caller's data.
     #[error("postgres (group commit): {message}")]
     Shared {
         /// The failure, as text.
@@ -66,6 +68,37 @@ impl PgError {
     }
 }
 
+impl PgError {
+    /// Whether the transaction that failed so surely committed nothing,
+    /// and for a reason of its own rows, so that running its callers again
+    /// one by one tells whose row it was: PostgreSQL refused a statement or
+    /// the commit for the data (a constraint, a value, a trigger) or broke
+    /// a deadlock, or the error arose here before the commit (the
+    /// transaction is then dropped and rolled back). Not when the
+    /// connection broke or the backend was ended (a commit in flight may
+    /// have been applied), nor for a timeout, a cancel or a shortage that
+    /// would only recur once per caller.
+    pub fn rolled_back(&self) -> bool {
+        match self {
+            PgError::Db(e) => match e.code() {
+                Some(code) => {
+                    let c = code.code();
+                    c.starts_with("40") || !transient_sqlstate(c)
+                }
+                None => {
+                    !(e.is_closed()
+                        || std::error::Error::source(e)
+                            .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some()))
+                }
+            },
+            PgError::Raced(_) | PgError::Schema(_) => true,
+            PgError::Pool(_) | PgError::Build(_) | PgError::Url(_) | PgError::Shared { .. } => {
+                false
+            }
+        }
+    }
+}
+
 /// Class 08 (connection), 40 (transaction rollback: serialization failure,
 /// deadlock), 53 (insufficient resources), 57P0x (shutdown, crash
 /// recovery), 57014 (a statement cancelled: `statement_timeout`,
@@ -97,6 +130,18 @@ mod tests {
     fn a_race_with_a_delete_is_retried_and_a_bad_row_is_not() {
         assert!(PgError::Raced("key freed meanwhile".into()).transient());
         assert!(!PgError::Schema("unknown job status".into()).transient());
+    }
+
+    #[test]
+    fn only_a_failure_that_surely_committed_nothing_is_run_again_per_caller() {
+        assert!(PgError::Raced("key freed meanwhile".into()).rolled_back());
+        assert!(PgError::Schema("a row that does not map".into()).rolled_back());
+        assert!(!PgError::Pool(deadpool_postgres::PoolError::Closed).rolled_back());
+        let shared = PgError::Shared {
+            message: "connection closed".into(),
+            transient: true,
+        };
+        assert!(!shared.rolled_back());
     }
 
     #[test]

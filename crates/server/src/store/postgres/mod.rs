@@ -344,6 +344,15 @@ impl Pg {
             self.batched.load(Ordering::Relaxed),
         )
     }
+
+    /// Calls (transitions, enqueues) waiting for a group-commit
+    /// transaction: queued while every lane of their kind is busy.
+    pub fn group_commit_queued(&self) -> (usize, usize) {
+        (
+            self.batcher.as_ref().map_or(0, batch::Batcher::queued),
+            self.inserter.as_ref().map_or(0, batch::Batcher::queued),
+        )
+    }
 }
 
 impl Core {
@@ -450,6 +459,10 @@ impl Backend for Pg {
 
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
         Ok(queries::expiring(self, at).await?)
+    }
+
+    async fn last_pending(&self, queue: &str) -> Result<Option<JobId>> {
+        Ok(purge::last_pending(self, queue).await?)
     }
 
     async fn purge_chunk(

@@ -1,6 +1,7 @@
-//! Retention: deletes old DONE and FAILED jobs in short transactions of at
-//! most [`PURGE_CHUNK`] rows each, skipping rows another transaction holds,
-//! so a purge never holds long locks. Attempts go with their job (`ON
+//! Retention: deletes old DONE and FAILED jobs (and, for an operator's
+//! purge of PENDING jobs, one queue's PENDING ones) in short transactions
+//! of at most [`PURGE_CHUNK`] rows each, skipping rows another transaction
+//! holds, so a purge never holds long locks and a take never waits for it. Attempts go with their job (`ON
 //! DELETE CASCADE`), and a deleted job frees its key. Which jobs go is
 //! decided by [`Retention::purgeable`], the rule every store shares; the
 //! SQL only narrows the candidates.
@@ -31,6 +32,9 @@ pub async fn purge_chunk(
     after: Option<JobId>,
     retention: Retention,
 ) -> Result<(u64, Option<JobId>), PgError> {
+    if let (Some(queue), Some(through)) = (&retention.queue, retention.pending_through) {
+        return pending_chunk(pg, after, queue, through, &retention).await;
+    }
     let mut client = pg.client().await?;
     let tx = client.transaction().await?;
     let after = after.map_or(0, |id| row::to_db(id.0));
@@ -87,4 +91,64 @@ pub async fn purge_chunk(
     };
     tx.commit().await?;
     Ok((deleted, next))
+}
+
+/// One step of a purge of `queue`'s PENDING jobs up to id `through`, by
+/// the (queue, status, id) index: only that queue's PENDING rows are read.
+/// A row a take (or a cancel, a delete) holds is skipped: it is leaving
+/// PENDING, or gone.
+async fn pending_chunk(
+    pg: &Pg,
+    after: Option<JobId>,
+    queue: &str,
+    through: JobId,
+    retention: &Retention,
+) -> Result<(u64, Option<JobId>), PgError> {
+    let mut client = pg.client().await?;
+    let tx = client.transaction().await?;
+    let after = after.map_or(0, |id| row::to_db(id.0));
+    let through = row::to_db(through.0);
+    let select = tx
+        .prepare_cached(&format!(
+            "SELECT {} FROM jobq_jobs WHERE queue = $1 AND status = 'pending' \
+             AND id > $2 AND id <= $3 ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED",
+            *row::CHANGE_COLUMNS
+        ))
+        .await?;
+    let rows = tx
+        .query(&select, &[&queue, &after, &through, &PURGE_CHUNK])
+        .await?;
+    let mut doomed = Vec::new();
+    let mut last = None;
+    for r in &rows {
+        let job = row::job_of(r)?;
+        last = Some(job.id);
+        if retention.purgeable(&job) {
+            doomed.push(row::to_db(job.id.0));
+        }
+    }
+    let deleted = if doomed.is_empty() {
+        0
+    } else {
+        tx.execute("DELETE FROM jobq_jobs WHERE id = ANY($1)", &[&doomed])
+            .await?
+    };
+    tx.commit().await?;
+    let next = if i64::try_from(rows.len()).unwrap_or(0) == PURGE_CHUNK {
+        last
+    } else {
+        None
+    };
+    Ok((deleted, next))
+}
+
+/// The highest id among `queue`'s PENDING jobs, as
+/// [`crate::store::Backend::last_pending`].
+pub async fn last_pending(pg: &Pg, queue: &str) -> Result<Option<JobId>, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached("SELECT max(id) FROM jobq_jobs WHERE queue = $1 AND status = 'pending'")
+        .await?;
+    let last: Option<i64> = client.query_one(&stmt, &[&queue]).await?.try_get(0)?;
+    Ok(last.map(|id| JobId(row::from_db(id))))
 }

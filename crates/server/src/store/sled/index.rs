@@ -349,6 +349,11 @@ impl Index {
         }
     }
 
+    /// The highest id among the jobs of `queue` with `status`.
+    pub(crate) fn last_in_queue(&self, queue: &str, status: Status) -> Option<JobId> {
+        self.queue(queue)?.by_status[slot(status)].max().map(JobId)
+    }
+
     /// The retained jobs holding `key`, in any queue (at most one per
     /// queue), in id order.
     pub(crate) fn keyed(&self, key: &str) -> Vec<JobId> {

@@ -739,10 +739,11 @@ impl Sled {
 
     /// One purge step: reads up to [`PURGE_CHUNK`] DONE and FAILED jobs
     /// after `after` (by the status index: PENDING and RUNNING records are
-    /// never read, so a purge over 1M pending jobs reads none of them)
+    /// never read, so a purge over 1M pending jobs reads none of them) —
+    /// or, for a purge of PENDING jobs, that queue's PENDING ones —
     /// without the lock, then deletes the purgeable ones under it,
-    /// re-checking each (it may have been retried meanwhile). Returns the
-    /// number deleted and where the next step starts.
+    /// re-checking each (it may have been retried or taken meanwhile).
+    /// Returns the number deleted and where the next step starts.
     fn purge_chunk_locked(
         &self,
         after: Option<JobId>,
@@ -759,11 +760,18 @@ impl Sled {
                 Some(queue) => index.in_queue(queue, Some(status), JobId(start), PURGE_CHUNK),
                 None => index.with_status(status, JobId(start), PURGE_CHUNK),
             };
-            let mut ids = finished(Status::Done);
-            ids.extend(finished(Status::Failed));
-            ids.sort_unstable();
-            ids.truncate(PURGE_CHUNK);
-            ids
+            match (&retention.queue, retention.pending_through) {
+                (Some(queue), Some(_)) => {
+                    index.in_queue(queue, Some(Status::Pending), JobId(start), PURGE_CHUNK)
+                }
+                _ => {
+                    let mut ids = finished(Status::Done);
+                    ids.extend(finished(Status::Failed));
+                    ids.sort_unstable();
+                    ids.truncate(PURGE_CHUNK);
+                    ids
+                }
+            }
         };
         let Some(&last) = ids.last() else {
             return Ok((0, None, Vec::new()));
@@ -1070,6 +1078,10 @@ impl Backend for Sled {
 
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
         self.expiring_locked(at)
+    }
+
+    async fn last_pending(&self, queue: &str) -> Result<Option<JobId>> {
+        Ok(self.lock().last_in_queue(queue, Status::Pending))
     }
 
     async fn purge_chunk(
@@ -1715,6 +1727,58 @@ mod tests {
                 .unwrap();
             assert!(page.jobs.iter().any(|j| j.payload == big));
         }
+    }
+
+    /// A purge of a queue's PENDING jobs takes their payloads with them:
+    /// the ones stored apart at once, the files once the purge is durable;
+    /// a RUNNING job of the queue keeps its payload.
+    #[tokio::test]
+    async fn a_purge_of_pending_jobs_removes_their_payloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("payloads");
+        let files = || std::fs::read_dir(&folder).unwrap().count();
+        let mut config = Config::with_data(dir.path());
+        config.payload_file_bytes = 16 * 1024;
+        let store = SledStore::open(&config).unwrap();
+        let now = SystemTime::now();
+        let apart = vec![b'a'; record::INLINE_MAX + 1];
+        let file = vec![b'f'; 16 * 1024];
+        let mut batch = Vec::new();
+        for _ in 0..100 {
+            batch.push(new_job(apart.clone()));
+            batch.push(new_job(file.clone()));
+            batch.push(new_job(b"{}".to_vec()));
+        }
+        store.enqueue_batch(batch, now).await.unwrap();
+        let running = store
+            .take(&["q".to_string()], "w", None, Duration::from_secs(30), now)
+            .await
+            .unwrap()
+            .expect("a job");
+        assert_eq!(running.job.payload, apart);
+        assert_eq!(store.backend().payloads.len(), 100);
+        assert_eq!(files(), 100);
+
+        let purged = store
+            .purge_jobs("q", Some(Status::Pending), now)
+            .await
+            .unwrap();
+        assert_eq!(purged, 299);
+        assert_eq!(
+            store.backend().payloads.len(),
+            1,
+            "only the RUNNING job's payload stays apart"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while files() != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} payload files stay",
+                files()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(store.get(running.job.id).await.unwrap().payload, apart);
     }
 
     /// ListJobs by an indexed status walks the index's id set across its
