@@ -91,7 +91,7 @@ impl PgError {
                             .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some()))
                 }
             },
-            PgError::Raced(_) | PgError::Schema(_) => true,
+            PgError::Raced(_) | PgError::Schema(_) | PgError::Unregistered => true,
             PgError::Pool(_) | PgError::Build(_) | PgError::Url(_) | PgError::Shared { .. } => {
                 false
             }
