@@ -73,22 +73,6 @@ async fn every_session_names_its_server_and_is_kept_alive_by_the_database() {
     let url = testing::fresh_database("jobq_sessions").await;
     let store = store(&url, Duration::from_secs(7)).await;
     let me = store.backend().server_id().to_owned();
-    let db = connect(&url).await;
-    // The LISTEN session opens in a task of its own.
-    until(
-        Duration::from_secs(10),
-        "pool, heartbeat and LISTEN sessions",
-        || {
-            let (db, me) = (&db, &me);
-            async move {
-                let kinds = kinds_of(db, me).await;
-                ["pool", "heartbeat", "listen"]
-                    .iter()
-                    .all(|k| kinds.contains(*k))
-            }
-        },
-    )
-    .await;
     // What the database applies on a pooled session: keepalives from
     // `--server-timeout`, in seconds.
     let pooled = store.backend().pool().get().await.unwrap();
@@ -108,6 +92,22 @@ async fn every_session_names_its_server_and_is_kept_alive_by_the_database() {
             .get(0);
         assert_eq!(got, want, "{setting}");
     }
+    let db = connect(&url).await;
+    // The LISTEN session opens in a task of its own.
+    until(
+        Duration::from_secs(10),
+        "pool, heartbeat and LISTEN sessions",
+        || {
+            let (db, me) = (&db, &me);
+            async move {
+                let kinds = kinds_of(db, me).await;
+                ["pool", "heartbeat", "listen"]
+                    .iter()
+                    .all(|k| kinds.contains(*k))
+            }
+        },
+    )
+    .await;
     let name: String = pooled
         .query_one("SELECT current_setting('application_name')", &[])
         .await
