@@ -190,6 +190,16 @@ impl ServerProcess {
             .any(|line| line.contains(needle))
     }
 
+    /// The first line the server logged containing `needle`, if any.
+    pub fn first_logged(&self, needle: &str) -> Option<String> {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|line| line.contains(needle))
+            .cloned()
+    }
+
     /// The server's URL.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

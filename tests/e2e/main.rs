@@ -4,6 +4,7 @@
 
 mod bench;
 mod cli;
+mod clocks;
 mod cluster;
 mod connections;
 mod dashboard;

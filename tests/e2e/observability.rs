@@ -140,6 +140,8 @@ async fn metrics_count_a_scripted_day_and_agree_with_stats() {
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         assert!(!line.contains(&email.id) || !line.contains("id="), "{line}");
     }
+    // Only a PostgreSQL server has a notification queue.
+    assert!(!text.contains("jobq_pg_notification_queue_usage"), "{text}");
     promtool_check(&text);
 }
 
@@ -318,4 +320,23 @@ async fn the_worker_counts_its_runs_by_outcome() {
         !text.contains("jobq_worker_leases_lost_total{"),
         "no lease was lost:\n{text}"
     );
+}
+
+/// A server on PostgreSQL exports how full the database's notification
+/// queue is (`pg_notification_queue_usage()`, 0 to 1): the LISTEN sessions
+/// of every server share it, and a session that stops reading fills it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgresql_server_exports_the_notification_queue_usage() {
+    let url = jobq_server::store::postgres::testing::fresh_database("jobq_metrics").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ServerProcess::start(&dir.path().join("data"), &["--store", &url]);
+    let (status, text) = http_get(server.http, "/metrics").await;
+    assert_eq!(status, 200);
+    let usage = get(&samples(&text), "jobq_pg_notification_queue_usage");
+    assert!((0.0..=1.0).contains(&usage), "usage {usage}");
+    assert!(
+        text.contains("# TYPE jobq_pg_notification_queue_usage gauge"),
+        "{text}"
+    );
+    promtool_check(&text);
 }

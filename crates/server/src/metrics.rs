@@ -105,6 +105,8 @@ pub struct Metrics {
     commit_batch: Histogram,
     job_wait: Family<QueueLabel, Histogram>,
     job_run: Family<QueueLabel, Histogram>,
+    /// `pg_notification_queue_usage()`, on PostgreSQL only.
+    notification_queue: Option<Gauge<f64, AtomicU64>>,
     /// Serializes scrapes: the gauges are cleared and refilled per scrape.
     scrape: Mutex<()>,
 }
@@ -210,7 +212,32 @@ impl Metrics {
             commit_batch,
             job_wait,
             job_run,
+            notification_queue: None,
             scrape: Mutex::new(()),
+        }
+    }
+
+    /// Adds the gauge of how full the database's notification queue is
+    /// (for a server on PostgreSQL): the LISTEN sessions of every server
+    /// share that queue, and one session that stops reading (a frozen
+    /// server) fills it until NOTIFY fails, and with it every enqueue.
+    #[must_use]
+    pub fn with_notification_queue(mut self) -> Metrics {
+        let gauge = Gauge::<f64, AtomicU64>::default();
+        self.registry.register(
+            "jobq_pg_notification_queue_usage",
+            "How full PostgreSQL's notification queue is, from 0 to 1 (pg_notification_queue_usage())",
+            gauge.clone(),
+        );
+        self.notification_queue = Some(gauge);
+        self
+    }
+
+    /// Sets how full the notification queue is (see
+    /// [`Metrics::with_notification_queue`]); nothing without that gauge.
+    pub fn notification_queue_usage(&self, usage: f64) {
+        if let Some(gauge) = &self.notification_queue {
+            gauge.set(usage);
         }
     }
 

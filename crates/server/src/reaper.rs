@@ -55,7 +55,7 @@ async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &Cancell
         // The streams that held the leases hear of it from the store's
         // lease-ended events; a job its stream never sent is given back.
         let undelivered = |lease| hub.undelivered(lease);
-        let none = match store.reclaim_expired(SystemTime::now(), &undelivered).await {
+        let none = match store.reclaim_expired(store.now(), &undelivered).await {
             Ok(reclaimed) => {
                 let none = reclaimed.is_empty();
                 for (job, _) in reclaimed {
@@ -156,7 +156,7 @@ async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: Canc
         if since.elapsed() < timeout {
             continue;
         }
-        match store.reclaim_orphaned(SystemTime::now()).await {
+        match store.reclaim_orphaned(store.now()).await {
             Ok(reclaimed) => {
                 for (job, lease) in reclaimed {
                     info!(job.id = %job.id, lease.id = %lease, attempts = job.attempts, status = %job.status, "reclaimed: its server stopped heartbeating (worker disconnected)");
@@ -174,7 +174,7 @@ async fn purge_loop<S: Store>(store: Arc<S>, config: Arc<Config>, shutdown: Canc
         // wait for it (what it deleted so far is flushed on the way out).
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            () = purge(&*store, &config, SystemTime::now()) => {}
+            () = purge(&*store, &config) => {}
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -190,7 +190,11 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     }
 }
 
-async fn purge<S: Store>(store: &S, config: &Config, now: SystemTime) {
+/// Purges the DONE and FAILED jobs older than their retention by the
+/// store's clock (on PostgreSQL the database's, never ahead of it): a
+/// server whose own clock runs ahead purges no job younger than that.
+async fn purge<S: Store>(store: &S, config: &Config) {
+    let now = store.now();
     let before = |keep: Duration| now.checked_sub(keep).unwrap_or(SystemTime::UNIX_EPOCH);
     match store
         .purge(before(config.retain_done), before(config.retain_failed))

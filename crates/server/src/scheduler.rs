@@ -10,6 +10,11 @@
 //! tick whose job was already purged. A pass enqueues its due ticks
 //! [`TICKS_AT_ONCE`] at a time, each through [`Store::fire_schedule`],
 //! which checks that the schedule is still the one the pass read.
+//!
+//! Time is the store's ([`Store::now`]): on PostgreSQL the database's
+//! clock, never ahead of it, so no server enqueues a tick before the
+//! database's clock reaches it, whatever its own clock says. The sleep
+//! towards the next tick is measured on that clock too.
 
 use std::{
     sync::Arc,
@@ -24,7 +29,6 @@ use crate::{
     job::{Metadata, NewJob},
     schedule::{due_tick, tick_key, untrusted_start, Schedule, Timetable},
     store::Store,
-    waiter::instant_at,
 };
 
 /// Longest sleep between two loads of the schedules.
@@ -42,7 +46,7 @@ const TICKS_AT_ONCE: usize = 8;
 /// Runs until `shutdown` fires.
 pub async fn run<S: Store>(store: Arc<S>, shutdown: CancellationToken) {
     loop {
-        let now = SystemTime::now();
+        let now = store.now();
         let mut wake = now + RELOAD_EVERY;
         match store.schedules().await {
             Ok(schedules) => {
@@ -58,9 +62,10 @@ pub async fn run<S: Store>(store: Arc<S>, shutdown: CancellationToken) {
             }
             Err(err) => warn!(cause = %err, "loading the schedules failed; retrying"),
         }
+        let nap = wake.duration_since(store.now()).unwrap_or(Duration::ZERO);
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            () = tokio::time::sleep_until(instant_at(wake)) => {}
+            () = tokio::time::sleep(nap) => {}
         }
     }
 }

@@ -183,7 +183,11 @@ async fn serve_store<S: Store + CommitHook>(
         }
     });
     let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(if store.shared() {
+        Metrics::new().with_notification_queue()
+    } else {
+        Metrics::new()
+    });
     let rates = Arc::new(Rates::default());
     {
         let (counted, rated) = (Arc::clone(&metrics), Arc::clone(&rates));

@@ -82,8 +82,12 @@ impl<S: Store> JobQueueService<S> {
     }
 }
 
-fn now() -> SystemTime {
-    SystemTime::now()
+impl<S: Store> JobQueueService<S> {
+    /// The store's clock (see [`Store::now`]): a schedule's creation time
+    /// and a purge's default cutoff are the database's on PostgreSQL.
+    fn now(&self) -> SystemTime {
+        self.store.now()
+    }
 }
 
 #[tonic::async_trait]
@@ -97,7 +101,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let who = self.auth.who(&req)?;
         let new = validate::new_job(req.into_inner(), &self.config)?;
         auth::authorize(&*self.store, &who, Access::Produce(vec![&new.queue])).await?;
-        let enqueued = self.store.enqueue(new, now()).await?;
+        let enqueued = self.store.enqueue(new, self.now()).await?;
         tracing::Span::current().record("job.id", tracing::field::display(enqueued.job.id));
         Ok(Response::new(pb::EnqueueResponse {
             job: Some(convert::enqueue_receipt(enqueued.job)),
@@ -119,7 +123,11 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             .collect();
         let queues = valid.iter().map(|j| j.queue.as_str()).collect();
         auth::authorize(&*self.store, &who, Access::Produce(queues)).await?;
-        let mut stored = self.store.enqueue_batch(valid, now()).await?.into_iter();
+        let mut stored = self
+            .store
+            .enqueue_batch(valid, self.now())
+            .await?
+            .into_iter();
         let results = checked
             .into_iter()
             .map(|entry| match entry {
@@ -169,7 +177,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         auth::authorize(&*self.store, &who, Access::Leases(&[(id, lease)])).await?;
         // The stream's slot is freed by the store's lease-ended event, not
         // here: this future is dropped if the client cancels the call.
-        let job = self.store.ack(id, lease, now()).await?;
+        let job = self.store.ack(id, lease, self.now()).await?;
         Ok(Response::new(pb::AckResponse {
             job: Some(convert::receipt(job)),
         }))
@@ -185,7 +193,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         self.hub.reported(report.lease_id, who.caller());
         let access = Access::Leases(&[(id, report.lease_id)]);
         auth::authorize(&*self.store, &who, access).await?;
-        let job = self.store.fail(id, report, now()).await?;
+        let job = self.store.fail(id, report, self.now()).await?;
         Ok(Response::new(pb::FailResponse {
             job: Some(convert::receipt(job)),
         }))
@@ -200,7 +208,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let who = self.auth.who(&req)?;
         let id = validate::job_id("job_id", &req.into_inner().job_id)?;
         auth::authorize(&*self.store, &who, Access::Administer(id)).await?;
-        let job = self.store.retry(id, now()).await?;
+        let job = self.store.retry(id, self.now()).await?;
         Ok(Response::new(pb::RetryResponse {
             job: Some(convert::receipt(job)),
         }))
@@ -216,7 +224,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let (id, reason) = validate::cancel(req.into_inner(), &self.config)?;
         auth::authorize(&*self.store, &who, Access::Administer(id)).await?;
         // The holder's stream is told by the store's lease-ended event.
-        let job = self.store.cancel(id, reason, now()).await?;
+        let job = self.store.cancel(id, reason, self.now()).await?;
         Ok(Response::new(pb::CancelJobResponse {
             job: Some(convert::receipt(job)),
         }))
@@ -268,7 +276,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
     ) -> Result<Response<pb::PurgeJobsResponse>, Status> {
         self.live()?;
         let who = self.auth.who(&req)?;
-        let purge = validate::purge(req.into_inner(), now())?;
+        let purge = validate::purge(req.into_inner(), self.now())?;
         auth::authorize(&*self.store, &who, Access::AdministerQueue(&purge.queue)).await?;
         let deleted = self
             .store
@@ -285,7 +293,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
     ) -> Result<Response<pb::CreateScheduleResponse>, Status> {
         self.live()?;
         let who = self.auth.who(&req)?;
-        let now = now();
+        let now = self.now();
         let (schedule, _) = validate::create_schedule(req.into_inner(), &self.config, now)?;
         auth::authorize(&*self.store, &who, Access::AdministerQueue(&schedule.queue)).await?;
         // Creating replaces a schedule of the same name: the caller must
@@ -325,7 +333,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
     ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
         let who = self.auth.who(&req)?;
         auth::authorize(&*self.store, &who, Access::ReadQueue(None)).await?;
-        let now = now();
+        let now = self.now();
         let schedules = self.store.schedules().await?;
         Ok(Response::new(pb::ListSchedulesResponse {
             schedules: schedules
@@ -393,7 +401,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             .collect();
         let mut results = self
             .store
-            .extend(&visible, extend_by, now())
+            .extend(&visible, extend_by, self.now())
             .await?
             .into_iter();
         let lost: Vec<(JobId, LeaseId)> = leases
@@ -455,7 +463,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let who = self.auth.who(&req)?;
         let queue = validate::optional_name("queue", req.into_inner().queue)?;
         auth::authorize(&*self.store, &who, Access::ReadQueue(queue.as_deref())).await?;
-        let mut stats = self.store.stats(queue.as_deref(), now()).await?;
+        let mut stats = self.store.stats(queue.as_deref(), self.now()).await?;
         stats.retain(|s| who.sees(&s.queue));
         Ok(Response::new(pb::StatsResponse {
             queues: stats.into_iter().map(Into::into).collect(),

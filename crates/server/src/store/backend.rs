@@ -223,7 +223,8 @@ pub trait Backend: Send + Sync + 'static {
     /// that stopped heartbeating (their streams are gone with them), each
     /// only while it still belongs to such a server, checked under the
     /// job's lock (a worker may have reconnected elsewhere and declared
-    /// it). Returns the changes made; the caller publishes them.
+    /// it). Returns the changes made; the caller publishes them. A shared
+    /// engine also ends the dead servers' own sessions with it.
     fn reclaim_orphaned(
         &self,
         now: SystemTime,
@@ -263,5 +264,20 @@ pub trait Backend: Send + Sync + 'static {
     /// first (harmless: fencing refused it); counted by shared engines.
     fn fenced_reclaims(&self) -> u64 {
         0
+    }
+
+    /// The time by the clock this engine's decisions are made on, for the
+    /// decisions made before any call: which schedule tick is due, a
+    /// schedule's creation time, a purge's cutoff. An engine of its own
+    /// uses this machine's clock; a shared one, the clock every server
+    /// shares (never ahead of it, so nothing is due early).
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
+    /// How full a shared engine's notification queue is, from 0 to 1
+    /// (`None`: it has none).
+    fn notification_queue_usage(&self) -> impl Future<Output = Result<Option<f64>>> + Send {
+        std::future::ready(Ok(None))
     }
 }

@@ -776,7 +776,7 @@ impl<B: Backend> Store for Jobs<B> {
             Some(current) if current.created_at == schedule.created_at => {}
             _ => return Ok(None),
         }
-        let enqueued = self.enqueue(job, SystemTime::now()).await?;
+        let enqueued = self.enqueue(job, self.backend.now()).await?;
         self.schedule_ticked(schedule, tick).await?;
         Ok(Some(enqueued))
     }
@@ -806,6 +806,15 @@ impl<B: Backend> Store for Jobs<B> {
 
     fn shared(&self) -> bool {
         self.backend.shared()
+    }
+
+    fn now(&self) -> SystemTime {
+        self.backend.now()
+    }
+
+    async fn notification_queue_usage(&self) -> Result<Option<f64>> {
+        self.check()?;
+        self.backend.notification_queue_usage().await
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {

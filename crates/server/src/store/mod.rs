@@ -361,6 +361,17 @@ pub trait Store: Send + Sync + 'static {
     /// Whether other servers share this store.
     fn shared(&self) -> bool;
 
+    /// The time by the store's clock: this machine's for sled, the
+    /// database's for PostgreSQL (never ahead of it), so that servers whose
+    /// clocks disagree make the same decisions. Every decision made before
+    /// a call reads it: which schedule tick is due and when, a schedule's
+    /// creation time, the cutoffs of purges.
+    fn now(&self) -> SystemTime;
+
+    /// How full the notification queue of a shared store is, from 0 to 1
+    /// (`None` for a store of its own).
+    fn notification_queue_usage(&self) -> impl Future<Output = Result<Option<f64>>> + Send;
+
     /// One job.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Job>> + Send;
 

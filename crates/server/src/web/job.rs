@@ -82,7 +82,7 @@ pub async fn page<S: Store>(
     let id = validate::job_id("id", &id)?;
     auth::authorize(&*web.store, &who, Access::ReadJob(id)).await?;
     let job = web.store.get(id).await?;
-    let now = SystemTime::now();
+    let now = web.store.now();
     let body = html! {
         table #fields {
             tr { th { "status" } td #status class=(job.status) { (job.status) } }

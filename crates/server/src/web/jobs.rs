@@ -175,7 +175,7 @@ pub async fn page<S: Store>(
         .iter()
         .filter(|j| filter.kind.is_empty() || j.kind == filter.kind)
         .collect();
-    let now = SystemTime::now();
+    let now = web.store.now();
     let body = html! {
         (form(&filter))
         @if let Some(n) = filter.retried {

@@ -19,6 +19,9 @@ pub async fn scrape<S: Store>(
 ) -> Result<impl IntoResponse, WebError> {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let stats = web.stats.get(&*web.store).await?;
+    if let Some(usage) = web.store.notification_queue_usage().await? {
+        web.metrics.notification_queue_usage(usage);
+    }
     let text = web.metrics.render(&stats, (web.streams)(), format)?;
     Ok(([(header::CONTENT_TYPE, format.content_type())], text))
 }

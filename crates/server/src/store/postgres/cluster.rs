@@ -6,7 +6,8 @@
 //! as worker disconnected, as the dead server would have done when the
 //! streams ended. Several servers may try the same reclaim: the row lock
 //! and the lease id fence it, and the refused ones are counted
-//! ([`super::Pg`]'s `fenced_reclaims`).
+//! ([`super::Pg`]'s `fenced_reclaims`). The server that declares another
+//! dead also ends that one's database sessions ([`end_dead_sessions`]).
 //!
 //! A server that shuts down gracefully keeps its streams' leases valid
 //! (a shutdown is no worker death): it clears their server id, so they
@@ -31,7 +32,8 @@ const FORGET_AFTER_TIMEOUTS: f64 = 10.0;
 
 /// Registers this server (again, if it was forgotten) and records that it
 /// is alive; forgets servers long dead. On a connection of its own, not
-/// the pool's (see [`Pg`]'s `heartbeats`).
+/// the pool's (see [`Pg`]'s `heartbeats`). The time it writes is this
+/// server's reading of the database's clock (see [`super::clock`]).
 pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
     let client = pg.heartbeats.get().await?;
     let beat = client
@@ -39,7 +41,8 @@ pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
             // clock_timestamp(): when the row is written, not when the
             // statement began (a stall before it must not date it back).
             "INSERT INTO jobq_servers (id, heartbeat_at) VALUES ($1, clock_timestamp()) \
-             ON CONFLICT (id) DO UPDATE SET heartbeat_at = clock_timestamp()",
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = clock_timestamp() \
+             RETURNING heartbeat_at",
         )
         .await?;
     let forget = client
@@ -49,8 +52,39 @@ pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
         .await?;
     let long_dead = pg.server_timeout.as_secs_f64() * FORGET_AFTER_TIMEOUTS;
     let (me, dead): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) = ([&pg.me], [&long_dead]);
-    futures::try_join!(client.execute(&beat, &me), client.execute(&forget, &dead))?;
+    let (row, _) =
+        futures::try_join!(client.query_one(&beat, &me), client.execute(&forget, &dead))?;
+    pg.observed_clock(row.try_get(0)?, std::time::Instant::now());
     Ok(())
+}
+
+/// Ends the database sessions of the registered servers that were not
+/// heard from within `--server-timeout` (found by their
+/// `application_name`, see [`super::application_name`]), so that a
+/// vanished or frozen server's sessions go now rather than when TCP gives
+/// up on them: its LISTEN stops holding back the shared notification
+/// queue, and its open transaction's row locks are released before its
+/// leases are reclaimed. Only sessions of this server's own role (ending
+/// another's needs a privilege a jobq role need not have). A server that
+/// comes back reconnects, and heartbeats again. Returns how many ended.
+async fn end_dead_sessions(pg: &Pg) -> Result<u64, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid)) \
+             FROM pg_stat_activity a JOIN jobq_servers s \
+               ON a.application_name LIKE $3 || s.id || ' %' \
+             WHERE s.id <> $1 AND s.heartbeat_at <= now() - make_interval(secs => $2) \
+               AND a.usesysid = (SELECT oid FROM pg_roles WHERE rolname = current_user) \
+               AND a.pid <> pg_backend_pid()",
+        )
+        .await?;
+    let timeout = pg.server_timeout.as_secs_f64();
+    let ended: i64 = client
+        .query_one(&stmt, &[&pg.me, &timeout, &super::SESSION_PREFIX])
+        .await?
+        .try_get(0)?;
+    Ok(u64::try_from(ended).unwrap_or(0))
 }
 
 /// The servers that hold stream leases but were not heard from within
@@ -93,6 +127,15 @@ async fn dead_servers(pg: &Pg) -> Result<Vec<String>, PgError> {
 /// adopted meanwhile is left alone, and the servers that reclaim at once
 /// split the rows instead of queueing for the same ones.
 pub async fn reclaim_orphaned(pg: &Pg, now: SystemTime) -> Result<Vec<Change>, PgError> {
+    match end_dead_sessions(pg).await {
+        Ok(0) => {}
+        Ok(ended) => tracing::info!(
+            sessions = ended,
+            "ended the database sessions of servers that stopped heartbeating"
+        ),
+        // The reclaim does not depend on it.
+        Err(err) => tracing::warn!(cause = %err, "ending a dead server's database sessions failed"),
+    }
     let dead = dead_servers(pg).await?;
     let mut changed = Vec::new();
     if dead.is_empty() {

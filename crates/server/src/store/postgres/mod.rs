@@ -15,12 +15,19 @@
 //! - Operator writes ([`operator`]): delete a job, pause and resume a queue.
 //! - Time: `now` is the database's (`now()`, the transaction's start),
 //!   read in the same round trip as the rows, so every server's leases run
-//!   on one clock. [`Clock::Caller`] (tests only) uses the caller's `now`.
+//!   on one clock. Decisions made before a statement (schedule ticks,
+//!   purge cutoffs) read the database's clock as of the last heartbeat
+//!   ([`clock`]). [`Clock::Caller`] (tests only) uses the caller's `now`.
+//! - Sessions: every connection (pooled, heartbeat, LISTEN) is named
+//!   `jobq <server id> <kind>` (`application_name`), and PostgreSQL probes
+//!   each with TCP keepalives of its own ([`session_options`]); a server
+//!   that declares another dead ends that one's sessions ([`cluster`]).
 //! - Coordination: [`listen`] (LISTEN/NOTIFY for wake-ups and lease-ended
 //!   events) and [`cluster`] (server registry, heartbeats, reclaim of a
 //!   dead server's stream leases).
 
 mod batch;
+mod clock;
 pub mod cluster;
 mod error;
 mod insert;
@@ -43,7 +50,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
     },
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -150,16 +157,107 @@ fn keep_alive(pg_config: &mut tokio_postgres::Config, server_timeout: Duration) 
     }
 }
 
+/// The TCP keepalives that PostgreSQL applies to its end of every session
+/// jobq opens (`tcp_keepalives_*`, `tcp_user_timeout`), as the client side
+/// has them ([`keep_alive`]): without them, the database keeps the session
+/// of a server whose machine vanished (powered off, cut off) for the
+/// kernel's two hours of keepalive idle. That session's LISTEN stops
+/// reading, so the notification queue, which every listener shares, keeps
+/// the notifications it has not read, and the row locks of a transaction
+/// it had open stay held until `idle_in_transaction_session_timeout`.
+/// With these, PostgreSQL ends such a session within about twice
+/// `--server-timeout` (at least 10 s) of its going silent: probes from
+/// one timeout of silence on, five of them a fifth of it apart, or, while
+/// notifications wait unacknowledged, `tcp_user_timeout`. Given first, so
+/// the URL's own `options` win. No `idle_session_timeout`: the LISTEN
+/// session and pooled connections are idle by design, and ending them
+/// would only make a live server reconnect; the keepalives end the
+/// sessions whose peer is gone, and the survivors end a dead server's
+/// (see [`cluster`]).
+fn server_keepalives(server_timeout: Duration) -> String {
+    let idle = server_timeout.max(MIN_IDLE_IN_TRANSACTION);
+    let interval = (idle / 5).max(Duration::from_secs(1));
+    format!(
+        "-c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count={KEEPALIVE_PROBES} \
+         -c tcp_user_timeout={}",
+        idle.as_secs(),
+        interval.as_secs(),
+        (idle * 2).as_millis()
+    )
+}
+
+/// Keepalive probes unanswered before a connection counts as dead.
+const KEEPALIVE_PROBES: u32 = 5;
+
+/// The `options` startup parameter of every session: the database-side
+/// keepalives, then the URL's own options, then the timeouts jobq insists
+/// on (see [`Pg::connect`]).
+fn session_options(
+    given: Option<&str>,
+    server_timeout: Duration,
+    statement_timeout: Duration,
+) -> String {
+    // A server frozen in the middle of a transaction (a paused VM or
+    // container, a stopped process) holds its row locks, and every
+    // other server's changes to those jobs wait for it: PostgreSQL
+    // ends such a session once it has been idle inside a transaction
+    // for as long as a silent server counts as dead (at least 5 s, so
+    // that a loaded machine's pause between two statements is not
+    // taken for it). jobq's own transactions never idle that long
+    // between statements.
+    let idle = server_timeout.max(MIN_IDLE_IN_TRANSACTION).as_millis();
+    let mut options = server_keepalives(server_timeout);
+    if let Some(given) = given.filter(|g| !g.is_empty()) {
+        options.push(' ');
+        options.push_str(given);
+    }
+    options.push_str(&format!(
+        " -c idle_in_transaction_session_timeout={idle} -c statement_timeout={}",
+        // Whole milliseconds, rounded up: 0 would mean none.
+        statement_timeout.as_nanos().div_ceil(1_000_000)
+    ));
+    options
+}
+
+/// The `application_name` of this server's sessions of one kind: `jobq
+/// <server id> <kind>`, then the URL's own name if it gave one. The
+/// server id comes first, so PostgreSQL's cut at 63 bytes never loses it:
+/// an operator sees whose session each is in `pg_stat_activity`, and the
+/// server that declares this one dead finds and ends them.
+pub fn application_name(server: &str, kind: &str, given: Option<&str>) -> String {
+    match given.filter(|g| !g.is_empty()) {
+        Some(given) => format!("{SESSION_PREFIX}{server} {kind} {given}"),
+        None => format!("{SESSION_PREFIX}{server} {kind}"),
+    }
+}
+
+/// What every jobq session's `application_name` starts with.
+pub const SESSION_PREFIX: &str = "jobq ";
+
+/// `config` for a session of one kind (see [`application_name`]).
+fn named(config: &tokio_postgres::Config, server: &str, kind: &str) -> tokio_postgres::Config {
+    let mut named = config.clone();
+    named.application_name(application_name(
+        server,
+        kind,
+        config.get_application_name(),
+    ));
+    named
+}
+
 /// The PostgreSQL backend. See the module docs.
 pub struct Pg {
     core: Arc<Core>,
-    pg_config: tokio_postgres::Config,
+    /// How the LISTEN connection connects.
+    listen_config: tokio_postgres::Config,
     server_timeout: Duration,
     /// One connection of its own for this server's heartbeat: behind a
     /// pool that slow reads or a stuck row lock have drained, it would
     /// wait past `--server-timeout`, and the other servers would take this
     /// live server for dead and reclaim its streams' leases.
     heartbeats: Pool,
+    /// The database's clock as of the last heartbeat (see [`clock`]).
+    db_clock: clock::DbClock,
     listener: Mutex<Option<AbortHandle>>,
     remote: std::sync::OnceLock<Remote>,
     /// Group commit of transitions; `None` with the caller's clock (tests
@@ -249,31 +347,16 @@ impl Pg {
     /// migration fails.
     pub async fn connect(options: PgOptions) -> Result<Pg> {
         let mut pg_config = parse_url(&options.url)?;
-        // A server frozen in the middle of a transaction (a paused VM or
-        // container, a stopped process) holds its row locks, and every
-        // other server's changes to those jobs wait for it: PostgreSQL
-        // ends such a session once it has been idle inside a transaction
-        // for as long as a silent server counts as dead (at least 5 s, so
-        // that a loaded machine's pause between two statements is not
-        // taken for it). jobq's own transactions never idle that long
-        // between statements.
-        let idle = options
-            .server_timeout
-            .max(MIN_IDLE_IN_TRANSACTION)
-            .as_millis();
-        let session = format!(
-            "-c idle_in_transaction_session_timeout={idle} -c statement_timeout={}",
-            // Whole milliseconds, rounded up: 0 would mean none.
-            options.statement_timeout.as_nanos().div_ceil(1_000_000)
+        let combined = session_options(
+            pg_config.get_options(),
+            options.server_timeout,
+            options.statement_timeout,
         );
-        let combined = match pg_config.get_options() {
-            Some(given) if !given.is_empty() => format!("{given} {session}"),
-            _ => session,
-        };
         pg_config.options(&combined);
         keep_alive(&mut pg_config, options.server_timeout);
+        let me = format!("{}-{:08x}", std::process::id(), rand::random::<u32>());
         let manager = Manager::from_config(
-            pg_config.clone(),
+            named(&pg_config, &me, "pool"),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -287,7 +370,7 @@ impl Pg {
             .build()
             .map_err(PgError::from)?;
         let heartbeats = Pool::builder(Manager::from_config(
-            pg_config.clone(),
+            named(&pg_config, &me, "heartbeat"),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -305,7 +388,7 @@ impl Pg {
         let core = Arc::new(Core {
             pool,
             takes: tokio::sync::Semaphore::new((options.pool_size.max(2) / 2).max(1)),
-            me: format!("{}-{:08x}", std::process::id(), rand::random::<u32>()),
+            me: me.clone(),
             clock: options.clock,
             doubles: AtomicU64::new(0),
             batches: AtomicU64::new(0),
@@ -324,9 +407,10 @@ impl Pg {
         });
         let pg = Pg {
             core,
-            pg_config,
+            listen_config: named(&pg_config, &me, "listen"),
             server_timeout: options.server_timeout,
             heartbeats,
+            db_clock: clock::DbClock::default(),
             listener: Mutex::new(None),
             remote: std::sync::OnceLock::new(),
             batcher,
@@ -334,6 +418,11 @@ impl Pg {
         };
         cluster::heartbeat(&pg).await?;
         Ok(pg)
+    }
+
+    /// Records a reading of the database's clock (see [`clock`]).
+    fn observed_clock(&self, at: SystemTime, returned: Instant) {
+        self.db_clock.observed(at, returned);
     }
 
     /// Group-commit transactions that carried more than one caller, and
@@ -537,7 +626,11 @@ impl Backend for Pg {
 
     fn attach(&self, remote: Remote) {
         let _ = self.remote.set(remote.clone());
-        let task = tokio::spawn(listen::run(self.pg_config.clone(), self.me.clone(), remote));
+        let task = tokio::spawn(listen::run(
+            self.listen_config.clone(),
+            self.me.clone(),
+            remote,
+        ));
         *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
     }
 
@@ -570,13 +663,38 @@ impl Backend for Pg {
     fn fenced_reclaims(&self) -> u64 {
         self.doubles.load(Ordering::Relaxed)
     }
+
+    /// The database's clock as of the last heartbeat, moved on by this
+    /// process's monotonic clock (see [`clock`]); the caller's clock in
+    /// tests that replay time.
+    fn now(&self) -> SystemTime {
+        match self.clock {
+            Clock::Database => self.db_clock.now().unwrap_or_else(SystemTime::now),
+            Clock::Caller => SystemTime::now(),
+        }
+    }
+
+    async fn notification_queue_usage(&self) -> Result<Option<f64>> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT pg_notification_queue_usage()")
+            .await
+            .map_err(PgError::from)?;
+        let usage: f64 = client
+            .query_one(&stmt, &[])
+            .await
+            .map_err(PgError::from)?
+            .try_get(0)
+            .map_err(PgError::from)?;
+        Ok(Some(usage))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::{keep_alive, parse_url};
+    use super::{application_name, keep_alive, parse_url, session_options};
 
     #[test]
     fn connections_notice_a_vanished_database_within_seconds_unless_the_url_says_otherwise() {
@@ -594,5 +712,33 @@ mod tests {
         keep_alive(&mut own, Duration::from_secs(5));
         assert_eq!(own.get_keepalives_idle(), Duration::from_secs(60));
         assert_eq!(own.get_tcp_user_timeout(), Some(&Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn sessions_are_named_for_their_server_and_kept_alive_by_the_database_too() {
+        let options = session_options(
+            Some("-c search_path=jobq -c tcp_keepalives_idle=60"),
+            Duration::from_secs(10),
+            Duration::from_millis(1500),
+        );
+        assert_eq!(
+            options,
+            "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=5 \
+             -c tcp_user_timeout=20000 -c search_path=jobq -c tcp_keepalives_idle=60 \
+             -c idle_in_transaction_session_timeout=10000 -c statement_timeout=1500",
+            "the URL's own settings come after the keepalives, so they win"
+        );
+        assert!(
+            session_options(None, Duration::from_secs(1), Duration::ZERO)
+                .starts_with("-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=1 ")
+        );
+        assert_eq!(
+            application_name("42-0000beef", "listen", None),
+            "jobq 42-0000beef listen"
+        );
+        assert_eq!(
+            application_name("42-0000beef", "pool", Some("billing")),
+            "jobq 42-0000beef pool billing"
+        );
     }
 }
