@@ -85,7 +85,14 @@ async fn connections_over_the_limit_are_closed_with_a_log_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = ServerProcess::start(
         dir.path(),
-        &["--max-connections", "2", "--handshake-timeout", "60s"],
+        &[
+            "--max-connections",
+            "2",
+            "--max-connections-per-peer",
+            "2",
+            "--handshake-timeout",
+            "60s",
+        ],
     );
     let first = TcpStream::connect(server.addr).await.expect("connect");
     let mut second = TcpStream::connect(server.addr).await.expect("connect");

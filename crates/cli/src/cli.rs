@@ -83,7 +83,8 @@ pub enum Command {
     /// Delete PENDING, DONE or FAILED jobs for good (cancel a RUNNING one
     /// first).
     Delete(delete::Args),
-    /// Delete a queue's finished jobs (DONE and/or FAILED), by age.
+    /// Delete a queue's finished jobs (DONE and/or FAILED) by age, or its
+    /// PENDING jobs.
     Purge(purge::Args),
     /// Jobs enqueued on a cron schedule: add, list, rm.
     Schedule(schedule::Args),

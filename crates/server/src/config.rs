@@ -232,7 +232,30 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
 
-    /// How long a new connection may send nothing before it is closed.
+    /// Most connections open at once from one IP address; one more is
+    /// closed as soon as it is accepted (and logged). Default: half of
+    /// `--max-connections`, so that one peer cannot take every place.
+    #[arg(long, env = "JOBQ_MAX_CONNECTIONS_PER_PEER")]
+    pub max_connections_per_peer: Option<usize>,
+
+    /// Most calls at once on one HTTP/2 connection (its
+    /// SETTINGS_MAX_CONCURRENT_STREAMS); a client queues its further calls.
+    #[arg(long, env = "JOBQ_MAX_STREAMS_PER_CONNECTION", default_value_t = 1024)]
+    pub max_streams_per_connection: u32,
+
+    /// Most health Watch streams open at once (they need no token); one
+    /// more is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "JOBQ_MAX_HEALTH_WATCHES", default_value_t = 64)]
+    pub max_health_watches: usize,
+
+    /// Most request bytes held at once by all calls that need no token
+    /// (health and reflection), apart from `--max-inflight-request-bytes`;
+    /// each such call may hold at most 4 KiB.
+    #[arg(long, env = "JOBQ_MAX_UNAUTHENTICATED_REQUEST_BYTES", default_value_t = 256 * 1024)]
+    pub max_unauthenticated_request_bytes: usize,
+
+    /// How long a new connection may go without beginning its first call
+    /// (TLS and HTTP/2 handshakes included) before it is closed.
     #[arg(long, env = "JOBQ_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub handshake_timeout: Duration,
 
@@ -266,7 +289,9 @@ pub struct Config {
     #[arg(long, env = "JOBQ_DELIVER_BEFORE_FSYNC")]
     pub deliver_before_fsync: bool,
 
-    /// How long shutdown waits for in-flight RPCs before giving up.
+    /// How long shutdown waits for in-flight RPCs before giving up, and
+    /// then as long again for the Lease streams to end before the server
+    /// leaves a shared store's registry.
     #[arg(long, env = "JOBQ_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 

@@ -6,14 +6,19 @@
 //!
 //! - **max connections**: a connection over `--max-connections` is closed
 //!   as soon as it is accepted, with a log line (at most one a second);
+//!   so is one over `--max-connections-per-peer` from one IP address, so
+//!   that one peer cannot take every place;
 //! - **fd exhaustion**: EMFILE / ENFILE (and ENOBUFS / ENOMEM) make the
 //!   loop log and sleep [`ACCEPT_BACKOFF`] instead of spinning; the
 //!   connections wait in the kernel's backlog until fds are free again;
-//! - **handshake timeout**: a connection that has sent nothing within
-//!   `--handshake-timeout` is closed;
+//! - **handshake timeout**: a connection that has not sent the whole HTTP/2
+//!   client preface (plaintext), or begun its first call (TLS, where the
+//!   preface is inside the encryption), within `--handshake-timeout` is
+//!   closed: a byte, or a handshake that stalls, does not keep it;
 //! - **idle timeout**: a connection with no call in flight and no open
 //!   stream for `--idle-timeout` is closed (gRPC clients reconnect on their
-//!   next call);
+//!   next call); a health Watch stream does not count as open, so it does
+//!   not keep a connection;
 //! - **shutdown**: a connection that never sent anything is closed at
 //!   once; the others once their handlers have returned and
 //!   [`SHUTDOWN_GRACE`] more has passed for the last frames (a Lease
@@ -65,6 +70,12 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// when it is derived from the fd limit: a quarter, at least this many.
 const RESERVED_FDS: u64 = 64;
 
+/// The length of the HTTP/2 client preface ("PRI * HTTP/2.0…").
+const H2_PREFACE_BYTES: usize = 24;
+
+/// The health service's streaming call.
+pub const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+
 /// Most log lines a second about refused connections or accept failures.
 const LOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -73,7 +84,13 @@ const LOG_EVERY: Duration = Duration::from_secs(1);
 pub struct Limits {
     /// Most connections open at once.
     pub max_connections: usize,
-    /// How long a new connection may send nothing.
+    /// Most connections open at once from one IP address.
+    pub max_per_peer: usize,
+    /// The bytes a peer must have sent for its handshake to count as done
+    /// (the HTTP/2 client preface, on a plaintext gRPC listener); `None`:
+    /// only its first call counts (TLS, HTTP/1).
+    pub handshake_bytes: Option<usize>,
+    /// How long a new connection may go without beginning a call.
     pub handshake_timeout: Duration,
     /// How long a connection may have no call in flight.
     pub idle_timeout: Duration,
@@ -86,6 +103,8 @@ pub struct Limits {
 pub struct LimitFlags {
     /// The connection cap's.
     pub max_connections: &'static str,
+    /// The per-address cap's.
+    pub max_per_peer: &'static str,
     /// The handshake timeout's.
     pub handshake_timeout: &'static str,
     /// The idle timeout's.
@@ -96,6 +115,7 @@ impl LimitFlags {
     /// The gRPC listener's.
     pub const GRPC: LimitFlags = LimitFlags {
         max_connections: "--max-connections",
+        max_per_peer: "--max-connections-per-peer",
         handshake_timeout: "--handshake-timeout",
         idle_timeout: "--idle-timeout",
     };
@@ -106,10 +126,15 @@ impl Limits {
     /// quarters of the process's fd limit (RLIMIT_NOFILE), so connections
     /// alone cannot starve the store of file descriptors.
     pub fn from_config(config: &Config) -> Limits {
+        let max_connections = config
+            .max_connections
+            .unwrap_or_else(default_max_connections);
         Limits {
-            max_connections: config
-                .max_connections
-                .unwrap_or_else(default_max_connections),
+            max_connections,
+            max_per_peer: config
+                .max_connections_per_peer
+                .unwrap_or((max_connections / 2).max(1)),
+            handshake_bytes: config.tls_cert.is_none().then_some(H2_PREFACE_BYTES),
             handshake_timeout: config.handshake_timeout,
             idle_timeout: config.idle_timeout,
             flags: LimitFlags::GRPC,
@@ -140,8 +165,10 @@ pub struct ConnState {
     handlers: AtomicUsize,
     /// Calls whose response (a unary reply, a stream) is still open.
     open: AtomicUsize,
-    /// The peer has sent at least one byte.
-    read_any: AtomicBool,
+    /// The peer has begun a call: its handshakes (TLS, HTTP/2) are done.
+    spoke: AtomicBool,
+    /// Bytes read from the peer, counted up to the handshake's.
+    read: AtomicUsize,
     /// When the last call ended (or the connection opened).
     idle_since: Mutex<Instant>,
     /// Wakes the watchdog on any of the above.
@@ -155,11 +182,20 @@ impl ConnState {
         ConnState {
             handlers: AtomicUsize::new(0),
             open: AtomicUsize::new(0),
-            read_any: AtomicBool::new(false),
+            spoke: AtomicBool::new(false),
+            read: AtomicUsize::new(0),
             idle_since: Mutex::new(Instant::now()),
             changed: Notify::new(),
             close: CancellationToken::new(),
         }
+    }
+
+    /// Whether its handshake is done (see [`Limits::handshake_bytes`]).
+    fn handshaken(&self, limits: &Limits) -> bool {
+        self.spoke.load(Ordering::SeqCst)
+            || limits
+                .handshake_bytes
+                .is_some_and(|n| self.read.load(Ordering::SeqCst) >= n)
     }
 
     fn idle(&self) -> bool {
@@ -194,6 +230,45 @@ pub struct Conn {
     state: Arc<ConnState>,
     closed: Pin<Box<WaitForCancellationFutureOwned>>,
     _slot: OwnedSemaphorePermit,
+    _peer: PeerSlot,
+}
+
+/// Open connections per IP address (`--max-connections-per-peer`).
+#[derive(Debug, Default, Clone)]
+struct Peers(Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+
+/// One connection's place in its address's count; freed on drop.
+struct PeerSlot {
+    peers: Peers,
+    ip: std::net::IpAddr,
+}
+
+impl Peers {
+    /// A place for one more connection from `ip`, unless it has `max`.
+    fn admit(&self, ip: std::net::IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl Conn {
@@ -234,8 +309,9 @@ impl AsyncRead for Conn {
         }
         let before = buf.filled().len();
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
-        if buf.filled().len() > before && !self.state.read_any.load(Ordering::Relaxed) {
-            self.state.read_any.store(true, Ordering::SeqCst);
+        let n = buf.filled().len() - before;
+        if n > 0 && self.state.read.load(Ordering::Relaxed) < H2_PREFACE_BYTES {
+            self.state.read.fetch_add(n, Ordering::SeqCst);
             self.state.changed.notify_one();
         }
         read
@@ -352,6 +428,7 @@ async fn accept_loop(
     tx: mpsc::Sender<io::Result<Conn>>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = Peers::default();
     let (mut refusals, mut failures) = (Throttle::new(), Throttle::new());
     loop {
         let accepted = tokio::select! {
@@ -388,6 +465,13 @@ async fn accept_loop(
             drop(io);
             continue;
         };
+        let Some(peer) = peers.admit(remote.ip(), limits.max_per_peer) else {
+            if let Some(unlogged) = refusals.tick() {
+                warn!(%remote, limit = limits.max_per_peer, unlogged, "refused a connection: {} reached for this address", limits.flags.max_per_peer);
+            }
+            drop(io);
+            continue;
+        };
         // Latency matters more than packet count for small RPCs.
         let _ = io.set_nodelay(true);
         let state = Arc::new(ConnState::new());
@@ -398,6 +482,7 @@ async fn accept_loop(
             closed: Box::pin(state.close.clone().cancelled_owned()),
             state,
             _slot: slot,
+            _peer: peer,
         };
         if tx.send(Ok(conn)).await.is_err() {
             return;
@@ -423,10 +508,10 @@ async fn watch(
     let opened = Instant::now();
     loop {
         let now = Instant::now();
-        let deadline = if !state.read_any.load(Ordering::SeqCst) {
+        let deadline = if !state.handshaken(&limits) {
             let at = opened + limits.handshake_timeout;
             if now >= at {
-                info!(%remote, timeout = ?limits.handshake_timeout, "closed a connection that sent nothing ({})", limits.flags.handshake_timeout);
+                info!(%remote, timeout = ?limits.handshake_timeout, "closed a connection that began no call ({})", limits.flags.handshake_timeout);
                 state.close.cancel();
                 return;
             }
@@ -450,7 +535,7 @@ async fn watch(
         }
     }
     // Shutdown. Nothing to wait for on a connection that never spoke.
-    if !state.read_any.load(Ordering::SeqCst) {
+    if !state.handshaken(&limits) {
         state.close.cancel();
         return;
     }
@@ -480,6 +565,7 @@ struct CallGuard {
 
 impl CallGuard {
     fn new(state: &Arc<ConnState>, counter: fn(&ConnState) -> &AtomicUsize) -> CallGuard {
+        state.spoke.store(true, Ordering::SeqCst);
         counter(state).fetch_add(1, Ordering::SeqCst);
         state.changed.notify_one();
         CallGuard {
@@ -534,7 +620,14 @@ where
             .extensions()
             .get::<ConnInfo>()
             .map(|info| Arc::clone(&info.state));
-        let open = state.as_ref().map(|s| CallGuard::new(s, |s| &s.open));
+        // A health Watch may stay open for good: it does not keep its
+        // connection from the idle timeout (its handler still counts while
+        // it runs).
+        let watch = req.uri().path() == HEALTH_WATCH;
+        let open = state
+            .as_ref()
+            .filter(|_| !watch)
+            .map(|s| CallGuard::new(s, |s| &s.open));
         let handler = state.as_ref().map(|s| CallGuard::new(s, |s| &s.handlers));
         let call = self.inner.call(req);
         Box::pin(async move {

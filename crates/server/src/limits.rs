@@ -8,7 +8,14 @@
 //!   in memory by all calls at once (`--max-inflight-request-bytes`). Each
 //!   body frame takes its size from a semaphore as it arrives and holds it
 //!   until the call answers; a frame that does not fit fails the call with
-//!   RESOURCE_EXHAUSTED instead of growing memory.
+//!   RESOURCE_EXHAUSTED instead of growing memory. Calls that need no token
+//!   (health, reflection) draw on a small budget of their own
+//!   (`--max-unauthenticated-request-bytes`, at most
+//!   [`UNAUTHENTICATED_CALL_BYTES`] each), so strangers who stall their
+//!   bodies cannot take the budget of authorised calls.
+//! - [`HealthWatches`]: a tower layer that caps the health Watch streams
+//!   open at once (`--max-health-watches`): they need no token and may
+//!   stay open for good.
 
 use std::{
     collections::HashMap,
@@ -101,15 +108,32 @@ impl Drop for QuotaSlot {
 pub struct RequestBudget {
     bytes: Arc<Semaphore>,
     total: usize,
+    /// The budget of calls that need no token.
+    unauthenticated: Arc<Semaphore>,
+    unauthenticated_total: usize,
+}
+
+/// Most request bytes one call that needs no token may hold.
+pub const UNAUTHENTICATED_CALL_BYTES: usize = 4096;
+
+/// Whether a call to `path` is served without a token (health and
+/// reflection reveal no jobs).
+pub fn needs_no_token(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/") || path.starts_with("/grpc.reflection.")
 }
 
 impl RequestBudget {
-    /// A budget of `total` bytes shared by every call.
-    pub fn new(total: usize) -> RequestBudget {
+    /// A budget of `total` bytes shared by every call that may carry a
+    /// token, and one of `unauthenticated` bytes for the calls that need
+    /// none.
+    pub fn new(total: usize, unauthenticated: usize) -> RequestBudget {
         let total = total.min(Semaphore::MAX_PERMITS);
+        let unauthenticated = unauthenticated.min(Semaphore::MAX_PERMITS);
         RequestBudget {
             bytes: Arc::new(Semaphore::new(total)),
             total,
+            unauthenticated: Arc::new(Semaphore::new(unauthenticated)),
+            unauthenticated_total: unauthenticated,
         }
     }
 
@@ -144,6 +168,8 @@ pub struct Budgeted<S> {
 #[derive(Default)]
 struct HeldState {
     permits: Vec<OwnedSemaphorePermit>,
+    /// The bytes `permits` hold.
+    bytes: usize,
     answered: bool,
 }
 
@@ -172,6 +198,7 @@ where
             inner: body,
             budget: self.budget.clone(),
             held: Arc::clone(&held),
+            unauthenticated: needs_no_token(parts.uri.path()),
         });
         let call = self.inner.call(http::Request::from_parts(parts, body));
         Box::pin(async move {
@@ -182,6 +209,7 @@ where
             let released = {
                 let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
                 held.answered = true;
+                held.bytes = 0;
                 std::mem::take(&mut held.permits)
             };
             drop(released);
@@ -195,6 +223,8 @@ struct Counted {
     inner: Body,
     budget: RequestBudget,
     held: Held,
+    /// A call that needs no token: it draws on the budget of those.
+    unauthenticated: bool,
 }
 
 impl http_body::Body for Counted {
@@ -216,7 +246,26 @@ impl http_body::Body for Counted {
         if n == 0 {
             return Poll::Ready(Some(Ok(frame)));
         }
-        match Arc::clone(&self.budget.bytes).try_acquire_many_owned(n) {
+        let (bytes, total, flag) = if self.unauthenticated {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).bytes;
+            if held + n as usize > UNAUTHENTICATED_CALL_BYTES {
+                return Poll::Ready(Some(Err(Status::resource_exhausted(format!(
+                    "a call that needs no token may send at most {UNAUTHENTICATED_CALL_BYTES} bytes"
+                )))));
+            }
+            (
+                &self.budget.unauthenticated,
+                self.budget.unauthenticated_total,
+                "--max-unauthenticated-request-bytes",
+            )
+        } else {
+            (
+                &self.budget.bytes,
+                self.budget.total,
+                "--max-inflight-request-bytes",
+            )
+        };
+        match Arc::clone(bytes).try_acquire_many_owned(n) {
             Ok(permit) => {
                 let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
                 if held.answered {
@@ -224,14 +273,116 @@ impl http_body::Body for Counted {
                     drop(permit);
                 } else {
                     held.permits.push(permit);
+                    held.bytes += n as usize;
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Err(_) => Poll::Ready(Some(Err(Status::resource_exhausted(format!(
-                "the server holds its limit of {} bytes of requests in flight (--max-inflight-request-bytes); retry later",
-                self.budget.total
+                "the server holds its limit of {total} bytes of requests in flight ({flag}); retry later"
             ))))),
         }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Caps the health Watch streams open at once; see the module docs.
+#[derive(Debug, Clone)]
+pub struct HealthWatches {
+    open: Arc<Semaphore>,
+    max: usize,
+}
+
+impl HealthWatches {
+    /// At most `max` Watch streams at once.
+    pub fn new(max: usize) -> HealthWatches {
+        let max = max.min(Semaphore::MAX_PERMITS);
+        HealthWatches {
+            open: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+}
+
+impl<S> Layer<S> for HealthWatches {
+    type Service = Watched<S>;
+
+    fn layer(&self, inner: S) -> Watched<S> {
+        Watched {
+            inner,
+            watches: self.clone(),
+        }
+    }
+}
+
+/// The service [`HealthWatches`] wraps.
+#[derive(Debug, Clone)]
+pub struct Watched<S> {
+    inner: S,
+    watches: HealthWatches,
+}
+
+impl<S, B> Service<http::Request<B>> for Watched<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn Future<Output = std::result::Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != crate::connections::HEALTH_WATCH {
+            let call = self.inner.call(req);
+            return Box::pin(call);
+        }
+        let Ok(permit) = Arc::clone(&self.watches.open).try_acquire_owned() else {
+            let refused = Status::resource_exhausted(format!(
+                "the server has its limit of {} health Watch streams open (--max-health-watches)",
+                self.watches.max
+            ));
+            return Box::pin(std::future::ready(Ok(refused.into_http())));
+        };
+        let call = self.inner.call(req);
+        Box::pin(async move {
+            let response = call.await?;
+            Ok(response.map(|body| {
+                Body::new(Holding {
+                    inner: body,
+                    _permit: permit,
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that keeps its Watch's place until it is dropped.
+struct Holding {
+    inner: Body,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Holding {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

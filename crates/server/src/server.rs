@@ -19,7 +19,7 @@ use crate::{
     error::{Error, Result, TransportCodes},
     fds,
     leases::{self, LeaseHub},
-    limits::RequestBudget,
+    limits::{HealthWatches, RequestBudget},
     metrics::{Metrics, Rates},
     reaper,
     rpc_timing::RpcTiming,
@@ -331,11 +331,16 @@ async fn serve_store<S: Store + CommitHook>(
     }
     let server = builder
         .http2_keepalive_interval(Some(config.keepalive_interval))
+        .max_concurrent_streams(Some(config.max_streams_per_connection))
         .http2_keepalive_timeout(Some(config.keepalive_timeout))
         .layer(TrackCalls)
         .layer(RpcTiming::new(Arc::clone(&metrics)))
         .layer(TransportCodes)
-        .layer(RequestBudget::new(config.max_inflight_request_bytes))
+        .layer(RequestBudget::new(
+            config.max_inflight_request_bytes,
+            config.max_unauthenticated_request_bytes,
+        ))
+        .layer(HealthWatches::new(config.max_health_watches))
         // Only the job queue is behind the token check: health and
         // reflection reveal no jobs.
         .add_service(InterceptedService::new(

@@ -196,10 +196,13 @@ pub async fn serve(
         listener,
         connections::Limits {
             max_connections: limits.max_connections,
+            max_per_peer: limits.max_connections,
+            handshake_bytes: None,
             handshake_timeout: limits.header_timeout,
             idle_timeout: limits.idle_timeout,
             flags: connections::LimitFlags {
                 max_connections: "--http-max-connections",
+                max_per_peer: "--http-max-connections",
                 handshake_timeout: "--http-header-timeout",
                 idle_timeout: "--http-idle-timeout",
             },
