@@ -260,26 +260,7 @@ async fn a_drained_pool_does_not_stop_the_servers_heartbeat() {
         })
         .collect();
     let waiting = connect(&url).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = waiting
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n >= 2 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "both pooled connections wait"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    testing::until_lock_waiters(&waiting, 2, "both pooled connections wait", || false).await;
 
     tokio::time::timeout(Duration::from_secs(2), store.heartbeat())
         .await

@@ -170,26 +170,10 @@ async fn a_lease_adopted_while_a_survivor_reclaims_is_left_to_its_new_server() {
     });
     // The reclaim ends, or waits on the adoption's row lock.
     let watcher = connect(&url).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if reclaim.is_finished() || waiting > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the reclaim neither ended nor waited"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    testing::until_lock_waiters(&watcher, 1, "the reclaim to end or wait", || {
+        reclaim.is_finished()
+    })
+    .await;
     adopt.commit().await.unwrap();
     let reclaimed = reclaim.await.unwrap().unwrap();
     assert!(

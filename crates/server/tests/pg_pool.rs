@@ -74,23 +74,7 @@ async fn waiting_takes_leave_connections_for_acks() {
         .await
         .unwrap();
     tokio::spawn(conn);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                 AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting >= 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no take waited on the lock");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    testing::until_lock_waiters(&watcher, 1, "a take to wait on the lock", || false).await;
 
     let started = Instant::now();
     tokio::time::timeout(

@@ -136,3 +136,37 @@ pub fn take_lock(queue: &str) -> (i32, i32) {
         super::operator::pause_lock_key(queue),
     )
 }
+
+/// How many sessions of `client`'s database wait on a lock now.
+///
+/// # Panics
+/// When the query fails.
+pub async fn lock_waiters(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .expect("count the sessions waiting on a lock")
+        .get(0)
+}
+
+/// Waits up to 10 s until at least `n` sessions of `client`'s database
+/// wait on a lock, or `done` says there is no need to.
+///
+/// # Panics
+/// When neither happens in time; `what` says what was awaited.
+pub async fn until_lock_waiters(
+    client: &tokio_postgres::Client,
+    n: i64,
+    what: &str,
+    done: impl Fn() -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() && lock_waiters(client).await < n {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
