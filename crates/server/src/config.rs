@@ -526,6 +526,12 @@ impl Config {
         if self.min_lease.is_zero() {
             return Err("--min-lease must be longer than 0s".into());
         }
+        if self.max_connections_per_peer == Some(0) {
+            return Err("--max-connections-per-peer must be at least 1".into());
+        }
+        if self.max_streams_per_connection == 0 {
+            return Err("--max-streams-per-connection must be at least 1".into());
+        }
         let http = [
             ("--http-header-timeout", self.http_header_timeout),
             ("--http-idle-timeout", self.http_idle_timeout),

@@ -180,8 +180,10 @@ struct StreamEntry {
     notices: mpsc::UnboundedSender<Notice>,
     pipe: Arc<Pipe>,
     /// Its delivered leases that expired without a heartbeat since its
-    /// worker was last heard from (at most its capacity): an ack or fail
-    /// of one of them, refused as stale, still shows the worker is alive.
+    /// worker was last heard from (by a heartbeat, an ack or a fail, which
+    /// clear them; so at most its capacity): an ack or fail of one of them,
+    /// refused as stale, still shows the worker is alive. Each is also in
+    /// [`Registry::expired`].
     expired: HashSet<LeaseId>,
 }
 
@@ -193,12 +195,6 @@ impl StreamEntry {
             (Some((opened, _)), Some(caller)) => opened.same_secret(caller),
             _ => false,
         }
-    }
-
-    /// Its worker was heard from: a stalled stream takes jobs again.
-    fn alive(&mut self, draining: bool) {
-        self.expired.clear();
-        let _ = self.notices.send(Notice::Heartbeat { draining });
     }
 }
 
@@ -228,6 +224,27 @@ struct Registry {
     /// Takes not yet registered as owners, and the unowned lease ends they
     /// may have raced with.
     in_flight: in_flight::InFlight,
+    /// Which stream each lease in a [`StreamEntry::expired`] belongs to.
+    expired: HashMap<LeaseId, StreamId>,
+}
+
+impl Registry {
+    /// Stream `id`'s worker was heard from: it forgets its expired leases,
+    /// and with `notice` (a heartbeat's), a stalled stream takes jobs
+    /// again.
+    fn heard_from(&mut self, id: StreamId, notice: Option<Notice>) {
+        let Registry {
+            streams, expired, ..
+        } = self;
+        if let Some(entry) = streams.get_mut(&id) {
+            for lease in entry.expired.drain() {
+                expired.remove(&lease);
+            }
+            if let Some(notice) = notice {
+                let _ = entry.notices.send(notice);
+            }
+        }
+    }
 }
 
 /// A stream's take until its lease is owned (or it returned nothing); a
@@ -510,10 +527,19 @@ impl<S: Store> LeaseHub<S> {
         for entry in streams {
             let _ = entry.notices.send(notice.clone());
         }
-        if let (Some(Outcome::LeaseExpired), Some(entry)) =
-            (ended.outcome, owner.and_then(|s| reg.streams.get_mut(&s)))
-        {
-            entry.expired.insert(ended.lease);
+        let Some(owner) = owner else {
+            return;
+        };
+        match ended.outcome {
+            Some(Outcome::LeaseExpired) if !ended.moved => {
+                if let Some(entry) = reg.streams.get_mut(&owner) {
+                    entry.expired.insert(ended.lease);
+                    reg.expired.insert(ended.lease, owner);
+                }
+            }
+            // Its worker is alive (the notice un-stalls the stream).
+            Some(Outcome::Acked | Outcome::Failed) => reg.heard_from(owner, None),
+            _ => {}
         }
     }
 
@@ -640,16 +666,18 @@ impl<S: Store> LeaseHub<S> {
             reg.orphans.remove(lease);
         }
         if token.is_empty() {
-            for entry in reg
+            let ids: Vec<StreamId> = reg
                 .streams
-                .values_mut()
-                .filter(|e| e.worker_id == worker_id && e.opened_by(caller))
-            {
-                entry.alive(false);
+                .iter()
+                .filter(|(_, e)| e.worker_id == worker_id && e.opened_by(caller))
+                .map(|(id, _)| *id)
+                .collect();
+            for id in ids {
+                reg.heard_from(id, Some(Notice::Heartbeat { draining: false }));
             }
         } else if let Some(id) = reg.tokens.get(token).copied() {
-            if let Some(entry) = reg.streams.get_mut(&id).filter(|e| e.opened_by(caller)) {
-                entry.alive(draining);
+            if reg.streams.get(&id).is_some_and(|e| e.opened_by(caller)) {
+                reg.heard_from(id, Some(Notice::Heartbeat { draining }));
             }
         }
     }
@@ -661,12 +689,11 @@ impl<S: Store> LeaseHub<S> {
     /// report's own secret (`caller`) is touched.
     pub fn reported(&self, lease: LeaseId, caller: Option<&Caller>) {
         let mut reg = self.registry();
-        if let Some(entry) = reg
-            .streams
-            .values_mut()
-            .find(|e| e.expired.contains(&lease) && e.opened_by(caller))
-        {
-            entry.alive(false);
+        let Some(&id) = reg.expired.get(&lease) else {
+            return;
+        };
+        if reg.streams.get(&id).is_some_and(|e| e.opened_by(caller)) {
+            reg.heard_from(id, Some(Notice::Heartbeat { draining: false }));
         }
     }
 
@@ -719,18 +746,24 @@ impl<S: Store> LeaseHub<S> {
     /// stream of another worker cannot take it over. The stream it is taken
     /// from (the same worker's older stream, still open) frees its slot and
     /// is told `revoked`, as for any other lease-ended event.
+    ///
+    /// Without `admit` (this server's heartbeat is stale, and the stream is
+    /// about to end) nothing is adopted: the leases stay where they were,
+    /// for the worker to declare on another server.
     async fn adopt(
         &self,
         id: StreamId,
         worker_id: &str,
         held: &[(JobId, LeaseId)],
+        admit: bool,
     ) -> HashMap<LeaseId, JobId> {
         let mut adopted = HashMap::new();
         for &(job, lease) in held {
-            let holds = matches!(
-                self.store.peek(job).await,
-                Ok(j) if j.lease.as_ref().is_some_and(|l| l.id == lease && l.worker_id == worker_id)
-            );
+            let holds = admit
+                && matches!(
+                    self.store.peek(job).await,
+                    Ok(j) if j.lease.as_ref().is_some_and(|l| l.id == lease && l.worker_id == worker_id)
+                );
             let mut reg = self.registry();
             // An event that ended the lease meanwhile removed the owner
             // (and told the displaced one).
@@ -797,7 +830,8 @@ impl<S: Store> LeaseHub<S> {
             held,
             caller: _,
         } = spec;
-        let mut held = self.adopt(id, &take.worker_id, &held).await;
+        let admit = *self.store.registered().borrow();
+        let mut held = self.adopt(id, &take.worker_id, &held, admit).await;
         if !held.is_empty() {
             debug!(adopted = held.len(), "lease stream adopted held leases");
         }
@@ -880,7 +914,7 @@ impl<S: Store> LeaseHub<S> {
                             });
                             continue;
                         }
-                        Ok(None) => retry_at = None,
+                        Ok(None) => (retry_at, retry_wait) = (None, STORE_RETRY_FIRST),
                         // Retried, not an end of the stream: its worker
                         // keeps its place and its leases.
                         Err(err) if err.transient() => {
@@ -990,6 +1024,9 @@ impl<S: Store> LeaseHub<S> {
             let mut reg = self.registry();
             if let Some(entry) = reg.streams.remove(&id) {
                 reg.tokens.remove(&entry.token);
+                for lease in &entry.expired {
+                    reg.expired.remove(lease);
+                }
             }
             // A lease a newer stream declared (the worker reconnected) is
             // that stream's now: neither freed nor reclaimed here.

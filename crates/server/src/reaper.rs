@@ -22,19 +22,25 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(500);
 /// could not reclaim twice in a row (its row held by another transaction).
 const MISSED_PAUSE: Duration = Duration::from_millis(100);
 
-/// Runs until `shutdown` fires. Purging runs in a task of its own, so a
-/// long scan of a large database never delays a lease reclaim.
+/// Runs until `shutdown` fires; with a shared store, this server keeps
+/// heartbeating until `left` fires (once it has left the registry: a
+/// shutdown that waits for its streams must not look like a death, or the
+/// others would reclaim the leases it keeps for its workers). Purging runs
+/// in a task of its own, so a long scan of a large database never delays a
+/// lease reclaim.
 pub async fn run<S: Store>(
     store: Arc<S>,
     hub: Arc<LeaseHub<S>>,
     config: Arc<Config>,
     shutdown: CancellationToken,
+    left: CancellationToken,
 ) {
     let cluster = store.shared().then(|| {
         tokio::spawn(cluster_loop(
             Arc::clone(&store),
             config.server_timeout,
             shutdown.clone(),
+            left,
         ))
     });
     let purger = tokio::spawn(purge_loop(Arc::clone(&store), config, shutdown.clone()));
@@ -101,7 +107,12 @@ async fn reclaim_loop<S: Store>(store: &S, hub: &LeaseHub<S>, shutdown: &Cancell
 /// `--server-timeout`, and reclaims the stream leases of servers that
 /// stopped heartbeating (as worker disconnected). Each tick also re-arms
 /// the reaper, since leases taken by other servers do not.
-async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: CancellationToken) {
+async fn cluster_loop<S: Store>(
+    store: Arc<S>,
+    timeout: Duration,
+    shutdown: CancellationToken,
+    left: CancellationToken,
+) {
     let every = (timeout / 5).max(Duration::from_millis(50));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -112,23 +123,27 @@ async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: Canc
     // The last heartbeat that succeeded. Older than half the timeout, and
     // the others may soon take this server for dead: it takes nothing, and
     // its Lease streams end, until a heartbeat succeeds again.
+    let half = timeout / 2;
     let mut beat = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = left.cancelled() => return,
             _ = tick.tick() => {}
         }
         let started = tokio::time::Instant::now();
-        // Bounded, so a black-holed connection still lets the verdict
-        // below change.
-        let result = match tokio::time::timeout(timeout / 2, store.heartbeat()).await {
+        // Bounded by when the last beat grows stale (a tick at least), so
+        // a black-holed connection still lets the verdict below change in
+        // time. A beat dates from when it was sent: the row may have been
+        // written any time after.
+        let limit = (beat + half).saturating_duration_since(started).max(every);
+        let result = match tokio::time::timeout(limit, store.heartbeat()).await {
             Ok(result) => result,
             Err(_) => Err(crate::Error::Unavailable("the heartbeat timed out".into())),
         };
         if result.is_ok() {
-            beat = tokio::time::Instant::now();
+            beat = started;
         }
-        let registered = beat.elapsed() < timeout / 2;
+        let registered = beat.elapsed() < half;
         if registered != *store.registered().borrow() {
             if registered {
                 info!("server heartbeat succeeds again; taking jobs again");
@@ -153,7 +168,8 @@ async fn cluster_loop<S: Store>(store: Arc<S>, timeout: Duration, shutdown: Canc
             continue;
         }
         let since = *healthy_since.get_or_insert_with(tokio::time::Instant::now);
-        if since.elapsed() < timeout {
+        // Shutting down: heartbeats only, until this server has left.
+        if since.elapsed() < timeout || shutdown.is_cancelled() {
             continue;
         }
         match store.reclaim_orphaned(store.now()).await {

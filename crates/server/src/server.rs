@@ -252,11 +252,16 @@ async fn serve_store<S: Store + CommitHook>(
             }
         }
     });
+    // Heartbeats go on until this server has left the registry (see
+    // `reaper::run`); however `serve` returns, they stop.
+    let left = CancellationToken::new();
+    let _heartbeats_end = left.clone().drop_guard();
     let reaper = tokio::spawn(reaper::run(
         Arc::clone(&store),
         Arc::clone(&hub),
         Arc::clone(&config),
         shutdown.clone(),
+        left.clone(),
     ));
     let scheduler = tokio::spawn(scheduler::run(Arc::clone(&store), shutdown.clone()));
     let resync = tokio::spawn(leases::reconcile_on_resync(
@@ -368,7 +373,6 @@ async fn serve_store<S: Store + CommitHook>(
     };
     // The transport may stop on its own (an error): stop the rest too.
     shutdown.cancel();
-    let _ = reaper.await;
     let _ = scheduler.await;
     let _ = resync.await;
     let _ = reload.await;
@@ -393,15 +397,17 @@ async fn serve_store<S: Store + CommitHook>(
     // the leave would hold a lease of a departed server, which the others
     // reclaim as worker disconnected, spending an attempt on a job no
     // worker saw.
-    let left = hub
+    let streams_left = hub
         .streams_finished(tokio::time::Instant::now() + config.shutdown_timeout)
         .await;
-    if left > 0 {
+    if streams_left > 0 {
         warn!(
-            streams = left,
+            streams = streams_left,
             "Lease stream tasks did not finish in time; leaving the registry anyway"
         );
     }
+    left.cancel();
+    let _ = reaper.await;
     if let Err(err) = store.leave().await {
         warn!(cause = %err, "could not leave the server registry; the others will reclaim this server's stream leases after --server-timeout");
     }

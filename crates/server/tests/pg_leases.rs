@@ -308,6 +308,7 @@ async fn the_reaper_does_not_spin_on_an_expired_lease_it_cannot_lock() {
         hub,
         config,
         shutdown.clone(),
+        shutdown.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Let the statistics catch up with the two seconds.

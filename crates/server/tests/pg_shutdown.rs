@@ -30,6 +30,7 @@ async fn a_take_under_way_at_shutdown_is_given_back_before_the_server_leaves() {
     let mut config = Config::with_data(dir.path().join("data"));
     config.store = Some(url.clone());
     config.shutdown_timeout = Duration::from_secs(20);
+    config.server_timeout = Duration::from_secs(1);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
@@ -105,6 +106,22 @@ async fn a_take_under_way_at_shutdown_is_given_back_before_the_server_leaves() {
     })
     .await;
     assert!(still.is_err(), "the server stopped with a take under way");
+    // Meanwhile it heartbeats: the others must not take a server that is
+    // finishing its streams for dead (they would reclaim the leases it
+    // keeps for its workers). Watched for three server timeouts.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        let fresh: bool = watcher
+            .query_one(
+                "SELECT bool_and(heartbeat_at > now() - interval '1 second') FROM jobq_servers",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(fresh, "a server shutting down stopped heartbeating");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     lock.rollback().await.unwrap();
     tokio::time::timeout(Duration::from_secs(20), server)
         .await

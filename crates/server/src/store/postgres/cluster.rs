@@ -166,8 +166,11 @@ pub async fn reclaim_orphaned(pg: &Pg, now: SystemTime) -> Result<Vec<Change>, P
         let (results, writes, _) = write::apply_all(loaded, events, db_now);
         write::write(&tx, &pg.me, &writes).await?;
         tx.commit().await?;
+        let before = changed.len();
         changed.extend(results.into_iter().filter_map(Result::ok));
-        if locked < RECLAIM_CHUNK as usize {
+        // A short chunk was the last; one that changed nothing would only
+        // find the same rows again.
+        if locked < RECLAIM_CHUNK as usize || changed.len() == before {
             return Ok(changed);
         }
     }
