@@ -241,6 +241,10 @@ def ack_survives_a_server_restart(tmp, client, addr):
         # deadline on the worker's clock, and still lands (restart grace).
         with Running(Worker(own, ["restart"], handler, lease=1)):
             assert started.wait(20)
+            # The take is made durable by the next flush round (a take lost
+            # in a crash only means a redelivery): an enqueue, durable when
+            # it answers, makes sure that round has happened before the kill.
+            own.enqueue("restart-flush", "k", b"")
             server.kill()
             killed = time.monotonic()
             release.set()  # the handler returns while the server is down
