@@ -77,7 +77,7 @@ fn profile() -> Profile {
     let mut p = if long {
         Profile {
             name: "long",
-            faults_for: Duration::from_secs(20 * 60),
+            faults_for: Duration::from_secs(30 * 60),
             gap: Duration::from_millis(500)..Duration::from_secs(3),
             jobs: 50_000,
             producers: 4,
@@ -845,8 +845,9 @@ fn check(
             "... {lost} acknowledged jobs in all did not end done"
         ));
     }
+    let ids: HashSet<&String> = enqueued.values().collect();
     for (id, status) in &fin.status {
-        if status != "done" && !enqueued.values().any(|v| v == id) {
+        if status != "done" && !ids.contains(id) {
             bad.push(format!("job {id} is {status} at the end"));
         }
     }
@@ -887,13 +888,13 @@ fn check(
             bad.push(format!("job {job} acked under two leases: {acks:?}"));
         }
     }
-    for job in fin.status.keys() {
-        let n = fin
-            .attempts
-            .iter()
-            .filter(|a| &a.job == job && a.outcome == "acked")
-            .count();
-        if fin.status[job] == "done" && n != 1 {
+    let mut acked_attempts: HashMap<&str, usize> = HashMap::new();
+    for a in fin.attempts.iter().filter(|a| a.outcome == "acked") {
+        *acked_attempts.entry(&a.job).or_default() += 1;
+    }
+    for (job, status) in &fin.status {
+        let n = acked_attempts.get(job.as_str()).copied().unwrap_or(0);
+        if status == "done" && n != 1 {
             bad.push(format!("job {job} is done with {n} acked attempts"));
         }
     }
@@ -939,6 +940,38 @@ fn check(
                     ));
                 }
             }
+        }
+    }
+
+    // Every lease that reached a worker is an attempt in the database (a
+    // lease that comes back without an attempt never left its server), and
+    // none reached a worker after its attempt had ended (a stale `leased`
+    // event: two workers would run the job at once).
+    let stale_after = Duration::from_secs(2).as_nanos() as u64;
+    let attempt_of: HashMap<(&str, &str), &Attempt> = fin
+        .attempts
+        .iter()
+        .map(|a| ((a.job.as_str(), a.lease.as_str()), a))
+        .collect();
+    for l in lines.iter().filter(|l| l.event == "leased") {
+        match attempt_of.get(&(l.job.as_str(), l.lease.as_str())) {
+            None => bad.push(format!(
+                "job {}: lease {} reached {} at {:.3}s, and the database has no attempt for it",
+                l.job,
+                l.lease,
+                l.worker,
+                secs(l.t, origin)
+            )),
+            Some(a) if l.t > a.ended + stale_after => bad.push(format!(
+                "job {}: lease {} reached {} at {:.3}s, after its attempt ended {} at {:.3}s",
+                l.job,
+                l.lease,
+                l.worker,
+                secs(l.t, origin),
+                a.outcome,
+                secs(a.ended, origin)
+            )),
+            Some(_) => {}
         }
     }
 
@@ -1255,16 +1288,26 @@ fn chaos_checker_reports_each_broken_promise() {
     assert!(all.contains("still honoured (acked)"), "{all}");
     assert!(all.contains("done with 2 acked attempts"), "{all}");
 
-    // A lease delivered after the ack; a job that is not done; an unknown
-    // job left pending.
+    // A lease delivered after the ack (and after its own attempt ended), a
+    // lease without an attempt; a job that is not done; an unknown job
+    // left pending.
     let mut late = clean.clone();
     late.push(line(12 * s, "c", "leased", "1", "12", "2"));
+    late.push(line(12 * s, "c", "leased", "1", "10", "2"));
     let mut lost = fin("worker_disconnected");
     lost.status.insert("1".into(), "running".into());
     lost.status.insert("2".into(), "pending".into());
     let (bad, _) = check(&enqueued, &late, &none, &faults, &lost, 0);
     let all = bad.join("\n");
     assert!(all.contains("after the job was acked"), "{all}");
+    assert!(
+        all.contains("lease 12 reached c at 12.000s, and the database has no attempt"),
+        "{all}"
+    );
+    assert!(
+        all.contains("lease 10 reached c at 12.000s, after its attempt ended"),
+        "{all}"
+    );
     assert!(all.contains("job 1 (key k1) ended running"), "{all}");
     assert!(all.contains("job 2 is pending at the end"), "{all}");
 }
