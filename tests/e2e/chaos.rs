@@ -80,7 +80,9 @@ fn profile() -> Profile {
             faults_for: Duration::from_secs(30 * 60),
             gap: Duration::from_millis(500)..Duration::from_secs(3),
             jobs: 50_000,
-            producers: 4,
+            // Each producer enqueues one job at a time: enough of them to
+            // keep up with 28 jobs a second on a loaded debug build.
+            producers: 16,
             workers: 6,
             drain: Duration::from_secs(300),
         }
