@@ -20,7 +20,7 @@ use jobq_server::store::postgres::testing;
 use crate::harness::{until, ServerProcess};
 
 /// How far ahead the skewed server's clock runs.
-const AHEAD: Duration = Duration::from_secs(30);
+pub(crate) const AHEAD: Duration = Duration::from_secs(30);
 
 /// Where Debian and others put libfaketime; `JOBQ_LIBFAKETIME` names
 /// another.
@@ -32,7 +32,7 @@ const LIBFAKETIME: &[&str] = &[
     "/usr/lib64/faketime/libfaketime.so.1",
 ];
 
-fn libfaketime() -> PathBuf {
+pub(crate) fn libfaketime() -> PathBuf {
     if let Some(given) = std::env::var_os("JOBQ_LIBFAKETIME") {
         return PathBuf::from(given);
     }

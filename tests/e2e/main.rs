@@ -3,6 +3,7 @@
 //! clients and workers. They wait on conditions, never on fixed sleeps.
 
 mod bench;
+mod chaos;
 mod cli;
 mod clocks;
 mod cluster;
