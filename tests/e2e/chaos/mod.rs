@@ -1,0 +1,412 @@
+//! The fault suite: three `jobq serve` processes on one PostgreSQL (one of
+//! them with its clock 30 s ahead, under libfaketime), producers that
+//! enqueue with keys through random servers, and worker processes holding
+//! Lease streams that record everything they see. Faults land at random
+//! moments drawn from a seed the test prints (`JOBQ_CHAOS_SEED` fixes it):
+//! SIGKILL and restart of a server, SIGSTOP of a server for longer than
+//! `--server-timeout` then SIGCONT, SIGKILL of a worker (and a new one),
+//! and `pg_terminate_backend` of one server's sessions. Then the checker
+//! reads the workers' histories and the final database and holds the
+//! promises: nothing lost, nothing stuck, no job acked under two leases,
+//! no stale lease honoured, no job held by two workers at once, and no
+//! attempt spent while its holder heartbeated on time.
+//!
+//! `JOBQ_CHAOS_LONG=1` runs the long profile (more faults, more jobs);
+//! see docs/src/operations/fault-suite.md. PostgreSQL (`JOBQ_TEST_PG`,
+//! `scripts/pg-test.sh`) and libfaketime are needed: without them the
+//! suite fails, it is never skipped.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fs::File,
+    io::Write,
+    ops::Range,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use jobq::pb::{self, lease_event::Event};
+use jobq_client::{Client, EnqueueOptions};
+use jobq_server::store::postgres::testing;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    clocks::{libfaketime, AHEAD},
+    harness::{free_port, signal, until, ServerProcess},
+};
+
+mod checker;
+mod cluster;
+mod producer;
+mod worker;
+
+use checker::*;
+use cluster::*;
+use producer::*;
+use worker::*;
+
+/// `--server-timeout` of the suite's servers.
+const SERVER_TIMEOUT: Duration = Duration::from_secs(3);
+/// The lease the workers ask for: long beside their heartbeats, so that
+/// only a fault can let one expire.
+const LEASE: Duration = Duration::from_secs(10);
+/// How often a worker heartbeats what it holds.
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
+/// A worker's and a producer's bound on one unary call: a frozen server
+/// is given up on after this long.
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Jobs may be retried this often: faults spend attempts, and no job may
+/// end FAILED because of them.
+const MAX_ATTEMPTS: u32 = 50;
+const QUEUE: &str = "chaos";
+const WORKER_CAPACITY: u32 = 4;
+
+/// How much the suite does.
+struct Profile {
+    name: &'static str,
+    /// How long faults are injected (producers enqueue over the same time).
+    faults_for: Duration,
+    /// The random gap before each fault.
+    gap: Range<Duration>,
+    jobs: usize,
+    producers: usize,
+    workers: usize,
+    /// How long the queue may take to drain once the faults stop.
+    drain: Duration,
+}
+
+fn profile() -> Profile {
+    let long = std::env::var("JOBQ_CHAOS_LONG").is_ok_and(|v| !v.is_empty() && v != "0");
+    let mut p = if long {
+        Profile {
+            name: "long",
+            faults_for: Duration::from_secs(30 * 60),
+            gap: Duration::from_millis(500)..Duration::from_secs(3),
+            jobs: 50_000,
+            // Each producer enqueues one job at a time: enough of them to
+            // keep up with 28 jobs a second on a loaded debug build.
+            producers: 16,
+            workers: 6,
+            drain: Duration::from_secs(300),
+        }
+    } else {
+        Profile {
+            name: "ci",
+            faults_for: Duration::from_secs(90),
+            gap: Duration::from_millis(1500)..Duration::from_secs(5),
+            jobs: 1_500,
+            producers: 3,
+            workers: 4,
+            drain: Duration::from_secs(90),
+        }
+    };
+    if let Some(secs) = std::env::var("JOBQ_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        p.faults_for = Duration::from_secs(secs);
+    }
+    p
+}
+
+fn now_ns() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after the epoch");
+    u64::try_from(since.as_nanos()).expect("nanoseconds fit u64")
+}
+
+fn secs(ns: u64, origin: u64) -> f64 {
+    (ns as f64 - origin as f64) / 1e9
+}
+
+/// The fault suite's worker process: the suite runs this test binary again
+/// with only this test and `JOBQ_CHAOS_WORKER` set. It runs until killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the fault suite's worker process, started by the suite itself"]
+async fn chaos_worker_process() {
+    let id = std::env::var("JOBQ_CHAOS_WORKER")
+        .expect("JOBQ_CHAOS_WORKER: this is the fault suite's worker process, started by it");
+    let urls: Vec<String> = std::env::var("JOBQ_CHAOS_SERVERS")
+        .expect("JOBQ_CHAOS_SERVERS")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let path = std::env::var("JOBQ_CHAOS_HISTORY").expect("JOBQ_CHAOS_HISTORY");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open the history");
+    run_worker(id, urls, History(Mutex::new(file))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_three_servers_under_faults_keep_every_promise() {
+    let seed = std::env::var("JOBQ_CHAOS_SEED")
+        .ok()
+        .map(|s| s.parse::<u64>().expect("JOBQ_CHAOS_SEED is a number"))
+        .unwrap_or_else(rand::random);
+    let p = profile();
+    println!(
+        "fault suite: JOBQ_CHAOS_SEED={seed}, profile {} ({:?} of faults, {} jobs, {} workers)",
+        p.name, p.faults_for, p.jobs, p.workers
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let origin = now_ns();
+    let began = Instant::now();
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cluster = Cluster::start(dir).await;
+    let urls = cluster.urls();
+    let history_dir = cluster.dir.path().to_owned();
+    let mut next_worker = 0;
+    let start_worker = |next: &mut usize| {
+        let id = format!("w{next}");
+        *next += 1;
+        WorkerProcess::start(&history_dir, &id, &urls)
+    };
+    let mut workers: Vec<WorkerProcess> = (0..p.workers)
+        .map(|_| start_worker(&mut next_worker))
+        .collect();
+    let mut gone: Vec<WorkerProcess> = Vec::new();
+    let mut killed: HashMap<String, u64> = HashMap::new();
+
+    let enqueued: Enqueued = Arc::default();
+    let findings: Arc<Mutex<Vec<String>>> = Arc::default();
+    let per_producer = p.jobs / p.producers;
+    let every = p.faults_for / u32::try_from(per_producer.max(1)).expect("jobs fit u32");
+    let producers: Vec<_> = (0..p.producers)
+        .map(|i| {
+            tokio::spawn(produce(
+                urls.clone(),
+                i,
+                per_producer,
+                every,
+                seed,
+                Arc::clone(&enqueued),
+                Arc::clone(&findings),
+            ))
+        })
+        .collect();
+
+    // The faults.
+    let faults_end = Instant::now() + p.faults_for;
+    let mut exits = Vec::new();
+    while Instant::now() < faults_end {
+        let gap = rng.random_range(p.gap.clone());
+        tokio::time::sleep(gap).await;
+        let slot = rng.random_range(0..3);
+        match rng.random_range(0..100) {
+            0..25 => {
+                let down = Duration::from_millis(rng.random_range(100..3000));
+                cluster.kill_server(slot, down).await;
+            }
+            25..40 => {
+                let frozen = SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
+                cluster.freeze_server(slot, frozen).await;
+            }
+            40..70 => {
+                let i = rng.random_range(0..workers.len());
+                let mut victim = workers.swap_remove(i);
+                victim.kill9();
+                killed.insert(victim.id.clone(), now_ns());
+                cluster.record(format!("SIGKILL worker {}", victim.id), false, now_ns());
+                gone.push(victim);
+                workers.push(start_worker(&mut next_worker));
+            }
+            _ => {
+                let kind =
+                    [Some("pool"), Some("heartbeat"), Some("listen"), None][rng.random_range(0..4)];
+                cluster.terminate_sessions(slot, kind).await;
+            }
+        }
+        cluster.restart_exited(&mut exits);
+    }
+    let faults_done = Instant::now();
+    for f in &cluster.faults {
+        println!("  {:8.3}s  {}", secs(f.from, origin), f.what);
+    }
+
+    // Every enqueue acknowledged, then the queue drains.
+    for producer in producers {
+        tokio::time::timeout(p.drain, producer)
+            .await
+            .expect("the producers finished")
+            .expect("producer task");
+    }
+    let drain_end = Instant::now() + p.drain;
+    let mut stuck = Vec::new();
+    loop {
+        let rows = cluster
+            .db
+            .query(
+                "SELECT id::text, status, attempts, lease_worker, lease_server FROM jobq_jobs \
+                 WHERE status IN ('pending', 'running') ORDER BY id LIMIT 20",
+                &[],
+            )
+            .await
+            .expect("count what is left");
+        if rows.is_empty() {
+            break;
+        }
+        if Instant::now() > drain_end {
+            for r in rows {
+                stuck.push(format!(
+                    "job {} stuck {} (attempts {}, worker {:?}, server {:?}) {:?} after the faults",
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1),
+                    r.get::<_, i32>(2),
+                    r.get::<_, Option<String>>(3),
+                    r.get::<_, Option<String>>(4),
+                    p.drain
+                ));
+            }
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drained = faults_done.elapsed();
+    cluster.restart_exited(&mut exits);
+
+    // Read the histories and the final state.
+    for w in &mut workers {
+        w.kill9();
+    }
+    let mut lines = Vec::new();
+    for w in workers.iter().chain(&gone) {
+        lines.extend(read_history(&w.id, &w.history));
+    }
+    let fin = final_state(&cluster.db).await;
+    let enqueued = enqueued.lock().unwrap().clone();
+    let (mut bad, summary) = check(&enqueued, &lines, &killed, &cluster.faults, &fin, origin);
+    bad.extend(stuck);
+    bad.extend(exits);
+    bad.extend(findings.lock().unwrap().iter().cloned());
+    println!(
+        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}",
+        cluster.faults.len(),
+        p.faults_for,
+        began.elapsed()
+    );
+    assert!(
+        bad.is_empty(),
+        "JOBQ_CHAOS_SEED={seed}: {} violation(s):\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+/// The checker itself, on made-up histories: a clean run passes, and each
+/// broken promise is reported (so a passing suite means something).
+#[test]
+fn chaos_checker_reports_each_broken_promise() {
+    let line = |t: u64, worker: &str, event: &str, job: &str, lease: &str, extra: &str| Line {
+        t,
+        worker: worker.into(),
+        event: event.into(),
+        job: job.into(),
+        lease: lease.into(),
+        extra: extra.into(),
+    };
+    let attempt = |job: &str, lease: &str, worker: &str, started, ended, outcome: &str| Attempt {
+        job: job.into(),
+        lease: lease.into(),
+        worker: worker.into(),
+        started,
+        ended,
+        outcome: outcome.into(),
+    };
+    let enqueued: BTreeMap<String, String> = [("k1".into(), "1".into())].into();
+    let s = 1_000_000_000;
+    // Worker a's lease 10 is lost to a server kill; worker b gets lease 11
+    // and acks it.
+    let clean = vec![
+        line(s, "a", "leased", "1", "10", "0"),
+        line(2 * s, "a", "confirm", "1", "10", &(2 * s - 1).to_string()),
+        line(8 * s, "b", "leased", "1", "11", "1"),
+        line(9 * s, "a", "lost", "1", "10", ""),
+        line(9 * s, "b", "acked", "1", "11", &(9 * s - 5).to_string()),
+    ];
+    let server_kill = Fault {
+        what: "SIGKILL server 0".into(),
+        server: true,
+        from: 3 * s,
+        to: 4 * s,
+    };
+    let fin = |outcome_10: &str| Final {
+        status: [("1".into(), "done".into())].into(),
+        attempts: vec![
+            attempt("1", "10", "a", s, 7 * s, outcome_10),
+            attempt("1", "11", "b", 8 * s, 9 * s, "acked"),
+        ],
+    };
+    let none = HashMap::new();
+    let faults = [server_kill.clone()];
+    let (bad, _) = check(
+        &enqueued,
+        &clean,
+        &none,
+        &faults,
+        &fin("worker_disconnected"),
+        0,
+    );
+    assert!(bad.is_empty(), "{bad:?}");
+
+    // Without the server kill, the spent attempt is unexplained.
+    let (bad, _) = check(&enqueued, &clean, &none, &[], &fin("lease_expired"), 0);
+    assert!(
+        bad.len() == 1 && bad[0].contains("no kill or freeze"),
+        "{bad:?}"
+    );
+    // A killed worker explains it.
+    let killed = [("a".to_owned(), 3 * s)].into();
+    let (bad, _) = check(&enqueued, &clean, &killed, &[], &fin("lease_expired"), 0);
+    assert!(bad.is_empty(), "{bad:?}");
+
+    // Lease 10 still honoured after lease 11 reached worker b; and acked.
+    let mut stale = clean.clone();
+    stale.push(line(
+        10 * s,
+        "a",
+        "acked",
+        "1",
+        "10",
+        &(8 * s + 1).to_string(),
+    ));
+    let (bad, _) = check(&enqueued, &stale, &none, &faults, &fin("acked"), 0);
+    let all = bad.join("\n");
+    assert!(all.contains("acked under two leases"), "{all}");
+    assert!(all.contains("still honoured (acked)"), "{all}");
+    assert!(all.contains("done with 2 acked attempts"), "{all}");
+
+    // A lease delivered after the ack (and after its own attempt ended), a
+    // lease without an attempt; a job that is not done; an unknown job
+    // left pending.
+    let mut late = clean.clone();
+    late.push(line(12 * s, "c", "leased", "1", "12", "2"));
+    late.push(line(12 * s, "c", "leased", "1", "10", "2"));
+    let mut lost = fin("worker_disconnected");
+    lost.status.insert("1".into(), "running".into());
+    lost.status.insert("2".into(), "pending".into());
+    let (bad, _) = check(&enqueued, &late, &none, &faults, &lost, 0);
+    let all = bad.join("\n");
+    assert!(all.contains("after the job was acked"), "{all}");
+    assert!(
+        all.contains("lease 12 reached c at 12.000s, and the database has no attempt"),
+        "{all}"
+    );
+    assert!(
+        all.contains("lease 10 reached c at 12.000s, after its attempt ended"),
+        "{all}"
+    );
+    assert!(all.contains("job 1 (key k1) ended running"), "{all}");
+    assert!(all.contains("job 2 is pending at the end"), "{all}");
+}
