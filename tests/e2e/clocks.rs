@@ -60,7 +60,12 @@ async fn skewed_server(dir: &std::path::Path, url: &str, extra: &[&str]) -> Serv
             .env("FAKETIME", format!("+{}s", AHEAD.as_secs()))
             .env("DONT_FAKE_MONOTONIC", "1");
     });
-    // The skew took: the server's own log lines are dated ahead.
+    assert_clock_ahead(&server).await;
+    server
+}
+
+/// The skew took: `server`'s own log lines are dated about `AHEAD` ahead.
+pub(crate) async fn assert_clock_ahead(server: &ServerProcess) {
     let line = until(Duration::from_secs(10), "the serving line", || async {
         server.first_logged("jobq serving")
     })
@@ -77,7 +82,6 @@ async fn skewed_server(dir: &std::path::Path, url: &str, extra: &[&str]) -> Serv
         ahead > AHEAD - Duration::from_secs(10),
         "libfaketime did not move the server's clock ahead (it logged {line:?})"
     );
-    server
 }
 
 fn plain_server(dir: &std::path::Path, url: &str, extra: &[&str]) -> ServerProcess {

@@ -114,22 +114,7 @@ impl Cluster {
         };
         // The skew took: the server logs its own clock, 30 s ahead.
         let skewed = cluster.slots[2].process.as_ref().expect("running");
-        let line = until(Duration::from_secs(10), "the serving line", || async {
-            skewed.first_logged("jobq serving")
-        })
-        .await;
-        let dated = line
-            .split_whitespace()
-            .next()
-            .and_then(|t| humantime::parse_rfc3339_weak(t.trim_end_matches('Z')).ok())
-            .unwrap_or_else(|| panic!("no timestamp first on {line:?}"));
-        let ahead = dated
-            .duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO);
-        assert!(
-            ahead > AHEAD - Duration::from_secs(10),
-            "libfaketime did not move the third server's clock ahead (it logged {line:?})"
-        );
+        crate::clocks::assert_clock_ahead(skewed).await;
         cluster
     }
 
