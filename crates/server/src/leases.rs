@@ -45,12 +45,12 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::{
     auth::Caller,
+    clock::retake_at,
     config::Config,
     error::Error,
     job::{Job, JobId, LeaseId, Outcome, Status},
     store::{LeaseEnded, Store},
-    validate::TakeSpec,
-    waiter::retake_at,
+    validate::StreamSpec,
 };
 
 /// The response header that carries a stream's token.
@@ -313,19 +313,6 @@ enum End {
     /// [`Store::registered`]): the worker is told to reconnect to another
     /// server, and keeps its leases.
     Unregistered,
-}
-
-/// A validated Lease request.
-#[derive(Debug, Clone)]
-pub struct StreamSpec {
-    /// Queues, worker id, lease length.
-    pub take: TakeSpec,
-    /// Most jobs held at once.
-    pub capacity: usize,
-    /// Leases the worker declares it still holds.
-    pub held: Vec<(JobId, LeaseId)>,
-    /// The token that opened it (tokens on).
-    pub caller: Option<Caller>,
 }
 
 impl<S: Store> LeaseHub<S> {

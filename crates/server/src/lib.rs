@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod connections;
 pub mod convert;

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration, time::SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::{config::Config, leases::LeaseHub, store::Store, waiter::instant_at};
+use crate::{clock::instant_at, config::Config, leases::LeaseHub, store::Store};
 
 /// How often old DONE and FAILED jobs are purged. Retention is measured in
 /// days, so a coarse interval is precise enough.

@@ -9,10 +9,10 @@ use std::time::Duration;
 use jobq::pb;
 
 use crate::{
+    auth::Caller,
     config::{duration_text, Config},
     error::{Error, Result},
     job::{JobId, LeaseId, NewJob, Status, PRIORITY_MAX, PRIORITY_MIN},
-    leases::StreamSpec,
     store::{FailReport, ListFilter},
 };
 
@@ -236,6 +236,19 @@ pub struct TakeSpec {
     pub owner: Option<String>,
     /// Lease length.
     pub lease: Duration,
+}
+
+/// A validated Lease request.
+#[derive(Debug, Clone)]
+pub struct StreamSpec {
+    /// Queues, worker id, lease length.
+    pub take: TakeSpec,
+    /// Most jobs held at once.
+    pub capacity: usize,
+    /// Leases the worker declares it still holds.
+    pub held: Vec<(JobId, LeaseId)>,
+    /// The token that opened it (tokens on).
+    pub caller: Option<Caller>,
 }
 
 fn take_spec(

@@ -8,30 +8,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    clock::retake_at,
     error::{Error, Result},
     job::Leased,
     store::Store,
     validate::TakeSpec,
 };
-
-/// The tokio instant at which wall-clock time `t` arrives (now if past).
-pub fn instant_at(t: SystemTime) -> Instant {
-    let now = SystemTime::now();
-    Instant::now() + t.duration_since(now).unwrap_or(Duration::ZERO)
-}
-
-/// The least wait before looking again after a take found nothing although
-/// the store said a job was due: on PostgreSQL a due job whose row another
-/// transaction holds (a frozen server's, for up to its idle timeout) is
-/// counted due but skipped by the take, and looking again at once would
-/// spin on the database.
-pub const RETAKE_PAUSE: Duration = Duration::from_millis(20);
-
-/// When to look again for a job due at `t`, at the earliest
-/// [`RETAKE_PAUSE`] from now (any new job wakes the waiter sooner).
-pub fn retake_at(t: SystemTime) -> Instant {
-    instant_at(t).max(Instant::now() + RETAKE_PAUSE)
-}
 
 /// Takes a due job for `spec`, waiting up to `wait` for one to become due.
 /// `Ok(None)` when the wait runs out.

@@ -552,8 +552,8 @@ async fn a_failed_background_sync_stops_the_store_without_any_waiter() {
 #[tokio::test]
 async fn a_job_given_back_unpulled_is_never_sent_under_its_old_lease() {
     use jobq_server::{
-        leases::{LeaseHub, StreamSpec},
-        validate::TakeSpec,
+        leases::LeaseHub,
+        validate::{StreamSpec, TakeSpec},
     };
     use tokio_stream::StreamExt;
 
