@@ -42,8 +42,11 @@ work=$(mktemp -d)
 server_pid=
 worker_pid=
 cleanup() {
-  [[ -n "$worker_pid" ]] && kill -9 "$worker_pid" 2>/dev/null || true
-  [[ -n "$server_pid" ]] && kill "$server_pid" 2>/dev/null || true
+  local pid
+  for pid in $worker_pid $server_pid; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -53,7 +56,8 @@ ts=$(node -p 'require("./package.json").devDependencies.typescript')
 types=$(node -p 'require("./package.json").devDependencies["@types/node"]')
 cp examples/producer.ts examples/worker.ts "$work/"
 cd "$work"
-tar -tzf "$tarball" | grep -q 'package/dist/gen/jobq/v1/jobq_pb.js' || { echo "the tarball lacks the generated code" >&2; exit 1; }
+tar -tzf "$tarball" >contents.txt
+grep -qx 'package/dist/gen/jobq/v1/jobq_pb.js' contents.txt || { echo "the tarball lacks the generated code:" >&2; cat contents.txt >&2; exit 1; }
 cat >package.json <<'JSON'
 { "name": "jobq-example", "private": true, "type": "module" }
 JSON
