@@ -129,6 +129,28 @@ test("fatal: a fatal HandlerError, or a payload that is not JSON, fails the job 
   assert.match(g.lastError, /^payload is not JSON/);
 });
 
+test("capacity: a worker never runs more handlers at once than its capacity, and uses all of it", async () => {
+  let now = 0;
+  let most = 0;
+  const ids: string[] = [];
+  for (let i = 0; i < 12; i++) ids.push((await client.enqueue("capacity", "k", { i })).job.id);
+  await running(
+    {
+      queues: ["capacity"],
+      // One handler for every kind.
+      handlers: async () => {
+        most = Math.max(most, ++now);
+        await new Promise((r) => setTimeout(r, 150));
+        now--;
+      },
+      capacity: 3,
+      leaseMs: 10_000,
+    },
+    () => waitFor(async () => (await client.stats("capacity"))["capacity"]?.done === 12, 30_000, "12 jobs DONE"),
+  );
+  assert.equal(most, 3);
+});
+
 test("a kind with no handler fails retryably, with a clear message", async () => {
   const { job } = await client.enqueue("rolling", "new-kind" as "k", {}, { maxAttempts: 5 });
   await running({ queues: ["rolling"], handlers: { "send-email": async () => {} }, leaseMs: 10_000 }, () =>
