@@ -80,15 +80,15 @@ class Slots {
     }
     return new Promise((resolve) => {
       const grant = (): void => {
-        signal.removeEventListener("abort", give_up);
+        signal.removeEventListener("abort", giveUp);
         resolve(true);
       };
-      const give_up = (): void => {
+      const giveUp = (): void => {
         this.waiters = this.waiters.filter((w) => w !== grant);
         resolve(false);
       };
       this.waiters.push(grant);
-      signal.addEventListener("abort", give_up, { once: true });
+      signal.addEventListener("abort", giveUp, { once: true });
     });
   }
 
