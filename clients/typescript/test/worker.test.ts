@@ -151,6 +151,43 @@ test("capacity: a worker never runs more handlers at once than its capacity, and
   assert.equal(most, 3);
 });
 
+test("odd throws fail the job too: a string, null, an error whose message cannot be read", async () => {
+  const odd: Record<string, () => unknown> = {
+    string: () => "plain words",
+    null: () => null,
+    unreadable: () =>
+      Object.defineProperty(new Error(), "message", {
+        get(): string {
+          throw new Error("no message");
+        },
+      }),
+  };
+  const ids = await Promise.all(Object.keys(odd).map(async (key) => (await client.enqueue("odd", "k", {}, { key, maxAttempts: 1 })).job.id));
+  await running({ queues: ["odd"], handlers: { k: async (ctx) => { throw odd[ctx.key!]!(); } }, leaseMs: 10_000 }, () =>
+    waitFor(async () => (await Promise.all(ids.map((id) => status(id)))).every((st) => st === JobStatus.FAILED), 20_000, "every job FAILED"),
+  );
+  const errors = await Promise.all(ids.map(async (id) => (await client.getJob(id)).lastError));
+  assert.deepEqual(errors, ["plain words", "Error: the handler threw a nullish value", "the handler threw a value whose message could not be read"]);
+});
+
+test("a retry delay the server refuses (over its --max-delay) is sent again with the server's backoff", async () => {
+  const own = await Server.start(dir, ["--max-delay", "10s"], "max-delay");
+  const c = new Client<Kinds>({ server: own.url });
+  try {
+    await c.waitReady();
+    const { job } = await c.enqueue("late", "k", {});
+    await running({ queues: ["late"], handlers: { k: async () => { throw HandlerError.retryAfter("try tomorrow", 86_400_000); } }, leaseMs: 10_000 }, () =>
+      waitFor(async () => (await c.getJob(job.id)).history.length === 1 && (await status(job.id, c)) === JobStatus.PENDING, 20_000, "the attempt failed"),
+    c);
+    const j = await c.getJob(job.id);
+    assert.equal(j.lastError, "try tomorrow");
+    assert.ok(Number(j.runAt!.seconds) * 1000 < Date.now() + 11_000, "run_at is the server's backoff, not a day away");
+  } finally {
+    c.close();
+    await own.stop();
+  }
+});
+
 test("a kind with no handler fails retryably, with a clear message", async () => {
   const { job } = await client.enqueue("rolling", "new-kind" as "k", {}, { maxAttempts: 5 });
   await running({ queues: ["rolling"], handlers: { "send-email": async () => {} }, leaseMs: 10_000 }, () =>
