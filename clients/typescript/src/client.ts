@@ -160,11 +160,15 @@ export class Client<Kinds extends KindMap = AnyKinds> {
       for (const [k, v] of Object.entries(await traceContext())) req.header.set(k, v);
       return next(req);
     };
-    // HTTP/2 pings let both sides find a silent peer (the server reclaims a
-    // dead worker's jobs when its stream drops).
+    // HTTP/2 pings while a call is open (a worker's Lease stream always
+    // is) let both sides find a silent peer: the server reclaims a dead
+    // worker's jobs when its stream drops, and the worker reconnects. An
+    // idle connection is checked by a ping before its next call instead:
+    // connect-node's idle pings can fire on a session already destroyed,
+    // an uncaught ERR_HTTP2_INVALID_SESSION.
     this.session = new Http2SessionManager(
       this.endpoint.baseUrl,
-      { pingIntervalMs: 10_000, pingTimeoutMs: 10_000, pingIdleConnection: true },
+      { pingIntervalMs: 10_000, pingTimeoutMs: 10_000, pingIdleConnection: false },
       tls,
     );
     const transport = createGrpcTransport({
