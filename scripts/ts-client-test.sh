@@ -35,7 +35,9 @@ npm run build
 echo "== tsc --noEmit (strict: the client, the tests, the examples)"
 npx tsc --noEmit -p tsconfig.json
 echo "== node --test against a real jobq serve"
-JOBQ_BIN="$jobq" npm test
+npx tsc -p tsconfig.json   # the tests, compiled to build/
+# The build is done: the test script alone, without its pretest.
+JOBQ_BIN="$jobq" npm test --ignore-scripts
 
 echo "== npm pack, installed in a fresh temp dir, runs the book's example"
 work=$(mktemp -d)
