@@ -2,7 +2,7 @@
 // connection) refused, and the error a handler throws to say how its job
 // failed.
 
-import { Code, ConnectError } from "@connectrpc/connect";
+import { ConnectError } from "@connectrpc/connect";
 
 /** gRPC status code names, by number (as grpcurl, the CLI and the Python client spell them). */
 const CODE_NAMES = [
@@ -82,11 +82,6 @@ export function isRefusedForGood(err: JobqError): boolean {
     err.code === "INVALID_ARGUMENT" ||
     err.code === "UNIMPLEMENTED"
   );
-}
-
-/** The connect code for a name (for tests and callers that build their own errors). */
-export function codeOf(name: CodeName): Code {
-  return CODE_NAMES.indexOf(name) as Code;
 }
 
 /**
