@@ -1,7 +1,7 @@
 //! The command line: global options and one variant per subcommand, and the
 //! dispatch from a parsed [`Cli`] to the subcommand modules.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::conn::Conn;
 use crate::logging::LogFormat;
@@ -148,9 +148,16 @@ impl Cli {
     }
 }
 
+/// A usage error found after parsing (e.g. a flag combination clap cannot
+/// express); reported like clap's own, with exit code 2.
+pub fn usage(message: impl std::fmt::Display) -> anyhow::Error {
+    Cli::command()
+        .error(clap::error::ErrorKind::ArgumentConflict, message)
+        .into()
+}
+
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
 
     use super::*;
 

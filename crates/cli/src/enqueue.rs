@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tracing::Instrument;
 
-use crate::exit::usage;
+use crate::cli::usage;
 use crate::output::{receipt_json, status_name, Out, Table};
 use jobq::code_name;
 

@@ -6,21 +6,10 @@
 //!   (`error: NOT_FOUND: job 42 not found`); anything else prints the
 //!   error's chain.
 //! - 2: a usage error. clap exits with 2 itself while parsing; checks made
-//!   after parsing return [`usage`] errors, which land here.
+//!   after parsing return [`usage`](crate::cli::usage) errors, which land
+//!   here.
 
 use std::process::ExitCode;
-
-use clap::CommandFactory;
-
-use crate::cli::Cli;
-
-/// A usage error found after parsing (e.g. a flag combination clap cannot
-/// express); reported like clap's own, with exit code 2.
-pub fn usage(message: impl std::fmt::Display) -> anyhow::Error {
-    Cli::command()
-        .error(clap::error::ErrorKind::ArgumentConflict, message)
-        .into()
-}
 
 /// Prints `err` to stderr and picks the exit code.
 pub fn report(err: &anyhow::Error) -> ExitCode {
@@ -96,7 +85,7 @@ mod tests {
 
     #[test]
     fn usage_errors_exit_2() {
-        let err = usage("pick one");
+        let err = crate::cli::usage("pick one");
         assert_eq!(err.downcast_ref::<clap::Error>().unwrap().exit_code(), 2);
     }
 

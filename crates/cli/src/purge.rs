@@ -51,7 +51,7 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     if args.status == Some(Purgeable::Pending)
         && (args.finished_before.is_some() || args.older_than.is_some())
     {
-        return Err(crate::exit::usage(
+        return Err(crate::cli::usage(
             "--finished-before and --older-than apply to DONE and FAILED jobs: a PENDING job has not finished (--status pending purges every PENDING job of the queue)",
         ));
     }

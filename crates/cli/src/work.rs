@@ -108,7 +108,7 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
     // a bare name, the path itself otherwise, and checks it is executable.
     if let Some(program) = args.command.first() {
         if let Err(err) = which::which(program) {
-            return Err(crate::exit::usage(format!(
+            return Err(crate::cli::usage(format!(
                 "cannot run {program:?}: {err} (a bare name is looked up in PATH; a path must name an executable file)"
             )));
         }

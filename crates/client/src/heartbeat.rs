@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::metrics::Lost;
-use crate::worker::Shared;
+use crate::shared::Shared;
 
 /// Heartbeats every `heartbeat_every` until `stop` fires. Runs beside the
 /// Lease stream, not on it, so leases stay extended while the stream is

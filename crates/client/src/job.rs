@@ -11,7 +11,7 @@ use tracing::{debug, error, info, warn};
 use crate::backoff::Backoff;
 use crate::handler::{panic_message, BoxedHandler, HandlerResult};
 use crate::metrics::{Lost, Outcome};
-use crate::worker::Shared;
+use crate::shared::Shared;
 use crate::{HandlerError, JobContext};
 
 /// How long one ack or fail may wait for its answer before it is tried

@@ -90,6 +90,7 @@ mod metrics;
 pub mod model;
 mod operator;
 pub mod options;
+mod shared;
 mod signals;
 pub mod trace;
 pub mod typed;

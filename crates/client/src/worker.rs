@@ -1,19 +1,18 @@
 //! [`Worker`]: holds a Lease stream, runs handlers, reconnects, drains.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use jobq::pb::{self, lease_event::Event};
-use tokio::sync::Semaphore;
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::backoff::Backoff;
-use crate::builder::{Config, WorkerBuilder, WorkerTarget};
-use crate::inflight::InFlight;
+use crate::builder::{WorkerBuilder, WorkerTarget};
+use crate::shared::Shared;
 use crate::{heartbeat, job, JobContext, Result};
 
 /// After the drain empties, how long to keep reading the stream for a job the
@@ -82,41 +81,6 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-/// State shared by the stream loop, the heartbeat task and the job tasks.
-pub(crate) struct Shared {
-    pub(crate) cfg: Config,
-    /// Leases to heartbeat, and their handlers' cancel tokens.
-    inflight: Mutex<InFlight>,
-    /// `capacity` permits: one per running handler.
-    pub(crate) slots: Arc<Semaphore>,
-    /// Parent of every job's cancel token; fired at the drain deadline.
-    hard_stop: CancellationToken,
-    /// Set at shutdown; heartbeats then carry `draining`.
-    pub(crate) draining: AtomicBool,
-    /// The current Lease stream's token; heartbeats present it, so that
-    /// `draining` applies to this worker's stream and no other.
-    stream_token: Mutex<String>,
-}
-
-impl Shared {
-    /// The in-flight book. A poisoned lock is recovered: the book holds no
-    /// invariant a panicking holder could have half-updated.
-    pub(crate) fn book(&self) -> MutexGuard<'_, InFlight> {
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn stream_token(&self) -> String {
-        self.stream_token
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    pub(crate) fn forget(&self, ctx: &JobContext) {
-        self.book().remove(ctx.id(), ctx.lease_id());
-    }
-}
-
 impl Worker {
     /// Starts building a worker on a [`Client`](crate::Client) or a server URL.
     pub fn builder(target: impl Into<WorkerTarget>) -> WorkerBuilder {
@@ -147,14 +111,7 @@ impl Worker {
     /// retried: a token reload or a rolling restart may fix it.
     pub async fn run(self) -> Result<()> {
         let cfg = self.builder.into_config()?;
-        let shared = Arc::new(Shared {
-            slots: Arc::new(Semaphore::new(cfg.capacity as usize)),
-            inflight: Mutex::default(),
-            hard_stop: CancellationToken::new(),
-            draining: AtomicBool::new(false),
-            stream_token: Mutex::default(),
-            cfg,
-        });
+        let shared = Arc::new(Shared::new(cfg));
         let span = info_span!(
             "worker",
             worker.id = %shared.cfg.worker_id,
@@ -335,7 +292,7 @@ async fn drain(shared: &Arc<Shared>, mut stream: Option<LeaseStream>, tasks: &mu
             in_flight = tasks.len(),
             "drain deadline passed; cancelling handlers, the server will reclaim their jobs"
         );
-        shared.hard_stop.cancel();
+        shared.stop_handlers();
         let _ = timeout(ABORT_GRACE, async {
             while let Some(joined) = tasks.join_next().await {
                 log_join(joined);
@@ -362,10 +319,7 @@ async fn open(shared: &Shared) -> Result<LeaseStream> {
             held,
         )
         .await?;
-    *shared
-        .stream_token
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = token;
+    shared.set_stream_token(token);
     Ok(stream)
 }
 
@@ -435,7 +389,7 @@ fn start(shared: &Arc<Shared>, leased: pb::LeasedJob, tasks: &mut JoinSet<()>) {
         .checked_add(granted)
         .unwrap_or_else(|| SystemTime::now() + shared.cfg.lease);
     let deadline = Arc::new(Mutex::new(expires));
-    let cancel = shared.hard_stop.child_token();
+    let cancel = shared.job_cancel_token();
     let stale = shared.book().insert(
         job.id.clone(),
         leased.lease_id.clone(),
