@@ -55,7 +55,7 @@ def kill_one_worker(tmp, client, addr):
         assert len(jobs) == 100, len(jobs)
         not_done = [j.id for j in jobs if j.status != pb.JOB_STATUS_DONE]
         assert not not_done, f"not DONE: {not_done}"
-        stats = client.stats("email")["email"]
+        stats = client.stats("email")["email"].counts()
         assert stats == {"pending": 0, "running": 0, "done": 100, "failed": 0}, stats
 
         disconnected = [j for j in jobs if "ATTEMPT_OUTCOME_WORKER_DISCONNECTED" in outcomes(j)]
@@ -122,7 +122,7 @@ def sigterm_drains(tmp, client, addr):
                  "3 jobs RUNNING")
         w.send_signal(signal.SIGTERM)
         assert w.wait(15) == 0, "worker did not exit 0 after SIGTERM"
-        st = client.stats("drain")["drain"]
+        st = client.stats("drain")["drain"].counts()
         assert st == {"pending": 2, "running": 0, "done": 3, "failed": 0}, st
         for jid in ids:
             j = client.get_job(jid)
@@ -342,7 +342,7 @@ def schedules(tmp, client, addr):
 
     s = client.create_schedule("py-every-second", "py-sched", "tick", "*/1 * * * * *",
                                payload=b"{}", max_attempts=2)
-    assert s.timezone == "UTC" and s.HasField("next_run_at"), s
+    assert s.timezone == "UTC" and s.next_run_at is not None, s
     assert [x.name for x in client.list_schedules()] == ["py-every-second"]
     deadline = time.time() + 15
     keys: list = []
