@@ -393,9 +393,9 @@ class AsyncWorker:
                 r = event.revoked
                 ctx = self._book.revoke(r.job_id, r.lease_id)
                 if ctx is not None:
-                    log.warning("job %s: lease revoked (%s); cancelling its handler",
-                                r.job_id, r.reason)
-                    ctx._cancel(c.revoke_reason(r.reason))
+                    why = c.revoke_reason(r.reason)
+                    log.warning("job %s: %s; cancelling its handler", r.job_id, why)
+                    ctx._cancel(why)
 
     def _start(self, leased: pb.LeasedJob) -> None:
         deadline = c.lease_deadline(leased, self.lease, time.time())
