@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Optional, TextIO
 
-from jobq import JobContext
+from jobq import AsyncJobContext
 from jobq.aio import AsyncClient, AsyncWorker
 
 
@@ -30,7 +30,7 @@ async def main() -> int:
 
     log_file: Optional[TextIO] = open(args.log, "a", buffering=1) if args.log else None
 
-    async def send_email(ctx: JobContext) -> None:
+    async def send_email(ctx: AsyncJobContext) -> None:
         order = ctx.json()["order"]
         await asyncio.sleep(args.work)  # "sending"; cancelled if the lease is lost
         if log_file:

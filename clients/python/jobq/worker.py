@@ -26,7 +26,8 @@ from jobq.v1 import jobq_pb2 as pb
 
 log = logging.getLogger("jobq")
 
-#: A sync handler: returns to ack, raises to fail (Fatal: for good).
+#: A sync handler: returns to ack, raises to fail (Fatal: for good;
+#: Retry(after=…): retried after that delay).
 Handler = Callable[[JobContext], None]
 #: Queue names, in priority order. A list or tuple: a bare str is refused.
 Queues = Union[List[str], Tuple[str, ...]]
