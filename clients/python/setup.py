@@ -1,42 +1,52 @@
 """Build hook: generates jobq.v1 (the gRPC stubs and their typed .pyi) from
-proto/jobq/v1/jobq.proto while the package is built, so `pip install
-./clients/python` needs no separate step and the stubs never drift from the
-proto.
+the proto the package carries, jobq/proto/jobq/v1/jobq.proto, while the
+package is built. The package is self-contained: it builds from a checkout,
+a copied folder or its sdist alike, and the wheel ships the proto too.
 
-The proto is looked up in $JOBQ_PROTO_DIR, then ../../proto (pip builds a
-local directory in place, so the repository's proto/ is reachable), then
-./proto (where an sdist carries it). An editable install (`pip install -e`) writes the stubs into the
-source tree (jobq/v1/, git-ignored); reinstall after a proto change.
+jobq/proto/ is a copy of the repository's proto/ (CI diffs the two). A
+build inside a checkout whose proto/ differs from the copy stops, rather
+than ship stubs for an older contract. $JOBQ_PROTO_DIR builds from another
+folder holding jobq/v1/jobq.proto instead.
+
+The build writes nothing into the source folder: setuptools' build/ and
+*.egg-info go to a temporary folder. An editable install (`pip install -e`)
+writes the stubs into jobq/v1/ (git-ignored); reinstall after a proto change.
 """
 
 from __future__ import annotations
 
+import atexit
+import filecmp
 import os
 import shutil
 import stat
+import sys
 import tempfile
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
-from setuptools.command.sdist import sdist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO = os.path.join("jobq", "v1", "jobq.proto")
+BUNDLED = os.path.join(HERE, "jobq", "proto")
+CHECKOUT = os.path.join(HERE, "..", "..", "proto")
 
 
 def proto_root() -> str:
-    candidates = [
-        os.environ.get("JOBQ_PROTO_DIR", ""),
-        os.path.join(HERE, "..", "..", "proto"),
-        os.path.join(HERE, "proto"),
-    ]
-    for c in candidates:
-        if c and os.path.isfile(os.path.join(c, PROTO)):
-            return os.path.abspath(c)
-    raise SystemExit(
-        f"jobq-client: {PROTO} not found in {candidates}; build from a jobq "
-        "checkout or set JOBQ_PROTO_DIR to the folder holding jobq/v1/jobq.proto"
-    )
+    override = os.environ.get("JOBQ_PROTO_DIR", "")
+    if override:
+        if not os.path.isfile(os.path.join(override, PROTO)):
+            raise SystemExit(f"jobq-client: $JOBQ_PROTO_DIR has no {PROTO}")
+        return os.path.abspath(override)
+    bundled = os.path.join(BUNDLED, PROTO)
+    if not os.path.isfile(bundled):
+        raise SystemExit(f"jobq-client: {bundled} is missing")
+    upstream = os.path.join(CHECKOUT, PROTO)
+    if os.path.isfile(upstream) and not filecmp.cmp(upstream, bundled, shallow=False):
+        raise SystemExit(
+            "jobq-client: proto/jobq/v1/jobq.proto changed; copy it into the package:\n"
+            "  cp proto/jobq/v1/jobq.proto clients/python/jobq/proto/jobq/v1/jobq.proto")
+    return BUNDLED
 
 
 def plugin(name: str, func: str, scratch: str) -> str:
@@ -45,8 +55,6 @@ def plugin(name: str, func: str, scratch: str) -> str:
     found = shutil.which(name)
     if found:
         return found
-    import sys
-
     path = os.path.join(scratch, name)
     with open(path, "w") as f:
         f.write(f"#!{sys.executable}\nimport sys\nsys.path[:0] = {sys.path!r}\n"
@@ -76,7 +84,7 @@ def generate(out: str) -> None:
         if protoc.main(args) != 0:
             raise SystemExit("jobq-client: protoc failed on " + os.path.join(root, PROTO))
     with open(os.path.join(target, "__init__.py"), "w") as f:
-        f.write('"""Generated from proto/jobq/v1/jobq.proto at build time."""\n')
+        f.write('"""Generated from jobq/proto/jobq/v1/jobq.proto at build time."""\n')
 
 
 class BuildWithStubs(build_py):
@@ -86,14 +94,14 @@ class BuildWithStubs(build_py):
         generate(HERE if editable else self.build_lib)
 
 
-class SdistWithProto(sdist):
-    """An sdist carries the proto as ./proto, so a wheel builds from it alone."""
+# Keep the source folder clean: pip builds a local folder in place.
+_scratch = tempfile.mkdtemp(prefix="jobq-client-build-")
+atexit.register(shutil.rmtree, _scratch, True)
 
-    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
-        super().make_release_tree(base_dir, files)
-        target = os.path.join(base_dir, "proto", "jobq", "v1")
-        os.makedirs(target, exist_ok=True)
-        shutil.copy(os.path.join(proto_root(), PROTO), target)
-
-
-setup(cmdclass={"build_py": BuildWithStubs, "sdist": SdistWithProto})
+setup(
+    cmdclass={"build_py": BuildWithStubs},
+    options={
+        "build": {"build_base": os.path.join(_scratch, "build")},
+        "egg_info": {"egg_base": _scratch},
+    },
+)

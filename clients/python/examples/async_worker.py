@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Optional, TextIO
 
-from jobq import JobContext
+from jobq import AsyncJobContext
 from jobq.aio import AsyncClient, AsyncWorker
 
 
@@ -18,7 +18,7 @@ async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--server", "--target", default=None,
                     help="http://host:port or https://host:port (default: $JOBQ_SERVER)")
-    ap.add_argument("--queue", default="email")
+    ap.add_argument("--queue", default="emails")
     ap.add_argument("--worker-id", default=None)
     ap.add_argument("--capacity", type=int, default=5)
     ap.add_argument("--lease", type=float, default=30.0, help="seconds")
@@ -30,7 +30,7 @@ async def main() -> int:
 
     log_file: Optional[TextIO] = open(args.log, "a", buffering=1) if args.log else None
 
-    async def send_email(ctx: JobContext) -> None:
+    async def send_email(ctx: AsyncJobContext) -> None:
         order = ctx.json()["order"]
         await asyncio.sleep(args.work)  # "sending"; cancelled if the lease is lost
         if log_file:

@@ -15,7 +15,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--server", "--target", default=None,
                     help="http://host:port or https://host:port (default: $JOBQ_SERVER)")
-    ap.add_argument("--queue", default="email")
+    ap.add_argument("--queue", default="emails")
     ap.add_argument("--count", type=int, default=10)
     ap.add_argument("--first-order", type=int, default=1)
     args = ap.parse_args()

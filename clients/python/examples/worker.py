@@ -18,7 +18,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--server", "--target", default=None,
                     help="http://host:port or https://host:port (default: $JOBQ_SERVER)")
-    ap.add_argument("--queue", default="email")
+    ap.add_argument("--queue", default="emails")
     ap.add_argument("--worker-id", default=None)
     ap.add_argument("--capacity", type=int, default=5)
     ap.add_argument("--lease", type=float, default=30.0, help="seconds")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from jobq.context import JobContext
+from jobq.context import BaseJobContext as JobContext
 
 LeaseRef = Tuple[str, str]  # (job_id, lease_id)
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 from google.protobuf import duration_pb2
 
 from jobq import _trace
+from jobq.errors import Fatal as Fatal, JobLost as JobLost, Retry as Retry  # re-exported
+from jobq.models import NewJob, QueueStats
 from jobq.v1 import jobq_pb2 as pb
 
 Seconds = Union[int, float, timedelta]
@@ -47,14 +49,6 @@ STATUS_NAMES: Dict[int, str] = {
     v.number: v.name.replace("JOB_STATUS_", "")
     for v in pb.JobStatus.DESCRIPTOR.values
 }
-
-
-class Fatal(Exception):
-    """Raise from a handler to fail the job without retrying it (it becomes FAILED)."""
-
-
-class JobLost(Exception):
-    """Ack or Fail was refused because this worker no longer holds the lease."""
 
 
 def duration(value: Optional[Seconds]) -> Optional[duration_pb2.Duration]:
@@ -229,11 +223,20 @@ class Backoff:
 # -- request builders (one place for both clients) -------------------------
 
 def enqueue_request(
-    queue: str, kind: str, payload: bytes, key: str, max_attempts: int,
+    queue: str, kind: str, payload: Union[bytes, str], key: Optional[str], max_attempts: int,
     delay: Optional[Seconds], metadata: Optional[Mapping[str, str]], priority: int = 0,
+    run_at: Optional[datetime] = None,
 ) -> pb.EnqueueRequest:
+    if isinstance(payload, str):
+        payload = payload.encode()
+    if run_at is not None:
+        if delay is not None:
+            raise ValueError("give delay= or run_at=, not both")
+        if run_at.tzinfo is None:
+            raise ValueError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        delay = max(0.0, (run_at - datetime.now(timezone.utc)).total_seconds())
     req = pb.EnqueueRequest(
-        queue=queue, kind=kind, payload=payload, key=key,
+        queue=queue, kind=kind, payload=payload, key=key or "",
         max_attempts=max_attempts, delay=duration(delay),
         metadata=_trace.with_trace_context(metadata),
     )
@@ -245,6 +248,17 @@ def enqueue_request(
                              "EnqueueRequest.priority; reinstall it from a newer checkout")
         setattr(req, "priority", priority)
     return req
+
+
+def batch_request(jobs: Sequence[Union[NewJob, pb.EnqueueRequest]]) -> pb.EnqueueBatchRequest:
+    """NewJobs (or ready EnqueueRequests) as one EnqueueBatch."""
+    reqs = [
+        j if isinstance(j, pb.EnqueueRequest) else enqueue_request(
+            j.queue, j.kind, j.payload, j.key, j.max_attempts, j.delay, j.metadata,
+            j.priority, j.run_at)
+        for j in jobs
+    ]
+    return pb.EnqueueBatchRequest(jobs=reqs)
 
 
 def fail_request(
@@ -275,8 +289,12 @@ def heartbeat_requests(
 
 
 def purge_request(queue: str, status: StatusLike,
-                  finished_before: Optional[float]) -> pb.PurgeJobsRequest:
+                  finished_before: Union[float, datetime, None]) -> pb.PurgeJobsRequest:
     req = pb.PurgeJobsRequest(queue=queue, status=status_value(status))
+    if isinstance(finished_before, datetime):
+        if finished_before.tzinfo is None:
+            raise ValueError("finished_before must be timezone-aware")
+        finished_before = finished_before.timestamp()
     if finished_before is not None:
         req.finished_before.FromNanoseconds(int(finished_before * 1e9))
     return req
@@ -290,12 +308,25 @@ def schedule_request(name: str, queue: str, kind: str, payload: Union[bytes, str
                                     cron=cron, timezone=timezone, max_attempts=max_attempts)
 
 
-def stats_dict(resp: pb.StatsResponse) -> Dict[str, Dict[str, int]]:
-    return {
-        q.queue: {"pending": q.pending, "running": q.running,
-                  "done": q.done, "failed": q.failed}
-        for q in resp.queues
-    }
+def stats_of(resp: pb.StatsResponse) -> Dict[str, QueueStats]:
+    return {q.queue: QueueStats.from_pb(q) for q in resp.queues}
+
+
+def revoke_reason(reason: str) -> str:
+    """A `revoked` event's reason as the handler is told it. An operator's
+    CancelJob arrives as "revoked (cancelled: <why>)": that reads
+    "cancelled: <why>", the operator's words after one prefix, as the
+    job's last_error has them. Any other reason ("lease expired", a lease
+    moved to another stream) reads "revoked: <reason>"."""
+    reason = reason.strip()
+    inner = reason
+    if reason.startswith("revoked (") and reason.endswith(")"):
+        inner = reason[len("revoked ("):-1]
+    elif reason == "revoked" or not reason:
+        return "revoked"
+    if inner == "cancelled" or inner.startswith("cancelled: "):
+        return inner
+    return f"revoked: {inner}"
 
 
 def error_text(error: BaseException) -> str:

@@ -8,7 +8,7 @@ import contextlib
 import importlib
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-from jobq.v1 import jobq_pb2 as pb
+from jobq.models import Job
 
 _otel: Optional[Dict[str, Any]]
 try:
@@ -43,7 +43,7 @@ def call_headers() -> Tuple[Tuple[str, str], ...]:
 
 
 @contextlib.contextmanager
-def job_span(job: pb.Job) -> Iterator[None]:
+def job_span(job: Job) -> Iterator[None]:
     """A span `job` that continues the producer's trace, with the 1-based
     attempt number on it."""
     if _otel is None:

@@ -9,17 +9,21 @@ import logging
 import signal
 import threading
 import time
+from datetime import datetime
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Mapping, Optional,
-                    Sequence, Set, Tuple, Union)
+                    Sequence, Set, Tuple, TypeVar, Union)
 
 import grpc
 import grpc.aio
 
 from jobq import _common as c
 from jobq._book import Book
-from jobq._common import Fatal, JobLost, Seconds, StatusLike
+from jobq._common import Seconds, StatusLike
 from jobq._trace import call_headers, job_span
-from jobq.context import JobContext
+from jobq.context import AsyncJobContext
+from jobq.errors import Fatal, JobLost, JobqError, Retry, code_of, from_rpc_error
+from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats,
+                         Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
 from jobq.worker import (ABORT_GRACE, DRAIN_SETTLE, Queues, check_callables,
@@ -27,17 +31,21 @@ from jobq.worker import (ABORT_GRACE, DRAIN_SETTLE, Queues, check_callables,
 
 log = logging.getLogger("jobq")
 
-#: An async handler: returns to ack, raises to fail (Fatal: for good).
-AsyncHandler = Callable[[JobContext], Awaitable[None]]
+R = TypeVar("R")
 
-__all__ = ["AsyncClient", "AsyncWorker", "AsyncHandler"]
+#: An async handler: returns to ack, raises to fail (Fatal: for good;
+#: Retry(after=…): after that delay).
+AsyncHandler = Callable[[AsyncJobContext], Awaitable[None]]
+
+__all__ = ["AsyncClient", "AsyncWorker", "AsyncHandler", "AsyncJobContext"]
 
 
 class AsyncClient:
     """Client's twin on ``grpc.aio``: the same arguments (``server`` URL,
-    ``$JOBQ_SERVER``, ``token``, TLS, ``insecure``), every method a coroutine
-    (list_jobs an async iterator). Create it inside the event loop that
-    uses it."""
+    ``$JOBQ_SERVER``, ``token``, TLS, ``insecure``, ``timeout``,
+    ``wait_for_ready``), the same typed results and ``JobqError``s, every
+    method a coroutine (``list_jobs`` an async iterator). Create it inside
+    the event loop that uses it."""
 
     def __init__(
         self,
@@ -51,11 +59,13 @@ class AsyncClient:
         certificate_chain: Optional[bytes] = None,
         private_key: Optional[bytes] = None,
         insecure: bool = False,
+        wait_for_ready: bool = False,
     ) -> None:
         if channel is not None and not isinstance(channel, grpc.aio.Channel):
             raise TypeError("AsyncClient needs a grpc.aio.Channel; for a blocking channel "
                             "use jobq.Client")
         self.timeout = timeout
+        self.wait_for_ready = wait_for_ready
         self._auth = c.auth_metadata(token)
         if channel is None:
             target, url_tls = c.parse_server(server)
@@ -80,6 +90,16 @@ class AsyncClient:
         context (the server's span for the call joins the caller's trace)."""
         return self._auth + call_headers()
 
+    async def _unary(self, rpc: Callable[..., Awaitable[R]], request: Any,
+                     timeout: Optional[float] = None) -> R:
+        try:
+            return await rpc(request, timeout=timeout or self.timeout, metadata=self._md,
+                             wait_for_ready=self.wait_for_ready)
+        except JobqError:
+            raise
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
     async def close(self) -> None:
         await self.channel.close()
 
@@ -94,57 +114,56 @@ class AsyncClient:
         await asyncio.wait_for(self.channel.channel_ready(), timeout)
 
     async def enqueue(
-        self, queue: str, kind: str, payload: bytes = b"", *, key: str = "",
-        max_attempts: int = 0, delay: Optional[Seconds] = None,
-        metadata: Optional[Mapping[str, str]] = None,
+        self, queue: str, kind: str, payload: Union[bytes, str] = b"", *,
+        key: Optional[str] = None, max_attempts: int = 0, delay: Optional[Seconds] = None,
+        run_at: Optional[datetime] = None, metadata: Optional[Mapping[str, str]] = None,
         priority: int = 0,
-    ) -> Tuple[pb.Job, bool]:
-        """As Client.enqueue: (job, created)."""
+    ) -> Enqueued:
+        """As Client.enqueue: ``(job, created)``, with the same keywords."""
         req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
-                                priority)
-        resp = await self.stub.Enqueue(req, timeout=self.timeout, metadata=self._md)
-        return resp.job, resp.created
+                                priority, run_at)
+        resp = await self._unary(self.stub.Enqueue, req)
+        return Enqueued(Job.from_pb(resp.job), resp.created)
 
     async def enqueue_batch(
-        self, requests: Sequence[pb.EnqueueRequest],
-    ) -> List[pb.EnqueueResult]:
-        resp = await self.stub.EnqueueBatch(pb.EnqueueBatchRequest(jobs=list(requests)),
-                                            timeout=self.timeout, metadata=self._md)
-        return list(resp.results)
+        self, jobs: Sequence[Union[NewJob, pb.EnqueueRequest]],
+    ) -> List[EnqueueResult]:
+        """As Client.enqueue_batch."""
+        resp = await self._unary(self.stub.EnqueueBatch, c.batch_request(jobs))
+        return [EnqueueResult.from_pb(r) for r in resp.results]
 
     async def dequeue(
         self, queues: Sequence[str], worker_id: str, *, lease: Optional[Seconds] = None,
         wait: Optional[Seconds] = None,
-    ) -> Optional[pb.LeasedJob]:
+    ) -> Optional[LeasedJob]:
         req = pb.DequeueRequest(queues=c.check_queues(queues), worker_id=worker_id,
                                 lease_duration=c.duration(lease), wait=c.duration(wait))
         timeout = self.timeout + (c.seconds(wait) if wait is not None else 0)
-        resp = await self.stub.Dequeue(req, timeout=timeout, metadata=self._md)
-        return resp.leased if resp.HasField("leased") else None
+        resp = await self._unary(self.stub.Dequeue, req, timeout)
+        return LeasedJob.from_pb(resp.leased) if resp.HasField("leased") else None
 
     async def ack(self, job_id: str, lease_id: str, *,
-                  timeout: Optional[float] = None) -> pb.Job:
+                  timeout: Optional[float] = None) -> Job:
         try:
-            resp = await self.stub.Ack(pb.AckRequest(job_id=job_id, lease_id=lease_id),
-                                       timeout=timeout or self.timeout, metadata=self._md)
-        except grpc.aio.AioRpcError as e:
+            resp = await self._unary(self.stub.Ack,
+                                     pb.AckRequest(job_id=job_id, lease_id=lease_id), timeout)
+        except JobqError as e:
             _raise_if_lost(e)
             raise
-        return resp.job
+        return Job.from_pb(resp.job)
 
     async def fail(
         self, job_id: str, lease_id: str, error: str, *,
         retry_delay: Optional[Seconds] = None, fatal: bool = False,
         timeout: Optional[float] = None,
-    ) -> pb.Job:
+    ) -> Job:
         req = c.fail_request(job_id, lease_id, error, retry_delay, fatal)
         try:
-            resp = await self.stub.Fail(req, timeout=timeout or self.timeout,
-                                        metadata=self._md)
-        except grpc.aio.AioRpcError as e:
+            resp = await self._unary(self.stub.Fail, req, timeout)
+        except JobqError as e:
             _raise_if_lost(e)
             raise
-        return resp.job
+        return Job.from_pb(resp.job)
 
     async def heartbeat(
         self, worker_id: str, leases: Sequence[Tuple[str, str]], *,
@@ -153,93 +172,83 @@ class AsyncClient:
     ) -> List[Tuple[str, str]]:
         lost: List[Tuple[str, str]] = []
         for req in c.heartbeat_requests(worker_id, leases, extend_by, draining, stream_token):
-            resp = await self.stub.Heartbeat(req, timeout=timeout or self.timeout,
-                                             metadata=self._md)
+            resp = await self._unary(self.stub.Heartbeat, req, timeout)
             lost.extend((r.job_id, r.lease_id) for r in resp.lost)
         return lost
 
     def lease(self, request: pb.LeaseRequest) -> Any:
-        """Opens a Lease stream (a grpc.aio UnaryStreamCall; no timeout)."""
+        """Opens a Lease stream (a grpc.aio UnaryStreamCall; no timeout;
+        raw gRPC errors)."""
         return self.stub.Lease(request, metadata=self._md)
 
-    async def retry(self, job_id: str) -> pb.Job:
-        resp = await self.stub.Retry(pb.RetryRequest(job_id=job_id), timeout=self.timeout,
-                                     metadata=self._md)
-        return resp.job
+    async def retry(self, job_id: str) -> Job:
+        resp = await self._unary(self.stub.Retry, pb.RetryRequest(job_id=job_id))
+        return Job.from_pb(resp.job)
 
-    async def cancel_job(self, job_id: str, reason: str = "") -> pb.Job:
-        resp = await self.stub.CancelJob(pb.CancelJobRequest(id=job_id, reason=reason),
-                                         timeout=self.timeout, metadata=self._md)
-        return resp.job
+    async def cancel_job(self, job_id: str, reason: str = "") -> Job:
+        resp = await self._unary(self.stub.CancelJob,
+                                 pb.CancelJobRequest(id=job_id, reason=reason))
+        return Job.from_pb(resp.job)
 
     async def pause_queue(self, queue: str) -> None:
-        await self.stub.PauseQueue(pb.PauseQueueRequest(queue=queue), timeout=self.timeout,
-                                   metadata=self._md)
+        await self._unary(self.stub.PauseQueue, pb.PauseQueueRequest(queue=queue))
 
     async def resume_queue(self, queue: str) -> None:
-        await self.stub.ResumeQueue(pb.ResumeQueueRequest(queue=queue),
-                                    timeout=self.timeout, metadata=self._md)
+        await self._unary(self.stub.ResumeQueue, pb.ResumeQueueRequest(queue=queue))
 
     async def paused(self, queue: str) -> bool:
-        resp = await self.stub.Stats(pb.StatsRequest(queue=queue), timeout=self.timeout,
-                                     metadata=self._md)
+        resp = await self._unary(self.stub.Stats, pb.StatsRequest(queue=queue))
         return any(q.paused for q in resp.queues if q.queue == queue)
 
     async def delete_job(self, job_id: str) -> None:
-        await self.stub.DeleteJob(pb.DeleteJobRequest(id=job_id), timeout=self.timeout,
-                                  metadata=self._md)
+        await self._unary(self.stub.DeleteJob, pb.DeleteJobRequest(id=job_id))
 
     async def purge_jobs(self, queue: str, status: StatusLike = 0,
-                         finished_before: Optional[float] = None) -> int:
-        resp = await self.stub.PurgeJobs(c.purge_request(queue, status, finished_before),
-                                         timeout=self.timeout, metadata=self._md)
+                         finished_before: Union[float, datetime, None] = None) -> int:
+        resp = await self._unary(self.stub.PurgeJobs,
+                                 c.purge_request(queue, status, finished_before))
         return resp.deleted
 
     async def create_schedule(self, name: str, queue: str, kind: str, cron: str,
                               payload: Union[bytes, str] = b"", timezone: str = "",
-                              max_attempts: int = 0) -> pb.Schedule:
+                              max_attempts: int = 0) -> Schedule:
         req = c.schedule_request(name, queue, kind, payload, cron, timezone, max_attempts)
-        resp = await self.stub.CreateSchedule(req, timeout=self.timeout, metadata=self._md)
-        return resp.schedule
+        resp = await self._unary(self.stub.CreateSchedule, req)
+        return Schedule.from_pb(resp.schedule)
 
     async def delete_schedule(self, name: str) -> None:
-        await self.stub.DeleteSchedule(pb.DeleteScheduleRequest(name=name),
-                                       timeout=self.timeout, metadata=self._md)
+        await self._unary(self.stub.DeleteSchedule, pb.DeleteScheduleRequest(name=name))
 
-    async def list_schedules(self) -> List[pb.Schedule]:
-        resp = await self.stub.ListSchedules(pb.ListSchedulesRequest(), timeout=self.timeout,
-                                             metadata=self._md)
-        return list(resp.schedules)
+    async def list_schedules(self) -> List[Schedule]:
+        resp = await self._unary(self.stub.ListSchedules, pb.ListSchedulesRequest())
+        return [Schedule.from_pb(s) for s in resp.schedules]
 
-    async def get_job(self, job_id: str) -> pb.Job:
-        return await self.stub.GetJob(pb.GetJobRequest(id=job_id), timeout=self.timeout,
-                                      metadata=self._md)
+    async def get_job(self, job_id: str) -> Job:
+        return Job.from_pb(await self._unary(self.stub.GetJob, pb.GetJobRequest(id=job_id)))
 
     async def list_jobs(
         self, queue: str = "", status: StatusLike = 0, key: str = "",
         page_size: int = 0, omit_payload: bool = False,
-    ) -> AsyncIterator[pb.Job]:
+    ) -> AsyncIterator[Job]:
         token = ""
         while True:
             req = pb.ListJobsRequest(queue=queue, status=c.status_value(status), key=key,
                                      page_size=page_size, page_token=token,
                                      omit_payload=omit_payload)
-            resp = await self.stub.ListJobs(req, timeout=self.timeout, metadata=self._md)
+            resp = await self._unary(self.stub.ListJobs, req)
             for job in resp.jobs:
-                yield job
+                yield Job.from_pb(job)
             token = resp.next_page_token
             if not token:
                 return
 
-    async def stats(self, queue: str = "") -> Dict[str, Dict[str, int]]:
-        resp = await self.stub.Stats(pb.StatsRequest(queue=queue), timeout=self.timeout,
-                                     metadata=self._md)
-        return c.stats_dict(resp)
+    async def stats(self, queue: str = "") -> Dict[str, QueueStats]:
+        return c.stats_of(await self._unary(self.stub.Stats, pb.StatsRequest(queue=queue)))
 
 
-def _raise_if_lost(e: grpc.aio.AioRpcError) -> None:
-    if e.code() == grpc.StatusCode.ABORTED:
-        raise JobLost(e.details() or "lease no longer held") from e
+def _raise_if_lost(e: JobqError) -> None:
+    if e.code() == grpc.StatusCode.ABORTED and not isinstance(e, JobLost):
+        raise JobLost(e.message or "lease no longer held", e.code()) from None
 
 
 class AsyncWorker:
@@ -287,7 +296,7 @@ class AsyncWorker:
         self._stream_token = ""
         self._last_event = 0.0
         self._beat_now: Optional[asyncio.Event] = None
-        self._refused: Optional[grpc.aio.AioRpcError] = None
+        self._refused: Optional[grpc.RpcError] = None
         self._ever_opened = False
 
     def stop(self) -> None:
@@ -325,7 +334,7 @@ class AsyncWorker:
                 loop.remove_signal_handler(sig)
             log.info("worker %s stopped", self.worker_id)
         if self._refused is not None:
-            raise self._refused
+            raise from_rpc_error(self._refused)
 
     async def _stream_loop(self) -> None:
         assert self._stopping is not None
@@ -334,14 +343,15 @@ class AsyncWorker:
             try:
                 await self._stream_once(backoff)
                 why = "lease stream ended by the server"
-            except grpc.aio.AioRpcError as e:
-                if not self._ever_opened and e.code() in c.REFUSED_FOR_GOOD:
-                    log.error("the server refused the lease stream: %s: %s", e.code(),
-                              e.details())
+            except grpc.RpcError as e:
+                code = code_of(e)
+                if not self._ever_opened and code in c.REFUSED_FOR_GOOD:
+                    log.error("the server refused the lease stream: %s: %s", code,
+                              from_rpc_error(e))
                     self._refused = e
                     self._stopping.set()
                     return
-                why = f"lease stream failed: {e.code()}: {e.details()}"
+                why = f"lease stream failed: {code}: {from_rpc_error(e)}"
             finally:
                 self._stream_open = False
             if self._stopping.is_set():
@@ -383,13 +393,13 @@ class AsyncWorker:
                 r = event.revoked
                 ctx = self._book.revoke(r.job_id, r.lease_id)
                 if ctx is not None:
-                    log.warning("job %s: lease revoked (%s); cancelling its handler",
-                                r.job_id, r.reason)
-                    ctx._cancel(f"revoked: {r.reason}")
+                    why = c.revoke_reason(r.reason)
+                    log.warning("job %s: %s; cancelling its handler", r.job_id, why)
+                    ctx._cancel(why)
 
     def _start(self, leased: pb.LeasedJob) -> None:
         deadline = c.lease_deadline(leased, self.lease, time.time())
-        ctx = JobContext(leased.job, leased.lease_id, self.worker_id, deadline)
+        ctx = AsyncJobContext(leased.job, leased.lease_id, self.worker_id, deadline)
         stale = self._book.insert(ctx)
         if stale is not None:
             stale._cancel("leased again under a new lease")
@@ -397,7 +407,7 @@ class AsyncWorker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_one(self, ctx: JobContext) -> None:
+    async def _run_one(self, ctx: AsyncJobContext) -> None:
         handler = handler_for(self.handlers, ctx.kind)
         error: Optional[BaseException] = None
         if handler is None:
@@ -415,7 +425,7 @@ class AsyncWorker:
 
                 def stop_run() -> None:
                     told[0] = True
-                    run.cancel()
+                    run.cancel(ctx.cancel_reason or None)
 
                 ctx._add_cancel_callback(stop_run)
                 try:
@@ -443,7 +453,7 @@ class AsyncWorker:
             log.exception("job %s: could not ack/fail; leaving it to the server", ctx.id)
             self._book.remove(ctx)
 
-    async def _execute(self, handler: AsyncHandler, ctx: JobContext,
+    async def _execute(self, handler: AsyncHandler, ctx: AsyncJobContext,
                        told: List[bool]) -> Optional[BaseException]:
         try:
             with job_span(ctx.job):
@@ -468,9 +478,10 @@ class AsyncWorker:
             return e
         return None
 
-    async def _settle(self, ctx: JobContext, error: Optional[BaseException]) -> None:
+    async def _settle(self, ctx: AsyncJobContext, error: Optional[BaseException]) -> None:
         backoff = c.Backoff()
         first = True
+        retry_delay = error.after if isinstance(error, Retry) else None
         while True:
             if not first and (ctx.is_cancelled() or self._hard_stop):
                 self._book.remove(ctx)
@@ -483,6 +494,7 @@ class AsyncWorker:
                     await self.client.ack(ctx.id, ctx.lease_id, timeout=timeout)
                 else:
                     await self.client.fail(ctx.id, ctx.lease_id, c.error_text(error),
+                                           retry_delay=retry_delay,
                                            fatal=isinstance(error, Fatal), timeout=timeout)
                 self._book.remove(ctx)
                 return
@@ -490,7 +502,12 @@ class AsyncWorker:
                 log.warning("job %s: lease no longer held; ack/fail refused: %s", ctx.id, e)
                 self._book.remove(ctx)
                 return
-            except grpc.aio.AioRpcError as e:
+            except JobqError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT and retry_delay is not None:
+                    log.warning("job %s: the server refused the retry delay (%s); failing "
+                                "with its backoff instead", ctx.id, e)
+                    retry_delay, first = None, True
+                    continue
                 if (retry and error is None
                         and e.code() == grpc.StatusCode.FAILED_PRECONDITION):
                     # An earlier try reached the server (its reply was
@@ -533,7 +550,7 @@ class AsyncWorker:
             lost = await self.client.heartbeat(
                 self.worker_id, sent, extend_by=self.lease, draining=self._draining,
                 stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every))
-        except grpc.aio.AioRpcError as e:
+        except JobqError as e:
             log.warning("heartbeat failed (%s); %d leases", e.code(), len(sent))
             return
         for ctx in self._book.apply_heartbeat(sent, lost, sent_at + self.lease):

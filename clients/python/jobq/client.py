@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from datetime import datetime
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
 import grpc
 
 from jobq import _common as c
 from jobq import _trace
-from jobq._common import JobLost, Seconds, StatusLike
+from jobq._common import Seconds, StatusLike
+from jobq.errors import JobLost, JobqError, from_rpc_error
+from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats,
+                         Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
+
+R = TypeVar("R")
 
 
 class Client:
@@ -31,6 +38,13 @@ class Client:
     127.0.0.0/8, ``::1``): to any other host it is a ``ValueError`` before
     anything is sent, unless ``insecure=True`` (anyone on the path could
     read the token). A ready-made ``channel`` is the caller's to secure.
+
+    ``timeout`` (seconds) bounds each call. ``wait_for_ready=True`` makes a
+    call wait (within its timeout) for a server that is down or not yet
+    up, instead of failing at once with ``Unavailable``.
+
+    Every refused call raises a ``jobq.JobqError`` subclass named for its
+    status (``NotFound``, ``Unavailable``, ``InvalidArgument``, …).
     """
 
     def __init__(
@@ -45,6 +59,7 @@ class Client:
         certificate_chain: Optional[bytes] = None,
         private_key: Optional[bytes] = None,
         insecure: bool = False,
+        wait_for_ready: bool = False,
     ) -> None:
         if isinstance(channel, grpc.aio.Channel):
             raise TypeError("Client needs a blocking grpc.Channel; for a grpc.aio "
@@ -52,6 +67,7 @@ class Client:
         if channel is not None and not isinstance(channel, grpc.Channel):
             raise TypeError(f"channel must be a grpc.Channel, got {type(channel).__name__}")
         self.timeout = timeout
+        self.wait_for_ready = wait_for_ready
         self._auth = c.auth_metadata(token)
         if channel is None:
             target, url_tls = c.parse_server(server)
@@ -74,6 +90,18 @@ class Client:
         context (the server's span for the call joins the caller's trace)."""
         return self._auth + _trace.call_headers()
 
+    def _unary(self, rpc: Callable[..., R], request: Any,
+               timeout: Optional[float] = None) -> R:
+        """One call, with the token, trace headers and timeout; a gRPC error
+        becomes its JobqError."""
+        try:
+            return rpc(request, timeout=timeout or self.timeout, metadata=self._md,
+                       wait_for_ready=self.wait_for_ready)
+        except JobqError:
+            raise
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
     # -- lifecycle ---------------------------------------------------------
     def close(self) -> None:
         self.channel.close()
@@ -93,32 +121,48 @@ class Client:
         self,
         queue: str,
         kind: str,
-        payload: bytes = b"",
+        payload: Union[bytes, str] = b"",
         *,
-        key: str = "",
+        key: Optional[str] = None,
         max_attempts: int = 0,
         delay: Optional[Seconds] = None,
+        run_at: Optional[datetime] = None,
         metadata: Optional[Mapping[str, str]] = None,
         priority: int = 0,
-    ) -> Tuple[pb.Job, bool]:
-        """Adds a job; returns (job, created). With a known key, returns the
-        existing job and created=False, so retrying an enqueue is safe.
+    ) -> Enqueued:
+        """Adds a job once it is durable; returns ``(job, created)`` (an
+        ``Enqueued``: ``job, created = client.enqueue(…)``).
 
-        ``metadata`` is stored with the job (request ids, tenant tags). With
-        opentelemetry-api installed, the current span's W3C ``traceparent``
-        and ``tracestate`` are added, so the worker continues the trace.
-        ``priority`` (-100..=100, higher first) needs a proto with
-        EnqueueRequest.priority: built from an older one, it is a ValueError."""
+        - ``payload``: bytes for the handler (a str is UTF-8 encoded); ids,
+          not whole records.
+        - ``key``: the domain key, e.g. ``"order-4711"``. A second enqueue
+          with a key the queue still holds returns that job and
+          ``created=False``, so retrying an enqueue is safe.
+        - ``delay`` (seconds or ``timedelta``) or ``run_at`` (an aware
+          ``datetime``): not to run before then. Default: now.
+        - ``max_attempts``: runs allowed before the job is FAILED; 0 means
+          the server's default (3).
+        - ``metadata``: strings stored with the job (request ids, tenant
+          tags). With opentelemetry-api installed, the current span's
+          ``traceparent``/``tracestate`` are added, so the worker continues
+          the trace.
+        - ``priority``: -100..=100, higher first among due jobs (default 0).
+
+        Raises ``InvalidArgument`` for a bad name, payload or priority."""
         req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
-                                priority)
-        resp = self.stub.Enqueue(req, timeout=self.timeout, metadata=self._md)
-        return resp.job, resp.created
+                                priority, run_at)
+        resp = self._unary(self.stub.Enqueue, req)
+        return Enqueued(Job.from_pb(resp.job), resp.created)
 
-    def enqueue_batch(self, requests: Sequence[pb.EnqueueRequest]) -> List[pb.EnqueueResult]:
-        """Adds many jobs with one flush; one EnqueueResult per request."""
-        resp = self.stub.EnqueueBatch(pb.EnqueueBatchRequest(jobs=list(requests)),
-                                      timeout=self.timeout, metadata=self._md)
-        return list(resp.results)
+    def enqueue_batch(
+        self, jobs: Sequence[Union[NewJob, pb.EnqueueRequest]],
+    ) -> List[EnqueueResult]:
+        """Adds many jobs, durable together with one flush; one
+        ``EnqueueResult`` per job, in order (a rejected entry has ``error``
+        set and does not stop the others). Each ``NewJob`` takes
+        ``enqueue``'s keywords."""
+        resp = self._unary(self.stub.EnqueueBatch, c.batch_request(jobs))
+        return [EnqueueResult.from_pb(r) for r in resp.results]
 
     # -- worker (one job at a time; Worker is the usual way) ---------------
     def dequeue(
@@ -128,22 +172,23 @@ class Client:
         *,
         lease: Optional[Seconds] = None,
         wait: Optional[Seconds] = None,
-    ) -> Optional[pb.LeasedJob]:
-        """Leases the next due job, or returns None when nothing is due."""
+    ) -> Optional[LeasedJob]:
+        """Leases the next due job, or returns None when nothing is due
+        (``wait``: long-poll that long for one)."""
         req = pb.DequeueRequest(
             queues=c.check_queues(queues), worker_id=worker_id,
             lease_duration=c.duration(lease), wait=c.duration(wait),
         )
         timeout = self.timeout + (c.seconds(wait) if wait is not None else 0)
-        resp = self.stub.Dequeue(req, timeout=timeout, metadata=self._md)
-        return resp.leased if resp.HasField("leased") else None
+        resp = self._unary(self.stub.Dequeue, req, timeout)
+        return LeasedJob.from_pb(resp.leased) if resp.HasField("leased") else None
 
-    def ack(self, job_id: str, lease_id: str, *, timeout: Optional[float] = None) -> pb.Job:
+    def ack(self, job_id: str, lease_id: str, *, timeout: Optional[float] = None) -> Job:
         """RUNNING -> DONE. Raises JobLost when the lease is no longer ours."""
         try:
-            return self.stub.Ack(pb.AckRequest(job_id=job_id, lease_id=lease_id),
-                                 timeout=timeout or self.timeout, metadata=self._md).job
-        except grpc.RpcError as e:
+            return Job.from_pb(self._unary(
+                self.stub.Ack, pb.AckRequest(job_id=job_id, lease_id=lease_id), timeout).job)
+        except JobqError as e:
             _raise_if_lost(e)
             raise
 
@@ -156,13 +201,14 @@ class Client:
         retry_delay: Optional[Seconds] = None,
         fatal: bool = False,
         timeout: Optional[float] = None,
-    ) -> pb.Job:
-        """Ends the attempt badly (retried after a backoff unless ``fatal``).
-        Raises JobLost when the lease is no longer ours."""
+    ) -> Job:
+        """Ends the attempt badly: retried after ``retry_delay`` (default:
+        the server's backoff) unless ``fatal`` or out of attempts. Raises
+        JobLost when the lease is no longer ours."""
         req = c.fail_request(job_id, lease_id, error, retry_delay, fatal)
         try:
-            return self.stub.Fail(req, timeout=timeout or self.timeout, metadata=self._md).job
-        except grpc.RpcError as e:
+            return Job.from_pb(self._unary(self.stub.Fail, req, timeout).job)
+        except JobqError as e:
             _raise_if_lost(e)
             raise
 
@@ -183,117 +229,109 @@ class Client:
         MAX_HEARTBEAT_LEASES leases (the server's per-call limit)."""
         lost: List[Tuple[str, str]] = []
         for req in c.heartbeat_requests(worker_id, leases, extend_by, draining, stream_token):
-            resp = self.stub.Heartbeat(req, timeout=timeout or self.timeout, metadata=self._md)
+            resp = self._unary(self.stub.Heartbeat, req, timeout)
             lost.extend((r.job_id, r.lease_id) for r in resp.lost)
         return lost
 
     def lease(self, request: pb.LeaseRequest) -> grpc._CallIterator[pb.LeaseEvent]:
-        """Opens a Lease stream (the Worker's; no timeout)."""
+        """Opens a Lease stream (the Worker's; no timeout; raw gRPC errors)."""
         return self.stub.Lease(request, metadata=self._md)
 
     # -- operator ----------------------------------------------------------
-    def retry(self, job_id: str) -> pb.Job:
+    def retry(self, job_id: str) -> Job:
         """Brings a FAILED job back to PENDING with its attempts reset."""
-        return self.stub.Retry(pb.RetryRequest(job_id=job_id), timeout=self.timeout,
-                               metadata=self._md).job
+        return Job.from_pb(self._unary(self.stub.Retry, pb.RetryRequest(job_id=job_id)).job)
 
-    def cancel_job(self, job_id: str, reason: str = "") -> pb.Job:
+    def cancel_job(self, job_id: str, reason: str = "") -> Job:
         """PENDING or RUNNING -> FAILED with last_error "cancelled: <reason>";
-        a running job's worker is sent `revoked` (its handler's
-        ``ctx.cancelled`` is set). FAILED_PRECONDITION for a DONE or FAILED
+        a running job's worker is sent `revoked`: its handler's
+        ``ctx.cancelled`` is set and ``ctx.cancel_reason`` reads
+        "cancelled: <reason>". ``FailedPrecondition`` for a DONE or FAILED
         job. The reason is never refused: a NUL is kept as U+FFFD and the
         kept text is cut to the server's --max-error-bytes. Needs the admin
         role."""
-        return self.stub.CancelJob(pb.CancelJobRequest(id=job_id, reason=reason),
-                                   timeout=self.timeout, metadata=self._md).job
+        req = pb.CancelJobRequest(id=job_id, reason=reason)
+        return Job.from_pb(self._unary(self.stub.CancelJob, req).job)
 
     def pause_queue(self, queue: str) -> None:
         """Nothing is taken from ``queue`` until resume_queue (enqueues are
-        accepted, running jobs finish). Persisted. RESOURCE_EXHAUSTED when
+        accepted, running jobs finish). Persisted. ``ResourceExhausted`` when
         the server's --max-paused-queues queues are paused and ``queue`` is
         not one of them. Needs the admin role."""
-        self.stub.PauseQueue(pb.PauseQueueRequest(queue=queue), timeout=self.timeout,
-                             metadata=self._md)
+        self._unary(self.stub.PauseQueue, pb.PauseQueueRequest(queue=queue))
 
     def resume_queue(self, queue: str) -> None:
         """Undoes pause_queue. Needs the admin role."""
-        self.stub.ResumeQueue(pb.ResumeQueueRequest(queue=queue), timeout=self.timeout,
-                              metadata=self._md)
+        self._unary(self.stub.ResumeQueue, pb.ResumeQueueRequest(queue=queue))
 
     def paused(self, queue: str) -> bool:
         """Whether ``queue`` is paused (QueueStats.paused)."""
-        resp = self.stub.Stats(pb.StatsRequest(queue=queue), timeout=self.timeout,
-                               metadata=self._md)
+        resp = self._unary(self.stub.Stats, pb.StatsRequest(queue=queue))
         return any(q.paused for q in resp.queues if q.queue == queue)
 
     def delete_job(self, job_id: str) -> None:
         """Deletes a PENDING, DONE or FAILED job for good (its key is free
-        again); FAILED_PRECONDITION for a RUNNING one. Needs the admin role."""
-        self.stub.DeleteJob(pb.DeleteJobRequest(id=job_id), timeout=self.timeout,
-                            metadata=self._md)
+        again); ``FailedPrecondition`` for a RUNNING one. Needs the admin role."""
+        self._unary(self.stub.DeleteJob, pb.DeleteJobRequest(id=job_id))
 
     def purge_jobs(self, queue: str, status: StatusLike = 0,
-                   finished_before: Optional[float] = None) -> int:
+                   finished_before: Union[float, datetime, None] = None) -> int:
         """Deletes ``queue``'s DONE and/or FAILED jobs (status 0 = both) that
-        finished before ``finished_before`` (a Unix time; None = now), or
-        with status PENDING (and no ``finished_before``) its PENDING jobs
-        when the purge begins; returns how many. Never RUNNING jobs
-        (INVALID_ARGUMENT). Purged jobs free their keys."""
+        finished before ``finished_before`` (an aware datetime or a Unix
+        time; None = now), or with status PENDING (and no
+        ``finished_before``) its PENDING jobs when the purge begins; returns
+        how many. Never RUNNING jobs (``InvalidArgument``). Purged jobs free
+        their keys."""
         req = c.purge_request(queue, status, finished_before)
-        return self.stub.PurgeJobs(req, timeout=self.timeout, metadata=self._md).deleted
+        return self._unary(self.stub.PurgeJobs, req).deleted
 
     def create_schedule(self, name: str, queue: str, kind: str, cron: str,
                         payload: Union[bytes, str] = b"", timezone: str = "",
-                        max_attempts: int = 0) -> pb.Schedule:
+                        max_attempts: int = 0) -> Schedule:
         """Creates (or replaces) schedule ``name``: every tick of ``cron`` (5
         fields, or 6 with leading seconds), read in ``timezone`` (IANA; ""
         = UTC), enqueues one job keyed ``schedule:<name>:<tick time>``.
         Returns it with ``next_run_at``. Needs the admin role."""
         req = c.schedule_request(name, queue, kind, payload, cron, timezone, max_attempts)
-        return self.stub.CreateSchedule(req, timeout=self.timeout, metadata=self._md).schedule
+        return Schedule.from_pb(self._unary(self.stub.CreateSchedule, req).schedule)
 
     def delete_schedule(self, name: str) -> None:
-        """Deletes schedule ``name`` (its jobs stay); NOT_FOUND if unknown."""
-        self.stub.DeleteSchedule(pb.DeleteScheduleRequest(name=name), timeout=self.timeout,
-                                 metadata=self._md)
+        """Deletes schedule ``name`` (its jobs stay); ``NotFound`` if unknown."""
+        self._unary(self.stub.DeleteSchedule, pb.DeleteScheduleRequest(name=name))
 
-    def list_schedules(self) -> List[pb.Schedule]:
+    def list_schedules(self) -> List[Schedule]:
         """Every schedule the caller may read, by name, with next run times."""
-        resp = self.stub.ListSchedules(pb.ListSchedulesRequest(), timeout=self.timeout,
-                                       metadata=self._md)
-        return list(resp.schedules)
+        resp = self._unary(self.stub.ListSchedules, pb.ListSchedulesRequest())
+        return [Schedule.from_pb(s) for s in resp.schedules]
 
-    def get_job(self, job_id: str) -> pb.Job:
-        """One job with its payload and attempt history."""
-        return self.stub.GetJob(pb.GetJobRequest(id=job_id), timeout=self.timeout,
-                                metadata=self._md)
+    def get_job(self, job_id: str) -> Job:
+        """One job with its payload and attempt history; ``NotFound`` if unknown."""
+        return Job.from_pb(self._unary(self.stub.GetJob, pb.GetJobRequest(id=job_id)))
 
     def list_jobs(
         self, queue: str = "", status: StatusLike = 0, key: str = "",
         page_size: int = 0, omit_payload: bool = False,
-    ) -> Iterator[pb.Job]:
+    ) -> Iterator[Job]:
         """Every matching job, following next_page_token. ``status``: a
-        JobStatus number or a name ("DONE" or "JOB_STATUS_DONE").
-        ``omit_payload`` leaves payloads out."""
+        ``Status``, or a name ("DONE"). ``omit_payload`` leaves payloads out."""
         token = ""
         while True:
             req = pb.ListJobsRequest(queue=queue, status=c.status_value(status), key=key,
                                      page_size=page_size, page_token=token,
                                      omit_payload=omit_payload)
-            resp = self.stub.ListJobs(req, timeout=self.timeout, metadata=self._md)
-            yield from resp.jobs
+            resp = self._unary(self.stub.ListJobs, req)
+            for j in resp.jobs:
+                yield Job.from_pb(j)
             token = resp.next_page_token
             if not token:
                 return
 
-    def stats(self, queue: str = "") -> Dict[str, Dict[str, int]]:
-        """{queue: {"pending": n, "running": n, "done": n, "failed": n}}."""
-        resp = self.stub.Stats(pb.StatsRequest(queue=queue), timeout=self.timeout,
-                               metadata=self._md)
-        return c.stats_dict(resp)
+    def stats(self, queue: str = "") -> Dict[str, QueueStats]:
+        """{queue: QueueStats} for every queue, or just ``queue``."""
+        return c.stats_of(self._unary(self.stub.Stats, pb.StatsRequest(queue=queue)))
 
 
-def _raise_if_lost(e: grpc.RpcError) -> None:
+def _raise_if_lost(e: JobqError) -> None:
     """ABORTED (a stale lease) becomes JobLost."""
-    if isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.ABORTED:
-        raise JobLost(e.details() or "lease no longer held") from e
+    if e.code() == grpc.StatusCode.ABORTED and not isinstance(e, JobLost):
+        raise JobLost(e.message or "lease no longer held", e.code()) from None

@@ -1,46 +1,52 @@
-"""JobContext: what a handler gets, the job plus its lease (the Rust
-client's JobContext)."""
+"""What a handler gets: the job plus its lease (the Rust client's
+JobContext). ``JobContext`` for the thread-based ``Worker`` (``cancelled``
+is a ``threading.Event``), ``AsyncJobContext`` for ``AsyncWorker``
+(``cancelled`` is an ``asyncio.Event``)."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import threading
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Optional
 
-from jobq._common import Fatal
+from jobq.models import Job
 from jobq.v1 import jobq_pb2 as pb
 
 
-class JobContext:
-    """One leased job as its handler sees it.
+class BaseJobContext:
+    """One leased job as its handler sees it (the part both workers share):
 
-    - ``attempt`` is 1-based: 1 on the first run, 2 on the first retry.
-    - ``lease_expires_at`` moves forward with every heartbeat that gets
-      through.
-    - ``cancelled`` (a ``threading.Event``) is set when the handler should
-      stop: the lease was revoked (e.g. an operator's CancelJob) or reported
-      lost, its deadline passed while heartbeats could not reach the server,
-      or the worker's drain deadline passed. ``cancel_reason`` says which.
-      The worker then neither acks nor fails the job: after a drain
-      deadline the server reclaims it when the lease ends. A thread cannot be stopped
-      from outside: long sync handlers should check ``cancelled``; the
-      asyncio worker also cancels the handler's task.
+    - ``id: str``, ``queue: str``, ``kind: str``, ``key: Optional[str]``
+      (None when the job has none), ``payload: bytes``, ``json()``,
+      ``metadata: Dict[str, str]``;
+    - ``attempt: int`` is 1-based: 1 on the first run, 2 on the first
+      retry; ``max_attempts: int``;
+    - ``lease_id: str``, ``worker_id: str``;
+    - ``lease_expires_at: datetime`` (UTC-aware), moved forward by every
+      heartbeat that gets through;
+    - ``cancel_reason: str``: why the handler was told to stop ("" until
+      then): ``"cancelled: <the operator's reason>"`` for a CancelJob,
+      ``"revoked: …"``, ``"lease lost (heartbeat)"``, ``"lease deadline
+      passed …"`` or ``"worker stopping: drain deadline passed"``;
+    - ``job: Job``, the whole typed job as leased.
+
+    Once told to stop, the worker neither acks nor fails the job.
     """
 
     def __init__(self, job: pb.Job, lease_id: str, worker_id: str,
                  lease_expires_at: float) -> None:
-        #: The raw proto job (RUNNING), with its payload and metadata.
-        self.job = job
+        #: The job (RUNNING), with its payload and metadata.
+        self.job: Job = Job.from_pb(job)
         #: The lease's fencing token (Ack and Fail present it).
-        self.lease_id = lease_id
+        self.lease_id: str = lease_id
         #: The id of the worker running the job.
-        self.worker_id = worker_id
-        #: Set when the handler should stop (see the class doc).
-        self.cancelled = threading.Event()
-        self.cancel_reason = ""
+        self.worker_id: str = worker_id
+        #: Why the handler was told to stop; "" until it is.
+        self.cancel_reason: str = ""
         self._deadline = lease_expires_at
         self._lock = threading.Lock()
+        self._is_cancelled = False
         self._on_cancel: List[Callable[[], object]] = []
 
     @property
@@ -89,15 +95,14 @@ class JobContext:
             return self._deadline
 
     def is_cancelled(self) -> bool:
-        return self.cancelled.is_set()
+        """Whether the handler has been told to stop."""
+        with self._lock:
+            return self._is_cancelled
 
     def json(self) -> Any:
         """The payload decoded as JSON. A payload that does not decode raises
         Fatal: retrying cannot fix it, so it must not burn every attempt."""
-        try:
-            return json.loads(self.job.payload)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise Fatal(f"payload is not JSON: {e}") from e
+        return self.job.json()
 
     # -- the worker's side --------------------------------------------------
     def _set_deadline(self, deadline: float) -> None:
@@ -108,21 +113,61 @@ class JobContext:
 
     def _cancel(self, reason: str) -> None:
         with self._lock:
-            if self.cancelled.is_set():
+            if self._is_cancelled:
                 return
             self.cancel_reason = reason
-            self.cancelled.set()
+            self._is_cancelled = True
             callbacks = list(self._on_cancel)
+        self._set_event()
         for cb in callbacks:
             cb()
 
+    def _set_event(self) -> None:
+        raise NotImplementedError
+
     def _add_cancel_callback(self, cb: Callable[[], object]) -> None:
         with self._lock:
-            if not self.cancelled.is_set():
+            if not self._is_cancelled:
                 self._on_cancel.append(cb)
                 return
         cb()
 
     def __repr__(self) -> str:
-        return (f"JobContext(id={self.id!r}, kind={self.kind!r}, attempt={self.attempt}, "
-                f"lease_id={self.lease_id!r})")
+        return (f"{type(self).__name__}(id={self.id!r}, kind={self.kind!r}, "
+                f"attempt={self.attempt}, lease_id={self.lease_id!r})")
+
+
+class JobContext(BaseJobContext):
+    """What a ``Worker`` handler gets (see ``BaseJobContext`` for the
+    fields). ``cancelled`` is a ``threading.Event``, set when the handler
+    should stop: the lease was revoked (an operator's CancelJob) or
+    reported lost, its deadline passed while heartbeats could not reach
+    the server, or the worker's drain deadline passed. A thread cannot be
+    stopped from outside: long handlers check ``ctx.cancelled.is_set()``
+    or wait on it (``ctx.cancelled.wait(5)`` instead of ``sleep(5)``)."""
+
+    def __init__(self, job: pb.Job, lease_id: str, worker_id: str,
+                 lease_expires_at: float) -> None:
+        super().__init__(job, lease_id, worker_id, lease_expires_at)
+        #: Set when the handler should stop; ``cancel_reason`` says why.
+        self.cancelled: threading.Event = threading.Event()
+
+    def _set_event(self) -> None:
+        self.cancelled.set()
+
+
+class AsyncJobContext(BaseJobContext):
+    """What an ``AsyncWorker`` handler gets (see ``BaseJobContext`` for the
+    fields). ``cancelled`` is an ``asyncio.Event``: ``await
+    ctx.cancelled.wait()``. When it is set the worker also cancels the
+    handler's task (``asyncio.CancelledError``, whose message is
+    ``cancel_reason``). Made and set on the worker's event loop."""
+
+    def __init__(self, job: pb.Job, lease_id: str, worker_id: str,
+                 lease_expires_at: float) -> None:
+        super().__init__(job, lease_id, worker_id, lease_expires_at)
+        #: Set when the handler should stop; ``cancel_reason`` says why.
+        self.cancelled: asyncio.Event = asyncio.Event()
+
+    def _set_event(self) -> None:
+        self.cancelled.set()

@@ -17,15 +17,17 @@ import grpc
 
 from jobq import _common as c
 from jobq._book import Book
-from jobq._common import Fatal, JobLost, Seconds
+from jobq._common import Seconds
 from jobq._trace import job_span
+from jobq.errors import Fatal, JobLost, Retry, code_of, from_rpc_error
 from jobq.client import Client
 from jobq.context import JobContext
 from jobq.v1 import jobq_pb2 as pb
 
 log = logging.getLogger("jobq")
 
-#: A sync handler: returns to ack, raises to fail (Fatal: for good).
+#: A sync handler: returns to ack, raises to fail (Fatal: for good;
+#: Retry(after=…): retried after that delay).
 Handler = Callable[[JobContext], None]
 #: Queue names, in priority order. A list or tuple: a bare str is refused.
 Queues = Union[List[str], Tuple[str, ...]]
@@ -167,7 +169,7 @@ class Worker:
                 signal.signal(sig, old)
             log.info("worker %s stopped", self.worker_id)
         if self._refused is not None:
-            raise self._refused
+            raise from_rpc_error(self._refused)
 
     def stop(self) -> None:
         """Asks run() to drain and return. Returns at once; safe from a
@@ -184,7 +186,7 @@ class Worker:
                 self._stream_once(backoff)
                 why = "lease stream ended by the server"
             except grpc.RpcError as e:
-                code = e.code() if isinstance(e, grpc.Call) else None
+                code = code_of(e)
                 if not self._ever_opened and code in c.REFUSED_FOR_GOOD:
                     log.error("the server refused the lease stream: %s: %s", code,
                               e.details() if isinstance(e, grpc.Call) else e)
@@ -235,9 +237,9 @@ class Worker:
                 r = event.revoked
                 ctx = self._book.revoke(r.job_id, r.lease_id)
                 if ctx is not None:
-                    log.warning("job %s: lease revoked (%s); cancelling its handler",
-                                r.job_id, r.reason)
-                    ctx._cancel(f"revoked: {r.reason}")
+                    why = c.revoke_reason(r.reason)
+                    log.warning("job %s: %s; cancelling its handler", r.job_id, why)
+                    ctx._cancel(why)
 
     def _close_stream(self) -> None:
         with self._lock:
@@ -309,6 +311,7 @@ class Worker:
         the retries."""
         backoff = c.Backoff()
         first = True
+        retry_delay = error.after if isinstance(error, Retry) else None
         while True:
             if not first and (ctx.is_cancelled() or self._hard_stop.is_set()):
                 log.warning("job %s: lease lost before ack/fail; leaving it to the server",
@@ -325,6 +328,7 @@ class Worker:
                     log.info("job %s: acked", ctx.id)
                 else:
                     self.client.fail(ctx.id, ctx.lease_id, c.error_text(error),
+                                     retry_delay=retry_delay,
                                      fatal=isinstance(error, Fatal), timeout=timeout)
                     log.info("job %s: failed (%s)", ctx.id, c.error_text(error))
                 self._book.remove(ctx)
@@ -335,7 +339,14 @@ class Worker:
                 self._book.remove(ctx)
                 return
             except grpc.RpcError as e:
-                code = e.code() if isinstance(e, grpc.Call) else None
+                code = code_of(e)
+                if code == grpc.StatusCode.INVALID_ARGUMENT and retry_delay is not None:
+                    # As the Rust worker: a delay the server refuses (over
+                    # its bound) still fails the attempt, with its backoff.
+                    log.warning("job %s: the server refused the retry delay (%s); failing "
+                                "with its backoff instead", ctx.id, e)
+                    retry_delay, first = None, True
+                    continue
                 if (retry and error is None
                         and code == grpc.StatusCode.FAILED_PRECONDITION):
                     # An earlier try reached the server (its reply was
@@ -381,7 +392,7 @@ class Worker:
         except grpc.RpcError as e:
             # The leases may well still be valid (a restarting server):
             # handlers keep running until their deadline.
-            code = e.code() if isinstance(e, grpc.Call) else None
+            code = code_of(e)
             log.warning("heartbeat failed (%s); %d leases", code, len(sent))
             return
         for ctx in self._book.apply_heartbeat(sent, lost, sent_at + self.lease):

@@ -1,0 +1,249 @@
+"""The typed values the clients return: ``Job``, ``Attempt``, ``Status``,
+``Outcome``, ``QueueStats``, ``EnqueueResult``, ``LeasedJob``,
+``Schedule``, and ``NewJob`` (one entry of a batch enqueue). Times are
+UTC-aware ``datetime``s, durations ``timedelta``s, empty strings None; the
+field names are the proto's, so code written against the messages reads
+the same."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from jobq.errors import Fatal, JobqError, from_code
+from jobq.v1 import jobq_pb2 as pb
+
+__all__ = ["Status", "Outcome", "Job", "Attempt", "QueueStats", "EnqueueResult", "Enqueued",
+           "LeasedJob", "Schedule", "NewJob"]
+
+
+class Status(enum.IntEnum):
+    """Where a job is in its life (``JobStatus``). An ``int``, so it
+    compares equal to the proto's numbers."""
+    #: Not a status: "any" in filters.
+    UNSPECIFIED = 0
+    #: Waiting to be taken (possibly not before ``run_at``).
+    PENDING = 1
+    #: Leased to a worker.
+    RUNNING = 2
+    #: Acknowledged. Final.
+    DONE = 3
+    #: Attempts used up, or cancelled: a dead letter until retried.
+    FAILED = 4
+
+
+class Outcome(enum.IntEnum):
+    """How one attempt ended (``AttemptOutcome``)."""
+    #: Still running (only the last attempt of a RUNNING job).
+    UNSPECIFIED = 0
+    ACKED = 1
+    FAILED = 2
+    LEASE_EXPIRED = 3
+    WORKER_DISCONNECTED = 4
+    #: An operator (CancelJob) or the server took the lease back.
+    REVOKED = 5
+
+
+def _time(msg: Any, name: str) -> Optional[datetime]:
+    if not msg.HasField(name):
+        return None
+    ts: timestamp_pb2.Timestamp = getattr(msg, name)
+    return ts.ToDatetime(tzinfo=timezone.utc)
+
+
+def _span(msg: Any, name: str) -> Optional[timedelta]:
+    if not msg.HasField(name):
+        return None
+    d: duration_pb2.Duration = getattr(msg, name)
+    return d.ToTimedelta()
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job."""
+    worker_id: str
+    started_at: Optional[datetime]
+    #: None while it runs.
+    ended_at: Optional[datetime]
+    outcome: Outcome
+    #: Why it ended badly; None for an ack or a running attempt.
+    error: Optional[str]
+
+    @classmethod
+    def from_pb(cls, a: pb.Attempt) -> "Attempt":
+        return cls(worker_id=a.worker_id, started_at=_time(a, "started_at"),
+                   ended_at=_time(a, "ended_at"), outcome=Outcome(a.outcome),
+                   error=a.error or None)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job and what the queue remembers about it. Replies to writes
+    (enqueue, ack, fail, retry, cancel) leave ``payload`` empty and keep
+    only the latest attempt in ``history``; ``get_job`` has everything."""
+    id: str
+    queue: str
+    kind: str
+    payload: bytes
+    #: The domain key (e.g. "order-4711"), or None.
+    key: Optional[str]
+    status: Status
+    #: Runs that ended without an ack (0 on the first run).
+    attempts: int
+    max_attempts: int
+    enqueued_at: Optional[datetime]
+    #: Not to be run before this time.
+    run_at: Optional[datetime]
+    #: When the current lease began (RUNNING only).
+    taken_at: Optional[datetime]
+    #: When the current lease ends unless extended (RUNNING only).
+    lease_expires_at: Optional[datetime]
+    #: When it became DONE or FAILED.
+    finished_at: Optional[datetime]
+    #: The worker holding it (RUNNING only), else None.
+    worker_id: Optional[str]
+    #: Why the last attempt ended badly, e.g. "cancelled: order refunded".
+    last_error: Optional[str]
+    #: One entry per attempt, oldest first.
+    history: Tuple[Attempt, ...]
+    #: What the producer attached (trace context, request ids).
+    metadata: Dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+
+    @classmethod
+    def from_pb(cls, j: pb.Job) -> "Job":
+        return cls(
+            id=j.id, queue=j.queue, kind=j.kind, payload=j.payload, key=j.key or None,
+            status=Status(j.status), attempts=j.attempts, max_attempts=j.max_attempts,
+            enqueued_at=_time(j, "enqueued_at"), run_at=_time(j, "run_at"),
+            taken_at=_time(j, "taken_at"), lease_expires_at=_time(j, "lease_expires_at"),
+            finished_at=_time(j, "finished_at"), worker_id=j.worker_id or None,
+            last_error=j.last_error or None,
+            history=tuple(Attempt.from_pb(a) for a in j.history),
+            metadata=dict(j.metadata), priority=j.priority,
+        )
+
+    def json(self) -> Any:
+        """The payload decoded as JSON (``Fatal`` if it is not JSON)."""
+        try:
+            return json.loads(self.payload)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise Fatal(f"payload is not JSON: {e}") from e
+
+
+class Enqueued(NamedTuple):
+    """What ``enqueue`` returns: unpacks as ``job, created = …``."""
+    job: Job
+    #: False when the key named an existing job and nothing was added.
+    created: bool
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """One entry of ``enqueue_batch``'s reply: ``job`` and ``created``
+    when accepted, ``error`` (a JobqError, e.g. InvalidArgument) when not."""
+    job: Optional[Job]
+    created: bool
+    error: Optional[JobqError]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def from_pb(cls, r: pb.EnqueueResult) -> "EnqueueResult":
+        error = from_code(r.error_code, r.error_message) if r.error_code else None
+        return cls(job=Job.from_pb(r.job) if r.HasField("job") else None,
+                   created=r.created, error=error)
+
+
+@dataclass(frozen=True)
+class LeasedJob:
+    """A job leased by ``dequeue``: ack or fail it with ``lease_id``."""
+    job: Job
+    lease_id: str
+    lease_expires_at: Optional[datetime]
+
+    @classmethod
+    def from_pb(cls, m: pb.LeasedJob) -> "LeasedJob":
+        return cls(job=Job.from_pb(m.job), lease_id=m.lease_id,
+                   lease_expires_at=_time(m, "lease_expires_at"))
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counts for one queue (``stats``). ``stats()["emails"]["done"]``,
+    the older dict form, still reads the four counts."""
+    queue: str
+    pending: int
+    running: int
+    done: int
+    failed: int
+    #: How long the oldest due PENDING job has waited; None when none is due.
+    oldest_pending_age: Optional[timedelta]
+    #: Nothing is taken from the queue until it is resumed.
+    paused: bool
+
+    @classmethod
+    def from_pb(cls, q: pb.QueueStats) -> "QueueStats":
+        return cls(queue=q.queue, pending=q.pending, running=q.running, done=q.done,
+                   failed=q.failed, oldest_pending_age=_span(q, "oldest_pending_age"),
+                   paused=q.paused)
+
+    def counts(self) -> Dict[str, int]:
+        """{"pending": n, "running": n, "done": n, "failed": n}."""
+        return {"pending": self.pending, "running": self.running, "done": self.done,
+                "failed": self.failed}
+
+    def __getitem__(self, name: str) -> int:
+        return self.counts()[name]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A job enqueued on every tick of a cron expression."""
+    name: str
+    queue: str
+    kind: str
+    payload: bytes
+    cron: str
+    #: IANA zone ("UTC" when none was given).
+    timezone: str
+    max_attempts: int
+    #: None when the expression has no future tick.
+    next_run_at: Optional[datetime]
+    last_run_at: Optional[datetime]
+    created_at: Optional[datetime]
+
+    @classmethod
+    def from_pb(cls, s: pb.Schedule) -> "Schedule":
+        return cls(name=s.name, queue=s.queue, kind=s.kind, payload=s.payload, cron=s.cron,
+                   timezone=s.timezone, max_attempts=s.max_attempts,
+                   next_run_at=_time(s, "next_run_at"), last_run_at=_time(s, "last_run_at"),
+                   created_at=_time(s, "created_at"))
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """One job of ``enqueue_batch``, with ``enqueue``'s keywords::
+
+        client.enqueue_batch([
+            NewJob("emails", "send-email", b'{"order": 4711}', key="order-4711"),
+            NewJob("emails", "send-email", b'{"order": 4712}', key="order-4712",
+                   delay=timedelta(minutes=5)),
+        ])
+    """
+    queue: str
+    kind: str
+    payload: Union[bytes, str] = b""
+    key: Optional[str] = None
+    max_attempts: int = 0
+    delay: Union[int, float, timedelta, None] = None
+    run_at: Optional[datetime] = None
+    metadata: Optional[Mapping[str, str]] = None
+    priority: int = 0

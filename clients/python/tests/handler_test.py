@@ -1,0 +1,132 @@
+"""What a handler can say and see, against a real `jobq serve`:
+`raise Retry(after=…)` picks the retry delay (sync and asyncio), and an
+AsyncWorker handler's `ctx.cancelled` is an asyncio.Event it can await,
+set with the operator's reason when its job is cancelled.
+
+    .venv/bin/python clients/python/tests/handler_test.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Dict, List
+
+from harness import run_tests, wait_for
+from jobq import AsyncJobContext, Client, JobContext, Outcome, Retry, Status, Worker
+from jobq.aio import AsyncClient, AsyncWorker
+
+
+class Running:
+    """A Worker on a thread, drained on exit."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False},
+                                       daemon=True)
+
+    def __enter__(self) -> Worker:
+        self.thread.start()
+        return self.worker
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stop()
+        self.thread.join(30)
+
+
+def retry_after_delay(tmp: str, client: Client, addr: str) -> None:
+    """Retry(after=1 h) leaves the job PENDING with run_at an hour after
+    the failure; Retry(after=0) runs it again at once."""
+    runs: List[int] = []
+
+    def handler(ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        if ctx.key == "later":
+            raise Retry("smtp said 421", after=timedelta(hours=1))
+        if ctx.attempt == 1:
+            raise Retry("try again now", after=0)
+
+    later, _ = client.enqueue("retry-after", "k", key="later")
+    now, _ = client.enqueue("retry-after", "k", key="now")
+    with Running(Worker(client, ["retry-after"], handler, lease=10)):
+        wait_for(lambda: client.get_job(now.id).status == Status.DONE, 10,
+                 "Retry(after=0) run again at once and DONE")
+        wait_for(lambda: client.get_job(later.id).history
+                 and client.get_job(later.id).status == Status.PENDING, 10,
+                 "Retry(after=1h) back to PENDING")
+    j = client.get_job(later.id)
+    failed_at = j.history[0].ended_at
+    assert failed_at is not None and j.run_at is not None, j
+    delay = (j.run_at - failed_at).total_seconds()
+    assert 3590 <= delay <= 3610, f"retry delay {delay:.0f}s, asked for 3600s"
+    assert j.history[0].outcome == Outcome.FAILED and j.last_error == "Retry: smtp said 421", j
+    n = client.get_job(now.id)
+    assert [a.outcome for a in n.history] == [Outcome.FAILED, Outcome.ACKED], n.history
+    client.cancel_job(later.id, "test over")
+    try:
+        Retry(after=-1)
+        raise AssertionError("a negative delay was taken")
+    except ValueError:
+        pass
+
+
+def async_retry_and_cancel(tmp: str, client: Client, addr: str) -> None:
+    """On AsyncWorker: Retry(after=) works the same, and a cancelled job's
+    handler, awaiting ctx.cancelled (an asyncio.Event), is told with the
+    operator's words: 'cancelled: order refunded'."""
+    seen: Dict[str, object] = {}
+
+    async def main() -> None:
+        async with AsyncClient("http://" + addr) as aio:
+            started = asyncio.Event()
+
+            async def handler(ctx: AsyncJobContext) -> None:
+                if ctx.key == "retry":
+                    raise Retry("rate limited", after=timedelta(minutes=30))
+                seen["event"] = type(ctx.cancelled)
+                started.set()
+                try:
+                    # The event is set first, then the task is cancelled:
+                    # the wait ends in a CancelledError that says why.
+                    await ctx.cancelled.wait()
+                except asyncio.CancelledError as e:
+                    seen["message"] = e.args[0] if e.args else None
+                    raise
+                finally:
+                    seen["set"] = ctx.cancelled.is_set()
+                    seen["reason"] = ctx.cancel_reason
+
+            retry, _ = await aio.enqueue("aio-handler", "k", key="retry")
+            worker = AsyncWorker(aio, ["aio-handler"], handler, lease=10)
+            running = asyncio.ensure_future(worker.run(handle_signals=False))
+            long, _ = await aio.enqueue("aio-handler", "k", key="long")
+            await asyncio.wait_for(started.wait(), 20)
+            t0 = time.monotonic()
+            await aio.cancel_job(long.id, "order refunded")
+            while "reason" not in seen:
+                assert time.monotonic() - t0 < 5, "the handler was not told"
+                await asyncio.sleep(0.01)
+            deadline = time.monotonic() + 10
+            while not (await aio.get_job(retry.id)).history:
+                assert time.monotonic() < deadline, "the retry job did not fail"
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            j = await aio.get_job(retry.id)
+            ended = j.history[0].ended_at
+            assert j.status == Status.PENDING and ended is not None and j.run_at is not None
+            assert 1790 <= (j.run_at - ended).total_seconds() <= 1810, j
+            await aio.cancel_job(retry.id, "test over")
+
+    asyncio.run(main())
+    assert seen["event"] is asyncio.Event, seen
+    assert seen["reason"] == "cancelled: order refunded", seen
+    assert seen["message"] == "cancelled: order refunded", seen
+    assert seen["set"] is True, seen
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests("python-handler", [retry_after_delay, async_retry_and_cancel]))
