@@ -25,3 +25,4 @@ mod server;
 mod token_in_clear;
 mod traces;
 mod worker;
+mod worker_signals;

@@ -131,7 +131,7 @@ async fn a_worker_handler_sees_the_cancel_within_a_second() {
         .handler("slow", move |ctx: JobContext| {
             let (s, at) = (Arc::clone(&s), Arc::clone(&at));
             async move {
-                // The worker drops this future on revoke; the token tells
+                // The worker drops this future after its cancel grace; the token tells
                 // work spawned elsewhere.
                 let token = ctx.cancellation_token();
                 tokio::spawn(async move {

@@ -42,7 +42,14 @@ impl From<&str> for WorkerTarget {
 /// Called each time a Lease stream is established.
 pub(crate) type ReadyHook = Arc<dyn Fn() + Send + Sync>;
 
+/// Told of each failure to open or keep the Lease stream, with how long the
+/// worker has been without one.
+pub(crate) type ConnectionErrorHook = Arc<dyn Fn(&Error, Duration) + Send + Sync>;
+
 /// The longest lease a worker may ask for.
+/// How long a cancelled handler may keep running by default.
+const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(5);
+
 const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Everything [`Worker::run`] needs, validated.
@@ -63,13 +70,17 @@ pub(crate) struct Config {
     pub(crate) fallback: Option<BoxedHandler>,
     pub(crate) on_ready: Option<ReadyHook>,
     pub(crate) metrics: crate::metrics::Recorder,
+    pub(crate) cancel_grace: Duration,
+    pub(crate) give_up_after: Option<Duration>,
+    pub(crate) on_connection_error: Option<ConnectionErrorHook>,
 }
 
 /// Builds a [`Worker`]; start with [`Worker::builder`].
 ///
 /// Defaults: queue `default`, a `<hostname>-<pid>-<hex>` id (64 random bits), capacity 1,
-/// 30 s leases heartbeated every lease/3, 30 s drain timeout, a shutdown
-/// token nobody cancels, and no signal handling
+/// 30 s leases heartbeated every lease/3, 30 s drain timeout, 5 s for a
+/// cancelled handler to stop, retries for ever when the server is
+/// unreachable, a shutdown token nobody cancels, and no signal handling
 /// ([`handle_signals`](Self::handle_signals)).
 pub struct WorkerBuilder {
     target: WorkerTarget,
@@ -89,6 +100,9 @@ pub struct WorkerBuilder {
     fallback: Option<BoxedHandler>,
     on_ready: Option<ReadyHook>,
     metrics: crate::metrics::Recorder,
+    cancel_grace: Duration,
+    give_up_after: Option<Duration>,
+    on_connection_error: Option<ConnectionErrorHook>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -103,6 +117,8 @@ impl fmt::Debug for WorkerBuilder {
             .field("lease", &self.lease)
             .field("heartbeat_every", &self.heartbeat_every)
             .field("drain_timeout", &self.drain_timeout)
+            .field("cancel_grace", &self.cancel_grace)
+            .field("give_up_after", &self.give_up_after)
             .field("handle_signals", &self.handle_signals)
             .field("handlers", &kinds)
             .field("fallback", &self.fallback.is_some())
@@ -130,6 +146,9 @@ impl WorkerBuilder {
             fallback: None,
             on_ready: None,
             metrics: crate::metrics::Recorder::default(),
+            cancel_grace: DEFAULT_CANCEL_GRACE,
+            give_up_after: None,
+            on_connection_error: None,
         }
     }
 
@@ -202,6 +221,38 @@ impl WorkerBuilder {
     /// they are cancelled (and left for the server to reclaim).
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
+        self
+    }
+
+    /// How long a cancelled handler keeps running (its future polled) after
+    /// [`JobContext::cancelled`](crate::JobContext::cancelled) fires, so it
+    /// can stop cleanly, before it is dropped. Default 5 s; zero drops it
+    /// at once. The job's lease is gone by then (or the drain deadline
+    /// passed), so nothing it returns is reported.
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
+        self
+    }
+
+    /// Makes [`Worker::run`] return [`Error::Unreachable`] once it has been
+    /// without a Lease stream (the server unreachable, refusing, or
+    /// restarting) for `after`. By default a worker retries for ever; a
+    /// process supervisor that would rather restart it, or alert, sets
+    /// this. Jobs still running are drained first, as at shutdown.
+    pub fn give_up_after(mut self, after: Duration) -> Self {
+        self.give_up_after = Some(after);
+        self
+    }
+
+    /// Calls `hook` on every failure to open or keep the Lease stream, with
+    /// the error and how long the worker has been without a stream (zero
+    /// for a stream that just dropped): for an application's own alerting,
+    /// where a log line at `warn` may go unseen.
+    pub fn on_connection_error(
+        mut self,
+        hook: impl Fn(&Error, Duration) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_connection_error = Some(Arc::new(hook));
         self
     }
 
@@ -367,6 +418,9 @@ impl WorkerBuilder {
             fallback: self.fallback,
             on_ready: self.on_ready,
             metrics: self.metrics,
+            cancel_grace: self.cancel_grace,
+            give_up_after: self.give_up_after,
+            on_connection_error: self.on_connection_error,
         })
     }
 }

@@ -26,6 +26,7 @@ struct Inner {
     worker_id: Arc<str>,
     deadline: Deadline,
     cancel: CancellationToken,
+    draining: CancellationToken,
 }
 
 impl JobContext {
@@ -35,6 +36,7 @@ impl JobContext {
         worker_id: Arc<str>,
         deadline: Deadline,
         cancel: CancellationToken,
+        draining: CancellationToken,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -43,6 +45,7 @@ impl JobContext {
                 worker_id,
                 deadline,
                 cancel,
+                draining,
             }),
         }
     }
@@ -146,12 +149,31 @@ impl JobContext {
         &self.inner.worker_id
     }
 
-    /// Resolves when the handler should stop: the lease was lost (a
-    /// heartbeat reported it, or the server revoked it) or the worker's
-    /// drain deadline passed. The worker drops the handler's future at that
-    /// point anyway; this is for work the handler spawned elsewhere.
+    /// Resolves when the handler should stop: the job was cancelled or its
+    /// lease lost (a heartbeat reported it, the server revoked it, or its
+    /// deadline passed without a successful heartbeat), or the worker's
+    /// drain deadline passed. The handler's future keeps running for the
+    /// worker's [`cancel_grace`](crate::WorkerBuilder::cancel_grace), so a
+    /// handler that `select!`s on this can stop cleanly (roll back, log,
+    /// release what it holds); then it is dropped. A cancelled job is
+    /// neither acked nor failed, whatever the handler returns: its lease
+    /// is gone.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
         self.inner.cancel.cancelled()
+    }
+
+    /// Resolves when the worker starts draining (shutdown was asked for):
+    /// it takes no new jobs, and running handlers have until the drain
+    /// timeout to finish. A long handler can use it to checkpoint and
+    /// finish early, or to return a retryable error that hands the rest of
+    /// the work to another worker.
+    pub fn draining(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.draining.cancelled()
+    }
+
+    /// Whether [`draining`](Self::draining) has fired.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.is_cancelled()
     }
 
     /// Whether [`cancelled`](Self::cancelled) has fired.
@@ -178,6 +200,7 @@ mod tests {
             "l1".into(),
             "w1".into(),
             deadline,
+            CancellationToken::new(),
             CancellationToken::new(),
         )
     }

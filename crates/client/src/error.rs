@@ -41,6 +41,16 @@ pub enum Error {
     /// The server's reply lacked a field the contract says it always sets.
     #[error("malformed reply: missing `{0}`")]
     MissingField(&'static str),
+    /// A [`Worker`](crate::Worker) with
+    /// [`give_up_after`](crate::WorkerBuilder::give_up_after) was without a
+    /// Lease stream for that long.
+    #[error("no lease stream for {:.1} s; last error: {last}", .down_for.as_secs_f64())]
+    Unreachable {
+        /// How long the worker was without a stream.
+        down_for: std::time::Duration,
+        /// The last failure, as text.
+        last: String,
+    },
     /// A [`Worker`](crate::Worker) was configured in a way that cannot run
     /// (no queues, no handlers, zero capacity or lease).
     #[error("invalid worker configuration: {0}")]

@@ -74,11 +74,12 @@ async fn execute(
     };
     let started = Instant::now();
     debug!("handler started");
-    let run = AssertUnwindSafe(handler(ctx.clone())).catch_unwind();
+    let mut run = AssertUnwindSafe(handler(ctx.clone())).catch_unwind();
     let result = tokio::select! {
         biased;
         _ = ctx.cancelled() => {
-            warn!("handler cancelled: lease lost or drain deadline passed; not acking");
+            warn!("handler cancelled: lease lost, job cancelled or drain deadline passed; not acking");
+            wind_down(shared, run).await;
             return None;
         }
         () = lease_ran_out(ctx) => {
@@ -87,9 +88,11 @@ async fn execute(
             // to someone else, so stop rather than run it twice at once.
             warn!("lease deadline passed without a successful heartbeat; cancelling the handler");
             shared.cfg.metrics.lease_lost(Lost::Deadline);
+            ctx.cancellation_token().cancel();
+            wind_down(shared, run).await;
             return None;
         }
-        result = run => result,
+        result = &mut run => result,
     };
     shared
         .cfg
@@ -111,6 +114,23 @@ async fn execute(
             Err(HandlerError::retry(format!("handler panicked: {message}")))
         }
     })
+}
+
+/// Lets a cancelled handler run for the worker's `cancel_grace`, so that
+/// one that watches [`JobContext::cancelled`] can stop cleanly; then drops
+/// it. Whatever it returns is not reported: its lease is gone.
+async fn wind_down<F: std::future::Future + Unpin>(shared: &Shared, run: F) {
+    let grace = shared.cfg.cancel_grace;
+    if grace.is_zero() {
+        return;
+    }
+    match tokio::time::timeout(grace, run).await {
+        Ok(_) => debug!("cancelled handler stopped within its grace"),
+        Err(_) => warn!(
+            ?grace,
+            "cancelled handler still running after its grace; dropping it"
+        ),
+    }
 }
 
 /// Acks (`Ok`) or fails (`Err`) the job. Transient errors (server down or

@@ -2,7 +2,7 @@
 //! job tasks share: the in-flight book, the capacity's permits, the drain
 //! flag and the current stream's token.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
@@ -23,6 +23,8 @@ pub(crate) struct Shared {
     hard_stop: CancellationToken,
     /// Set at shutdown; heartbeats then carry `draining`.
     pub(crate) draining: AtomicBool,
+    /// Fired at shutdown, for handlers ([`JobContext::draining`]).
+    drain: CancellationToken,
     /// The current Lease stream's token; heartbeats present it, so that
     /// `draining` applies to this worker's stream and no other.
     stream_token: Mutex<String>,
@@ -36,6 +38,7 @@ impl Shared {
             inflight: Mutex::default(),
             hard_stop: CancellationToken::new(),
             draining: AtomicBool::new(false),
+            drain: CancellationToken::new(),
             stream_token: Mutex::default(),
             cfg,
         }
@@ -67,6 +70,17 @@ impl Shared {
     /// [`Shared::stop_handlers`].
     pub(crate) fn job_cancel_token(&self) -> CancellationToken {
         self.hard_stop.child_token()
+    }
+
+    /// Shutdown was asked for: heartbeats say so, handlers are told.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.drain.cancel();
+    }
+
+    /// A token fired when the worker starts draining.
+    pub(crate) fn drain_token(&self) -> CancellationToken {
+        self.drain.clone()
     }
 
     /// Cancels every running handler (the drain deadline passed).

@@ -1,6 +1,5 @@
 //! [`Worker`]: holds a Lease stream, runs handlers, reconnects, drains.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -19,7 +18,8 @@ use crate::{heartbeat, job, JobContext, Result};
 /// server pushed just before it saw the drain flag (which would otherwise be
 /// reclaimed, costing an attempt, when the stream closes).
 const DRAIN_SETTLE: Duration = Duration::from_millis(100);
-/// How long cancelled handlers get to unwind after the drain deadline.
+/// How long, beyond their `cancel_grace`, cancelled handlers' tasks get to
+/// end after the drain deadline before they are aborted.
 const ABORT_GRACE: Duration = Duration::from_secs(1);
 
 type LeaseStream = tonic::Streaming<pb::LeaseEvent>;
@@ -162,6 +162,7 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<L
     let mut backoff = Backoff::default();
     let mut stream: Option<LeaseStream> = None;
     let mut ever_opened = false;
+    let mut down = Down::default();
     loop {
         if stream.is_none() {
             let opened = tokio::select! {
@@ -176,6 +177,7 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<L
                 }
                 Ok(s) => {
                     ever_opened = true;
+                    down.clear();
                     // The backoff resets only on the first event (below): a
                     // stream that opens and fails at once must not be
                     // retried in a tight loop.
@@ -186,6 +188,7 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<L
                     stream = Some(s);
                 }
                 Err(err) => {
+                    down.failed(shared, &err)?;
                     let delay = backoff.next_delay();
                     warn!(cause = %err, retry_in = ?delay, "could not open lease stream");
                     if !pause(delay, &shutdown, tasks).await {
@@ -204,21 +207,30 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<L
                 None
             }
         };
-        let ended = match step {
+        let (ended, err) = match step {
             None => continue,
             Some(Ok(Some(event))) => {
                 backoff.reset();
                 on_event(shared, event, tasks);
                 continue;
             }
-            Some(Ok(None)) => "lease stream ended by the server".to_owned(),
-            Some(Err(status)) => format!(
-                "lease stream failed: {:?}: {}",
-                status.code(),
-                status.message()
+            Some(Ok(None)) => (
+                "lease stream ended by the server".to_owned(),
+                crate::Error::Status(tonic::Status::unavailable(
+                    "lease stream ended by the server",
+                )),
+            ),
+            Some(Err(status)) => (
+                format!(
+                    "lease stream failed: {:?}: {}",
+                    status.code(),
+                    status.message()
+                ),
+                crate::Error::Status(status),
             ),
         };
         stream = None;
+        down.failed(shared, &err)?;
         // Ask the server now rather than at the next tick whether the jobs
         // still running here were reclaimed with the stream (then their
         // handlers stop before another worker runs them for long), or keep
@@ -231,6 +243,39 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<L
         warn!(in_flight = shared.book().len(), retry_in = ?delay, "{ended}; reconnecting");
         if !pause(delay, &shutdown, tasks).await {
             return Ok(None);
+        }
+    }
+}
+
+/// Since when the worker has been without a Lease stream, for
+/// `give_up_after` and `on_connection_error`.
+#[derive(Default)]
+struct Down {
+    since: Option<Instant>,
+}
+
+impl Down {
+    fn clear(&mut self) {
+        self.since = None;
+    }
+
+    /// Records a failure: tells the hook, and gives up once the worker has
+    /// been without a stream for `give_up_after`.
+    fn failed(&mut self, shared: &Shared, err: &crate::Error) -> Result<()> {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let down_for = since.elapsed();
+        if let Some(hook) = &shared.cfg.on_connection_error {
+            hook(err, down_for);
+        }
+        match shared.cfg.give_up_after {
+            Some(after) if down_for >= after => {
+                error!(cause = %err, ?down_for, "no lease stream for too long; giving up");
+                Err(crate::Error::Unreachable {
+                    down_for,
+                    last: err.to_string(),
+                })
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -255,7 +300,7 @@ fn refused_for_good(err: &crate::Error) -> bool {
 
 /// Stops taking jobs and lets in-flight ones finish, up to the deadline.
 async fn drain(shared: &Arc<Shared>, mut stream: Option<LeaseStream>, tasks: &mut JoinSet<()>) {
-    shared.draining.store(true, Ordering::SeqCst);
+    shared.start_draining();
     info!(in_flight = tasks.len(), "shutting down; draining");
     // Tell the server now rather than at the next tick; the stream stays open
     // so the jobs it holds are not reclaimed while they finish.
@@ -293,7 +338,7 @@ async fn drain(shared: &Arc<Shared>, mut stream: Option<LeaseStream>, tasks: &mu
             "drain deadline passed; cancelling handlers, the server will reclaim their jobs"
         );
         shared.stop_handlers();
-        let _ = timeout(ABORT_GRACE, async {
+        let _ = timeout(shared.cfg.cancel_grace + ABORT_GRACE, async {
             while let Some(joined) = tasks.join_next().await {
                 log_join(joined);
             }
@@ -406,6 +451,7 @@ fn start(shared: &Arc<Shared>, leased: pb::LeasedJob, tasks: &mut JoinSet<()>) {
         Arc::clone(&shared.cfg.worker_id),
         deadline,
         cancel,
+        shared.drain_token(),
     );
     let span = info_span!(
         "job",

@@ -42,10 +42,10 @@ fn the_book_includes_the_examples() {
         (
             "../../docs/src/python-client.md",
             &[
+                "confirmation_producer.py",
+                "confirmation_worker.py",
                 "quickstart.py",
-                "producer.py",
                 "worker.py",
-                "async_worker.py",
             ][..],
         ),
     ] {

@@ -1,0 +1,174 @@
+//! What the Rust Worker tells a running handler, and what it tells the
+//! application: a cancelled job's handler runs its own cancel branch
+//! within `cancel_grace` (its future is not dropped first), a handler
+//! hears `draining` at shutdown, and a worker that cannot reach its server
+//! says so (`on_connection_error`) and gives up when asked to
+//! (`give_up_after`).
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use jobq::pb;
+use jobq_client::{EnqueueOptions, Error, HandlerError, JobContext, Worker};
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{free_port, until, TestServer};
+
+/// A worker on queue `q` with one slot and a long lease.
+fn worker(url: &str, shutdown: &CancellationToken) -> jobq_client::WorkerBuilder {
+    Worker::builder(url)
+        .queues(["q"])
+        .capacity(1)
+        .lease(Duration::from_secs(600))
+        .drain_timeout(Duration::from_secs(10))
+        .shutdown(shutdown.clone())
+}
+
+#[tokio::test]
+async fn a_cancelled_handler_runs_its_own_cancel_branch_within_the_grace() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let cleaned_up: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let shutdown = CancellationToken::new();
+    let (s, done) = (Arc::clone(&started), Arc::clone(&cleaned_up));
+    let w = worker(&server.url(), &shutdown)
+        .cancel_grace(Duration::from_secs(5))
+        .handler("slow", move |ctx: JobContext| {
+            let (s, done) = (Arc::clone(&s), Arc::clone(&done));
+            async move {
+                s.notify_one();
+                tokio::select! {
+                    _ = ctx.cancelled() => {
+                        // The cleanup awaits, as a real rollback would.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        *done.lock().unwrap() = Some(Instant::now());
+                        Err(HandlerError::retry("stopped: the job was cancelled"))
+                    }
+                    () = std::future::pending::<()>() => Ok(()),
+                }
+            }
+        })
+        .build();
+    let run = tokio::spawn(w.run());
+    let (job, _) = c
+        .enqueue("q", "slow", "x", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    tokio::time::timeout(Duration::from_secs(20), started.notified())
+        .await
+        .expect("the handler starts");
+    let sent = Instant::now();
+    c.cancel_job(job.id.clone(), "order refunded")
+        .await
+        .expect("cancel");
+    let at = until(
+        Duration::from_secs(5),
+        "the handler's cancel branch",
+        || {
+            let done = Arc::clone(&cleaned_up);
+            async move { *done.lock().unwrap() }
+        },
+    )
+    .await;
+    assert!(
+        at.duration_since(sent) < Duration::from_secs(2),
+        "{:?}",
+        at - sent
+    );
+    // Its error is not reported: the lease was revoked with the cancel.
+    let j = c.get_job(job.id.clone()).await.expect("get");
+    assert_eq!(j.status, pb::JobStatus::Failed as i32);
+    assert_eq!(j.last_error, "cancelled: order refunded");
+    shutdown.cancel();
+    run.await.expect("join").expect("worker");
+}
+
+#[tokio::test]
+async fn a_handler_hears_draining_at_shutdown_and_its_job_is_acked() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let shutdown = CancellationToken::new();
+    let s = Arc::clone(&started);
+    let w = worker(&server.url(), &shutdown)
+        .handler("long", move |ctx: JobContext| {
+            let s = Arc::clone(&s);
+            async move {
+                assert!(!ctx.is_draining());
+                s.notify_one();
+                // A long job that checkpoints and stops early on a drain.
+                tokio::select! {
+                    _ = ctx.draining() => Ok(()),
+                    () = tokio::time::sleep(Duration::from_secs(600)) => {
+                        Err(HandlerError::fatal("never told of the drain"))
+                    }
+                }
+            }
+        })
+        .build();
+    let run = tokio::spawn(w.run());
+    let (job, _) = c
+        .enqueue("q", "long", "x", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    tokio::time::timeout(Duration::from_secs(20), started.notified())
+        .await
+        .expect("the handler starts");
+    let asked = Instant::now();
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the drain ends as soon as the handler returns")
+        .expect("join")
+        .expect("worker");
+    assert!(asked.elapsed() < Duration::from_secs(5));
+    let j = c.get_job(job.id.clone()).await.expect("get");
+    assert_eq!(
+        (j.status, j.attempts),
+        (pb::JobStatus::Done as i32, 0),
+        "acked: {j:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_without_a_server_reports_each_failure_and_gives_up_when_asked() {
+    // Nothing listens on this port.
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let reports = Arc::new(AtomicUsize::new(0));
+    let longest: Arc<Mutex<Duration>> = Arc::default();
+    let (n, l) = (Arc::clone(&reports), Arc::clone(&longest));
+    let shutdown = CancellationToken::new();
+    let w = worker(&url, &shutdown)
+        .give_up_after(Duration::from_secs(1))
+        .on_connection_error(move |err, down_for| {
+            assert!(err.is_transient(), "{err}");
+            n.fetch_add(1, Ordering::SeqCst);
+            let mut l = l.lock().unwrap();
+            *l = (*l).max(down_for);
+        })
+        .handler("k", |_ctx: JobContext| async { Ok::<(), HandlerError>(()) })
+        .build();
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(20), w.run())
+        .await
+        .expect("run returned instead of retrying for ever")
+        .expect_err("no server: gives up");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    let Error::Unreachable { down_for, last } = &err else {
+        panic!("expected Unreachable, got {err:?}");
+    };
+    assert!(*down_for >= Duration::from_secs(1), "{down_for:?}");
+    assert!(!last.is_empty());
+    assert!(
+        err.to_string().starts_with("no lease stream for 1."),
+        "{err}"
+    );
+    assert!(reports.load(Ordering::SeqCst) >= 2, "each failure reported");
+    assert!(*longest.lock().unwrap() >= Duration::from_secs(1));
+}
