@@ -260,6 +260,9 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             end_attempt(&mut job, Outcome::Acked, None, now);
             job.status = Status::Done;
             job.finished_at = Some(now);
+            // The last attempt ended well; the errors of earlier ones stay
+            // in the history (docs/src/design.md §1).
+            job.last_error = None;
             Ok(job)
         }
         Event::Fail {

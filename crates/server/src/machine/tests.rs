@@ -375,6 +375,25 @@ fn ack_makes_it_done_and_a_second_ack_is_rejected() {
 }
 
 #[test]
+fn an_ack_after_a_failed_attempt_clears_last_error_and_the_history_keeps_it() {
+    let job = apply(in_status(Status::Running), fail(7), t(3)).expect("fail");
+    assert_eq!(job.last_error.as_deref(), Some("smtp down"));
+    let job = take(job, 8, t(1_000)).expect("take again");
+    let job = apply(
+        job,
+        Event::Ack {
+            lease_id: LeaseId(8),
+        },
+        t(1_001),
+    )
+    .expect("ack");
+    assert_eq!(job.status, Status::Done);
+    assert_eq!(job.last_error, None, "the last attempt ended well");
+    assert_eq!(job.history[0].error.as_deref(), Some("smtp down"));
+    assert_eq!(job.history[1].outcome, Some(Outcome::Acked));
+}
+
+#[test]
 fn fail_with_attempts_left_backs_off_and_comes_back() {
     let job = apply(in_status(Status::Running), fail(7), t(3)).expect("fail");
     assert_eq!((job.status, job.attempts), (Status::Pending, 1));
