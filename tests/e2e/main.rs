@@ -25,4 +25,5 @@ mod server;
 mod token_in_clear;
 mod traces;
 mod worker;
+mod worker_kinds;
 mod worker_signals;

@@ -89,6 +89,8 @@ pub struct WorkerBuilder {
     ca_cert: Option<Vec<u8>>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
     queues: Vec<String>,
+    /// Whether the queues were chosen (by `queues` or a typed `job`).
+    queues_set: bool,
     worker_id: Option<String>,
     capacity: u32,
     lease: Duration,
@@ -135,6 +137,7 @@ impl WorkerBuilder {
             ca_cert: None,
             identity: None,
             queues: vec!["default".to_owned()],
+            queues_set: false,
             worker_id: None,
             capacity: 1,
             lease: Duration::from_secs(30),
@@ -186,6 +189,21 @@ impl WorkerBuilder {
         S: Into<String>,
     {
         self.queues = queues.into_iter().map(Into::into).collect();
+        self.queues_set = true;
+        self
+    }
+
+    /// Adds `queue` to the queues taken from (last, so after those set
+    /// before); the first such call replaces the default queue unless
+    /// [`queues`](Self::queues) was called.
+    pub(crate) fn take_queue(mut self, queue: &str) -> Self {
+        if !self.queues_set {
+            self.queues.clear();
+            self.queues_set = true;
+        }
+        if !self.queues.iter().any(|q| q == queue) {
+            self.queues.push(queue.to_owned());
+        }
         self
     }
 

@@ -85,6 +85,7 @@ pub mod handler;
 mod heartbeat;
 mod inflight;
 mod job;
+pub mod kind;
 mod loopback;
 mod metrics;
 pub mod model;
@@ -103,6 +104,7 @@ pub use context::JobContext;
 pub use error::{Error, Result};
 pub use handler::{HandlerError, HandlerResult};
 pub use jobq::pb;
+pub use kind::JobKind;
 pub use model::{Attempt, Enqueued, Job, JobId, Outcome, QueueStats, Rejected, Schedule, Status};
 pub use options::{EnqueueOptions, FailOptions};
 /// The shutdown token [`WorkerBuilder::shutdown`] takes, re-exported so the
