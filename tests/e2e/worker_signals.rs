@@ -137,6 +137,22 @@ async fn a_handler_hears_draining_at_shutdown_and_its_job_is_acked() {
 }
 
 #[tokio::test]
+async fn a_call_that_gets_no_reply_names_the_server_in_one_line() {
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let c = jobq_client::Client::connect_lazy(url.clone()).expect("lazy");
+    let err = c.stats(None).await.expect_err("nothing listens");
+    assert!(err.is_transient());
+    assert_eq!(err.code(), Some(tonic::Code::Unavailable));
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!("no reply from {url} (Unavailable): ")),
+        "{text}"
+    );
+    assert!(text.to_lowercase().contains("connection refused"), "{text}");
+    assert!(!format!("{err:?}").contains('\n'), "{err:?}");
+}
+
+#[tokio::test]
 async fn a_worker_without_a_server_reports_each_failure_and_gives_up_when_asked() {
     // Nothing listens on this port.
     let url = format!("http://127.0.0.1:{}", free_port());

@@ -69,6 +69,9 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
                         jobq_client::Error::Status(s) => {
                             (Some(code_name(s.code())), s.message().to_owned())
                         }
+                        jobq_client::Error::NoReply { code, .. } => {
+                            (Some(code_name(*code)), err.to_string())
+                        }
                         other => (None, other.to_string()),
                     };
                     out.json(&json!({"id": id, "error": {"code": code, "message": message}}))?;

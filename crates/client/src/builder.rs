@@ -16,14 +16,14 @@ use crate::{Client, Error, JobContext, Result, Worker};
 #[derive(Debug, Clone)]
 pub enum WorkerTarget {
     /// Share this client's connection.
-    Client(Client),
+    Client(Box<Client>),
     /// Connect to this URL when [`Worker::run`] starts.
     Url(String),
 }
 
 impl From<Client> for WorkerTarget {
     fn from(client: Client) -> Self {
-        Self::Client(client)
+        Self::Client(Box::new(client))
     }
 }
 
@@ -406,7 +406,7 @@ impl WorkerBuilder {
                     "token, insecure, CA and identity apply to a URL target; set them on the Client (Client::builder) instead".into(),
                 ))
             }
-            WorkerTarget::Client(client) => client,
+            WorkerTarget::Client(client) => *client,
             WorkerTarget::Url(url) => {
                 let mut connect = Client::builder(url).insecure(self.insecure);
                 if let Some(token) = self.token {

@@ -1,5 +1,6 @@
 //! [`Client`]: one typed method per `JobQueue` RPC.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use jobq::pb::{self, job_queue_client::JobQueueClient};
@@ -28,6 +29,8 @@ pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(99_999 * 3600);
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: RawClient,
+    /// The server's URL, for errors (`None` for a channel made elsewhere).
+    url: Option<Arc<str>>,
     /// Most time a unary call may take ([`Connect::timeout`]).
     timeout: Option<Duration>,
 }
@@ -70,8 +73,21 @@ impl Client {
             // bigger than tonic's 4 MiB default.
             inner: JobQueueClient::with_interceptor(channel, credentials)
                 .max_decoding_message_size(jobq::MAX_DECODE_BYTES),
+            url: None,
             timeout: None,
         }
+    }
+
+    /// This client, naming `url` in the errors of calls that got no reply.
+    pub(crate) fn with_url(mut self, url: &str) -> Self {
+        self.url = Some(Arc::from(url));
+        self
+    }
+
+    /// A failed call's error: [`Error::NoReply`], naming the server, when
+    /// the call got no answer; else the server's [`Error::Status`].
+    pub(crate) fn error(&self, status: tonic::Status) -> Error {
+        Error::from_call(status, self.url.as_deref())
     }
 
     /// This client with every unary call bounded by `timeout` (`None`:
@@ -112,7 +128,8 @@ impl Client {
             .inner
             .clone()
             .enqueue(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner();
         Ok((resp.job.ok_or(Error::MissingField("job"))?, resp.created))
     }
@@ -145,7 +162,8 @@ impl Client {
             .inner
             .clone()
             .enqueue_batch(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner()
             .results)
     }
@@ -180,7 +198,8 @@ impl Client {
             .inner
             .clone()
             .dequeue(request)
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner()
             .leased)
     }
@@ -203,7 +222,8 @@ impl Client {
             .inner
             .clone()
             .ack(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
     }
@@ -233,7 +253,8 @@ impl Client {
             .inner
             .clone()
             .fail(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
     }
@@ -247,7 +268,8 @@ impl Client {
             .inner
             .clone()
             .retry(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
     }
@@ -317,7 +339,8 @@ impl Client {
                 self.inner
                     .clone()
                     .heartbeat(self.request(req))
-                    .await?
+                    .await
+                    .map_err(|s| self.error(s))?
                     .into_inner()
                     .lost,
             );
@@ -370,7 +393,12 @@ impl Client {
             lease_duration: lease.map(pb_duration),
             held,
         };
-        let response = self.inner.clone().lease(req).await?;
+        let response = self
+            .inner
+            .clone()
+            .lease(req)
+            .await
+            .map_err(|s| self.error(s))?;
         let token = response
             .metadata()
             .get(STREAM_TOKEN_HEADER)
@@ -390,7 +418,8 @@ impl Client {
             .inner
             .clone()
             .get_job(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner())
     }
 
@@ -401,7 +430,8 @@ impl Client {
             .inner
             .clone()
             .list_jobs(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner())
     }
 
@@ -414,7 +444,8 @@ impl Client {
             .inner
             .clone()
             .stats(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner()
             .queues)
     }

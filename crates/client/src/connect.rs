@@ -256,7 +256,9 @@ impl Connect {
             .connect()
             .await
             .map_err(|e| self.transport_error(e))?;
-        Ok(Client::with_credentials(channel, credentials).with_timeout(self.timeout))
+        Ok(Client::with_credentials(channel, credentials)
+            .with_timeout(self.timeout)
+            .with_url(&self.url))
     }
 
     /// Connects on first use, so it succeeds while the server is still
@@ -269,7 +271,8 @@ impl Connect {
         let credentials = self.credentials()?;
         Ok(
             Client::with_credentials(self.endpoint()?.connect_lazy(), credentials)
-                .with_timeout(self.timeout),
+                .with_timeout(self.timeout)
+                .with_url(&self.url),
         )
     }
 }

@@ -9,7 +9,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Server-side refusals arrive as [`Error::Status`] with the gRPC code
 /// intact, so callers can tell a stale lease (`ABORTED`) from an unknown job
 /// (`NOT_FOUND`) with [`Error::code`].
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The connection could not be set up: a malformed URL, or no server
@@ -28,6 +28,23 @@ pub enum Error {
         /// The transport error, when there was one.
         #[source]
         source: Option<tonic::transport::Error>,
+    },
+    /// A call on a [`Client`](crate::Client) got no reply: the server is
+    /// unreachable, restarting or shutting down (tonic's `UNAVAILABLE`, or
+    /// a connection the server closed mid-call). Names the server and the
+    /// cause in one line; always transient.
+    #[error("no reply from {url} ({code:?}): {cause}")]
+    NoReply {
+        /// The server's URL (`the server` for a client made from a
+        /// channel).
+        url: String,
+        /// The code the call failed with.
+        code: tonic::Code,
+        /// What went wrong, in one line.
+        cause: String,
+        /// The status tonic reported.
+        #[source]
+        status: tonic::Status,
     },
     /// The server answered with a non-OK gRPC status.
     /// (tonic also reports a call that never reached the server as a
@@ -57,12 +74,59 @@ pub enum Error {
     Config(String),
 }
 
+impl std::fmt::Debug for Error {
+    /// The variant and its one-line text: a `main` that returns the error
+    /// prints a line, not a dump of tonic's internals.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let variant = match self {
+            Error::Transport(_) => "Transport",
+            Error::Connect { .. } => "Connect",
+            Error::NoReply { .. } => "NoReply",
+            Error::Status(_) => "Status",
+            Error::Json(_) => "Json",
+            Error::MissingField(_) => "MissingField",
+            Error::Unreachable { .. } => "Unreachable",
+            Error::Config(_) => "Config",
+        };
+        write!(f, "{variant}({self})")
+    }
+}
+
 impl Error {
+    /// A failed call's error, for a client of the server at `url`: a call
+    /// that got no reply (tonic made the status up from a transport error,
+    /// or the server closed the connection under it) is
+    /// [`Error::NoReply`]; a status the server sent stays
+    /// [`Error::Status`].
+    pub(crate) fn from_call(status: tonic::Status, url: Option<&str>) -> Error {
+        use std::error::Error as _;
+        let closed = status.code() == tonic::Code::Internal
+            && status.message().contains("not a result of an error");
+        if !closed && status.source().is_none() {
+            return Error::Status(status);
+        }
+        let (code, cause) = if closed {
+            (
+                tonic::Code::Unavailable,
+                "the server closed the connection (it is shutting down or restarting)".to_owned(),
+            )
+        } else {
+            (code_of(&status), root_cause(&status))
+        };
+        Error::NoReply {
+            url: url.unwrap_or("the server").to_owned(),
+            code,
+            cause,
+            status,
+        }
+    }
+
     /// The gRPC status code, when the server (or the transport under a
     /// call) reported one; `None` for local errors.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             Error::Status(status) => Some(code_of(status)),
+            Error::NoReply { code, .. } => Some(*code),
             _ => None,
         }
     }
@@ -75,6 +139,7 @@ impl Error {
             // A malformed URL will not fix itself; a refused connection may.
             Error::Connect { source, .. } => source.is_some(),
             Error::Status(status) => is_transient_code(code_of(status)),
+            Error::NoReply { .. } => true,
             _ => false,
         }
     }
@@ -105,6 +170,23 @@ fn status_text(status: &tonic::Status) -> String {
             format!("no reply ({:?}): {text}", code_of(status))
         }
         None => format!("server replied {:?}: {}", code_of(status), status.message()),
+    }
+}
+
+/// The innermost cause of a status tonic made up (`Connection refused (os
+/// error 111)`), or its message when it has none: the one line that says
+/// what happened, without tonic's and hyper's wrappers.
+fn root_cause(status: &tonic::Status) -> String {
+    use std::error::Error as _;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = status.source();
+    let mut last = None;
+    while let Some(c) = cause {
+        last = Some(c);
+        cause = c.source();
+    }
+    match last {
+        Some(c) => c.to_string(),
+        None => status.message().to_owned(),
     }
 }
 
@@ -147,6 +229,41 @@ pub(crate) fn is_transient_code(code: tonic::Code) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_without_a_reply_names_the_server_and_the_root_cause() {
+        let status = tonic::Status::from_error(Box::new(std::io::Error::other(
+            "Connection refused (os error 111)",
+        )));
+        let err = Error::from_call(status, Some("http://10.0.0.7:50051"));
+        assert_eq!(
+            err.to_string(),
+            "no reply from http://10.0.0.7:50051 (Unknown): Connection refused (os error 111)"
+        );
+        assert!(err.is_transient());
+        assert_eq!(
+            format!("{err:?}"),
+            format!("NoReply({err})"),
+            "Debug is one line"
+        );
+        // A status the server sent is the server's.
+        let err = Error::from_call(tonic::Status::not_found("job 9 not found"), Some("u"));
+        assert_eq!(err.to_string(), "server replied NotFound: job 9 not found");
+    }
+
+    #[test]
+    fn a_connection_the_server_closed_gracefully_is_unavailable_not_internal() {
+        let status = tonic::Status::internal(
+            "h2 protocol error: error reading a body from connection: stream no longer needed, not a result of an error",
+        );
+        let err = Error::from_call(status, None);
+        assert_eq!(err.code(), Some(tonic::Code::Unavailable));
+        assert!(err.is_transient());
+        assert_eq!(
+            err.to_string(),
+            "no reply from the server (Unavailable): the server closed the connection (it is shutting down or restarting)"
+        );
+    }
 
     #[test]
     fn status_keeps_its_code() {

@@ -30,7 +30,8 @@ impl Client {
         let resp = self
             .inner()
             .cancel_job(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner();
         resp.job.ok_or(Error::MissingField("job"))
     }
@@ -46,7 +47,10 @@ impl Client {
         let req = pb::PauseQueueRequest {
             queue: queue.into(),
         };
-        self.inner().pause_queue(self.request(req)).await?;
+        self.inner()
+            .pause_queue(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?;
         Ok(())
     }
 
@@ -58,7 +62,10 @@ impl Client {
     /// `NOT_FOUND` for an unknown one.
     pub async fn delete_job(&self, id: impl Into<String>) -> Result<()> {
         let req = pb::DeleteJobRequest { id: id.into() };
-        self.inner().delete_job(self.request(req)).await?;
+        self.inner()
+            .delete_job(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?;
         Ok(())
     }
 
@@ -82,7 +89,11 @@ impl Client {
             status: status.unwrap_or(pb::JobStatus::Unspecified) as i32,
             finished_before: finished_before.map(Into::into),
         };
-        let resp = self.inner().purge_jobs(self.request(req)).await?;
+        let resp = self
+            .inner()
+            .purge_jobs(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?;
         Ok(resp.into_inner().deleted)
     }
 
@@ -91,7 +102,10 @@ impl Client {
         let req = pb::ResumeQueueRequest {
             queue: queue.into(),
         };
-        self.inner().resume_queue(self.request(req)).await?;
+        self.inner()
+            .resume_queue(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?;
         Ok(())
     }
 
@@ -128,7 +142,8 @@ impl Client {
         let resp = self
             .inner()
             .create_schedule(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner();
         resp.schedule
             .map(Into::into)
@@ -141,7 +156,10 @@ impl Client {
     /// `NOT_FOUND` for an unknown name.
     pub async fn delete_schedule(&self, name: impl Into<String>) -> Result<()> {
         let req = pb::DeleteScheduleRequest { name: name.into() };
-        self.inner().delete_schedule(self.request(req)).await?;
+        self.inner()
+            .delete_schedule(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?;
         Ok(())
     }
 
@@ -151,7 +169,8 @@ impl Client {
         let resp = self
             .inner()
             .list_schedules(self.request(req))
-            .await?
+            .await
+            .map_err(|s| self.error(s))?
             .into_inner();
         Ok(resp.schedules.into_iter().map(Into::into).collect())
     }
