@@ -44,6 +44,7 @@ use jobq_server::{
     leases::LeaseHub,
     service::JobQueueService,
     store::sled::SledStore,
+    validate::{DEFAULT_PAGE_SIZE, MAX_NAME_LEN, MAX_PAGE_SIZE, MAX_QUEUES},
     Config,
 };
 use proptest::{prelude::*, sample::select, test_runner::TestCaseError};
@@ -116,11 +117,11 @@ fn bad_if(cond: bool) -> V {
     }
 }
 
-/// queue, kind, key, worker id: 1..=128 of `[A-Za-z0-9._:-]`.
+/// queue, kind, key, worker id: 1..=`MAX_NAME_LEN` of `[A-Za-z0-9._:-]`.
 fn name_v(s: &str) -> V {
     bad_if(
         s.is_empty()
-            || s.len() > 128
+            || s.len() > MAX_NAME_LEN
             || !s
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')),
@@ -224,7 +225,7 @@ const HOSTILE_IDS: &[&str] = &[
 fn name() -> BoxedStrategy<String> {
     prop_oneof![
         8 => select(&QUEUES[..]).prop_map(String::from),
-        1 => Just("n".repeat(128)),
+        1 => Just("n".repeat(MAX_NAME_LEN)),
         1 => Just("n".repeat(129)),
         1 => "[A-Za-z0-9._:-]{1,140}",
         1 => any::<String>(),
@@ -377,7 +378,7 @@ enum QueuesGen {
     List(Vec<String>),
     /// One queue named many times.
     Duplicated(String, usize),
-    /// `n` distinct valid names (the limit is 32).
+    /// `n` distinct valid names (the limit is `MAX_QUEUES`).
     Many(usize),
 }
 
@@ -394,10 +395,12 @@ impl QueuesGen {
 
     fn v(&self) -> V {
         match self {
-            QueuesGen::List(qs) => all(std::iter::once(bad_if(qs.is_empty() || qs.len() > 32))
-                .chain(qs.iter().map(|q| name_v(q)))),
-            QueuesGen::Duplicated(q, n) => all([name_v(q), bad_if(*n == 0 || *n > 32)]),
-            QueuesGen::Many(n) => bad_if(*n == 0 || *n > 32),
+            QueuesGen::List(qs) => all(std::iter::once(bad_if(
+                qs.is_empty() || qs.len() > MAX_QUEUES,
+            ))
+            .chain(qs.iter().map(|q| name_v(q)))),
+            QueuesGen::Duplicated(q, n) => all([name_v(q), bad_if(*n == 0 || *n > MAX_QUEUES)]),
+            QueuesGen::Many(n) => bad_if(*n == 0 || *n > MAX_QUEUES),
         }
     }
 }
@@ -406,8 +409,8 @@ fn queues() -> BoxedStrategy<QueuesGen> {
     prop_oneof![
         6 => prop::collection::vec(select(&QUEUES[..]).prop_map(String::from), 1..4).prop_map(QueuesGen::List),
         3 => prop::collection::vec(name(), 0..4).prop_map(QueuesGen::List),
-        1 => (name(), select(vec![2usize, 32, 33, 1000])).prop_map(|(q, n)| QueuesGen::Duplicated(q, n)),
-        1 => select(vec![0usize, 31, 32, 33, 500]).prop_map(QueuesGen::Many),
+        1 => (name(), select(vec![2usize, MAX_QUEUES, MAX_QUEUES + 1, 1000])).prop_map(|(q, n)| QueuesGen::Duplicated(q, n)),
+        1 => select(vec![0usize, MAX_QUEUES - 1, MAX_QUEUES, MAX_QUEUES + 1, 500]).prop_map(QueuesGen::Many),
     ]
     .boxed()
 }
@@ -841,7 +844,7 @@ impl Harness {
             let page = self
                 .svc
                 .list_jobs(self.as_root(pb::ListJobsRequest {
-                    page_size: 1000,
+                    page_size: MAX_PAGE_SIZE as u32,
                     page_token: page_token.clone(),
                     ..Default::default()
                 }))
@@ -1263,8 +1266,8 @@ impl Harness {
                 if let Ok(r) = r {
                     let page = r.into_inner();
                     let limit = match *page_size as usize {
-                        0 => 100,
-                        n => n.min(1000),
+                        0 => DEFAULT_PAGE_SIZE,
+                        n => n.min(MAX_PAGE_SIZE),
                     };
                     prop_assert!(page.jobs.len() <= limit);
                     for job in &page.jobs {
