@@ -1,8 +1,9 @@
 //! What the Rust Worker tells a running handler, and what it tells the
 //! application: a cancelled job's handler runs its own cancel branch
 //! within `cancel_grace` (its future is not dropped first), a handler
-//! hears `draining` at shutdown, and a worker that cannot reach its server
-//! says so (`on_connection_error`) and gives up when asked to
+//! hears `draining` at shutdown, a snooze and a drain deadline put a job
+//! back without spending an attempt, and a worker that cannot reach its
+//! server says so (`on_connection_error`) and gives up when asked to
 //! (`give_up_after`).
 
 use std::{
@@ -187,4 +188,96 @@ async fn a_worker_without_a_server_reports_each_failure_and_gives_up_when_asked(
     );
     assert!(reports.load(Ordering::SeqCst) >= 2, "each failure reported");
     assert!(*longest.lock().unwrap() >= Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_handler_that_snoozes_puts_its_job_back_without_spending_an_attempt() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let shutdown = CancellationToken::new();
+    let r = Arc::clone(&runs);
+    let w = worker(&server.url(), &shutdown)
+        .handler("charge", move |_ctx: JobContext| {
+            let r = Arc::clone(&r);
+            async move {
+                // The payment API says "429, Retry-After" twice, then works.
+                if r.fetch_add(1, Ordering::SeqCst) < 2 {
+                    return Err(HandlerError::snooze(
+                        "429: retry after 100ms",
+                        Duration::from_millis(100),
+                    ));
+                }
+                Ok(())
+            }
+        })
+        .build();
+    let run = tokio::spawn(w.run());
+    // One attempt: counted, the first snooze would dead-letter it.
+    let (job, _) = c
+        .enqueue("q", "charge", "x", EnqueueOptions::new().max_attempts(1))
+        .await
+        .expect("enqueue");
+    let done = until(Duration::from_secs(20), "the job DONE", || async {
+        let j = c.get_job(job.id.clone()).await.expect("get");
+        (j.status == pb::JobStatus::Done as i32).then_some(j)
+    })
+    .await;
+    assert_eq!(done.attempts, 0, "{done:?}");
+    let outcomes: Vec<i32> = done.history.iter().map(|a| a.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [
+            pb::AttemptOutcome::Snoozed as i32,
+            pb::AttemptOutcome::Snoozed as i32,
+            pb::AttemptOutcome::Acked as i32
+        ]
+    );
+    assert_eq!(done.history[0].error, "429: retry after 100ms");
+    shutdown.cancel();
+    run.await.expect("join").expect("worker");
+}
+
+#[tokio::test]
+async fn a_job_cut_off_by_the_drain_deadline_is_given_back_without_spending_an_attempt() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let shutdown = CancellationToken::new();
+    let s = Arc::clone(&started);
+    let w = worker(&server.url(), &shutdown)
+        .drain_timeout(Duration::from_millis(200))
+        .cancel_grace(Duration::ZERO)
+        .handler("stuck", move |_ctx: JobContext| {
+            let s = Arc::clone(&s);
+            async move {
+                s.notify_one();
+                std::future::pending::<()>().await;
+                Ok::<(), HandlerError>(())
+            }
+        })
+        .build();
+    let run = tokio::spawn(w.run());
+    let (job, _) = c
+        .enqueue("q", "stuck", "x", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    tokio::time::timeout(Duration::from_secs(20), started.notified())
+        .await
+        .expect("the handler starts");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the drain ends at its deadline")
+        .expect("join")
+        .expect("worker");
+    let j = c.get_job(job.id.clone()).await.expect("get");
+    assert_eq!(
+        (j.status, j.attempts),
+        (pb::JobStatus::Pending as i32, 0),
+        "due again at once, no attempt spent: {j:?}"
+    );
+    let last = j.history.last().expect("the cut-off run");
+    assert_eq!(last.outcome, pb::AttemptOutcome::Snoozed as i32);
+    assert!(last.error.contains("drain deadline"), "{}", last.error);
 }

@@ -47,6 +47,8 @@ class Outcome(enum.IntEnum):
     WORKER_DISCONNECTED = 4
     #: An operator (CancelJob) or the server took the lease back.
     REVOKED = 5
+    #: The worker put the job back without counting the attempt (a snooze).
+    SNOOZED = 6
 
 
 def _time(msg: Any, name: str) -> Optional[datetime]:

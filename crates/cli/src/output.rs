@@ -133,6 +133,7 @@ pub fn outcome_name(outcome: i32) -> &'static str {
         Ok(pb::AttemptOutcome::LeaseExpired) => "LEASE_EXPIRED",
         Ok(pb::AttemptOutcome::WorkerDisconnected) => "WORKER_DISCONNECTED",
         Ok(pb::AttemptOutcome::Revoked) => "REVOKED",
+        Ok(pb::AttemptOutcome::Snoozed) => "SNOOZED",
         Ok(pb::AttemptOutcome::Unspecified) | Err(_) => "RUNNING",
     }
 }

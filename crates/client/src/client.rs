@@ -248,6 +248,7 @@ impl Client {
             error: error.into(),
             retry_delay: opts.retry_delay.map(pb_duration),
             fatal: opts.fatal,
+            snooze: opts.snooze.map(pb_duration),
         };
         let resp = self
             .inner

@@ -33,6 +33,7 @@ pub struct HandlerError {
     message: String,
     retry_delay: Option<Duration>,
     fatal: bool,
+    snooze: Option<Duration>,
 }
 
 impl HandlerError {
@@ -43,6 +44,7 @@ impl HandlerError {
             message: message.into(),
             retry_delay: None,
             fatal: false,
+            snooze: None,
         }
     }
 
@@ -52,6 +54,7 @@ impl HandlerError {
             message: message.into(),
             retry_delay: Some(delay),
             fatal: false,
+            snooze: None,
         }
     }
 
@@ -62,7 +65,25 @@ impl HandlerError {
             message: message.into(),
             retry_delay: None,
             fatal: true,
+            snooze: None,
         }
+    }
+
+    /// Not a failure: put the job back, due after `delay`, without counting
+    /// the attempt (the API said "429, Retry-After: 30"). Its history entry
+    /// ends SNOOZED with `message` as the reason.
+    pub fn snooze(message: impl Into<String>, delay: Duration) -> Self {
+        Self {
+            message: message.into(),
+            retry_delay: None,
+            fatal: false,
+            snooze: Some(delay),
+        }
+    }
+
+    /// The snooze asked for, if any.
+    pub fn snooze_delay(&self) -> Option<Duration> {
+        self.snooze
     }
 
     /// The message recorded as the job's `last_error`.
@@ -85,6 +106,7 @@ impl HandlerError {
         FailOptions {
             retry_delay: self.retry_delay,
             fatal: self.fatal,
+            snooze: self.snooze,
         }
     }
 }

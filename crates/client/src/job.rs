@@ -37,12 +37,40 @@ pub(crate) async fn run(shared: Arc<Shared>, ctx: JobContext) {
     };
     match outcome {
         Some(outcome) => settle(&shared, &ctx, outcome).await,
+        None if shared.stopping() => give_back(&shared, &ctx).await,
         None => shared
             .cfg
             .metrics
             .job(label(&shared, &ctx), Outcome::Abandoned),
     }
     shared.forget(&ctx);
+}
+
+/// How long a give-back at the drain deadline may wait for its answer.
+const GIVE_BACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The drain deadline cut the handler off: puts the job back at once (a
+/// snooze of zero), so it is due for another worker without spending an
+/// attempt. One try: if it does not get through, the server reclaims the
+/// job when the stream closes (which does spend one).
+async fn give_back(shared: &Shared, ctx: &JobContext) {
+    let call = shared.cfg.client.fail(
+        ctx.id(),
+        ctx.lease_id(),
+        "given back: the worker's drain deadline passed",
+        crate::FailOptions::snooze(std::time::Duration::ZERO),
+    );
+    match tokio::time::timeout(GIVE_BACK_TIMEOUT, call).await {
+        Ok(Ok(_)) => info!("given back at the drain deadline; no attempt spent"),
+        Ok(Err(err)) => {
+            warn!(cause = %err, "could not give the job back; the server will reclaim it");
+        }
+        Err(_) => warn!("no answer to the give-back; the server will reclaim the job"),
+    }
+    shared
+        .cfg
+        .metrics
+        .job(label(shared, ctx), Outcome::Abandoned);
 }
 
 /// The `kind` label: a kind with its own handler, else `other`.

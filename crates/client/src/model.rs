@@ -145,6 +145,8 @@ pub enum Outcome {
     WorkerDisconnected,
     /// An operator (CancelJob) or the server took the lease back.
     Revoked,
+    /// The worker put the job back without counting the attempt (a snooze).
+    Snoozed,
     /// A value this client does not know (a newer server).
     Unknown(i32),
 }
@@ -160,6 +162,7 @@ impl Outcome {
             Outcome::LeaseExpired => O::LeaseExpired as i32,
             Outcome::WorkerDisconnected => O::WorkerDisconnected as i32,
             Outcome::Revoked => O::Revoked as i32,
+            Outcome::Snoozed => O::Snoozed as i32,
             Outcome::Unknown(v) => v,
         }
     }
@@ -175,6 +178,7 @@ impl From<i32> for Outcome {
             Ok(O::LeaseExpired) => Outcome::LeaseExpired,
             Ok(O::WorkerDisconnected) => Outcome::WorkerDisconnected,
             Ok(O::Revoked) => Outcome::Revoked,
+            Ok(O::Snoozed) => Outcome::Snoozed,
             Err(_) => Outcome::Unknown(v),
         }
     }

@@ -126,6 +126,9 @@ pub struct FailOptions {
     pub retry_delay: Option<Duration>,
     /// Do not retry: the job becomes FAILED (a dead letter) at once.
     pub fatal: bool,
+    /// Not a failure: put the job back, due after this delay, without
+    /// counting the attempt (its history says SNOOZED).
+    pub snooze: Option<Duration>,
 }
 
 impl FailOptions {
@@ -138,15 +141,23 @@ impl FailOptions {
     pub fn retry_after(delay: Duration) -> Self {
         Self {
             retry_delay: Some(delay),
-            fatal: false,
+            ..Self::default()
         }
     }
 
     /// Do not retry.
     pub fn fatal() -> Self {
         Self {
-            retry_delay: None,
             fatal: true,
+            ..Self::default()
+        }
+    }
+
+    /// Put the job back, due after `delay`, without counting the attempt.
+    pub fn snooze(delay: Duration) -> Self {
+        Self {
+            snooze: Some(delay),
+            ..Self::default()
         }
     }
 }

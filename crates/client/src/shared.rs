@@ -83,6 +83,11 @@ impl Shared {
         self.drain.clone()
     }
 
+    /// Whether the drain deadline passed ([`Shared::stop_handlers`]).
+    pub(crate) fn stopping(&self) -> bool {
+        self.hard_stop.is_cancelled()
+    }
+
     /// Cancels every running handler (the drain deadline passed).
     pub(crate) fn stop_handlers(&self) {
         self.hard_stop.cancel();

@@ -46,6 +46,7 @@ impl From<Outcome> for pb::AttemptOutcome {
             Outcome::LeaseExpired => pb::AttemptOutcome::LeaseExpired,
             Outcome::WorkerDisconnected => pb::AttemptOutcome::WorkerDisconnected,
             Outcome::Revoked => pb::AttemptOutcome::Revoked,
+            Outcome::Snoozed => pb::AttemptOutcome::Snoozed,
         }
     }
 }

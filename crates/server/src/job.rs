@@ -110,6 +110,9 @@ pub enum Outcome {
     WorkerDisconnected,
     /// The lease was taken back by an operator or the server.
     Revoked,
+    /// The worker put the job back (a snooze): not a failure, and not
+    /// counted as an attempt.
+    Snoozed,
 }
 
 impl Outcome {
@@ -121,7 +124,35 @@ impl Outcome {
             Outcome::LeaseExpired => "lease expired",
             Outcome::WorkerDisconnected => "worker disconnected",
             Outcome::Revoked => "revoked",
+            Outcome::Snoozed => "snoozed",
         }
+    }
+
+    /// The outcome's name as stored (PostgreSQL) and notified:
+    /// `lease_expired`, … The one place these names are written.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Acked => "acked",
+            Outcome::Failed => "failed",
+            Outcome::LeaseExpired => "lease_expired",
+            Outcome::WorkerDisconnected => "worker_disconnected",
+            Outcome::Revoked => "revoked",
+            Outcome::Snoozed => "snoozed",
+        }
+    }
+
+    /// The outcome a [`label`](Self::label) names.
+    pub fn from_label(label: &str) -> Option<Outcome> {
+        [
+            Outcome::Acked,
+            Outcome::Failed,
+            Outcome::LeaseExpired,
+            Outcome::WorkerDisconnected,
+            Outcome::Revoked,
+            Outcome::Snoozed,
+        ]
+        .into_iter()
+        .find(|o| o.label() == label)
     }
 }
 

@@ -468,7 +468,9 @@ impl<S: Store> LeaseHub<S> {
                 tell: true,
                 cancelled: false,
             },
-            Some(Outcome::Acked | Outcome::Failed) => Notice::Released(ended.lease),
+            Some(Outcome::Acked | Outcome::Failed | Outcome::Snoozed) => {
+                Notice::Released(ended.lease)
+            }
             // A stream forgets its own leases before it reclaims them, so
             // one still owned was taken from a live stream (another server
             // decided this one was gone): its worker must stop.
@@ -525,7 +527,9 @@ impl<S: Store> LeaseHub<S> {
                 }
             }
             // Its worker is alive (the notice un-stalls the stream).
-            Some(Outcome::Acked | Outcome::Failed) => reg.heard_from(owner, None),
+            Some(Outcome::Acked | Outcome::Failed | Outcome::Snoozed) => {
+                reg.heard_from(owner, None)
+            }
             _ => {}
         }
     }

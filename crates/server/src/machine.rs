@@ -68,6 +68,19 @@ pub enum Event {
         /// Uniform in `[0, 1]`, drawn by the caller.
         jitter: f64,
     },
+    /// The lease holder puts the job back without failing it (a snooze: a
+    /// rate limit said "later", or its worker is stopping). Back to PENDING,
+    /// due after `delay`; the attempt is not counted, and its history entry
+    /// ends SNOOZED with `reason`. `last_error` is unchanged: nothing
+    /// failed.
+    Snooze {
+        /// The lease presented.
+        lease_id: LeaseId,
+        /// Why, as the worker put it.
+        reason: String,
+        /// How long until the job is due again.
+        delay: Duration,
+    },
     /// The lease holder extends its lease (a heartbeat).
     Extend {
         /// The lease presented.
@@ -126,6 +139,7 @@ impl Event {
             Event::Take { .. } => "take",
             Event::Ack { .. } => "ack",
             Event::Fail { .. } => "fail",
+            Event::Snooze { .. } => "snooze",
             Event::Extend { .. } => "extend",
             Event::Reclaim { .. } => "reclaim",
             Event::Return { .. } => "return",
@@ -284,6 +298,17 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
                 job.status = Status::Pending;
                 job.run_at = now + delay;
             }
+            Ok(job)
+        }
+        Event::Snooze {
+            lease_id,
+            reason,
+            delay,
+        } => {
+            held_lease(&job, lease_id, "snooze")?;
+            end_attempt(&mut job, Outcome::Snoozed, Some(reason), now);
+            job.status = Status::Pending;
+            job.run_at = now + delay;
             Ok(job)
         }
         Event::Extend {

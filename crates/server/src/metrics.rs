@@ -97,6 +97,7 @@ pub struct Metrics {
     enqueued: Family<QueueLabel, Counter>,
     acked: Family<QueueLabel, Counter>,
     failed_attempts: Family<QueueLabel, Counter>,
+    snoozed: Family<QueueLabel, Counter>,
     dead_lettered: Family<QueueLabel, Counter>,
     reclaimed: Family<QueueReason, Counter>,
     lease_streams: Gauge,
@@ -126,6 +127,7 @@ impl Metrics {
         let enqueued = Family::<QueueLabel, Counter>::default();
         let acked = Family::<QueueLabel, Counter>::default();
         let failed_attempts = Family::<QueueLabel, Counter>::default();
+        let snoozed = Family::<QueueLabel, Counter>::default();
         let dead_lettered = Family::<QueueLabel, Counter>::default();
         let reclaimed = Family::<QueueReason, Counter>::default();
         let lease_streams = Gauge::default();
@@ -160,6 +162,11 @@ impl Metrics {
             "jobq_failed_attempts",
             "Attempts that ended with a worker's Fail",
             failed_attempts.clone(),
+        );
+        registry.register(
+            "jobq_snoozed",
+            "Attempts a worker put back without counting them (a snooze)",
+            snoozed.clone(),
         );
         registry.register(
             "jobq_dead_lettered",
@@ -204,6 +211,7 @@ impl Metrics {
             enqueued,
             acked,
             failed_attempts,
+            snoozed,
             dead_lettered,
             reclaimed,
             lease_streams,
@@ -283,6 +291,9 @@ impl Metrics {
                 }
                 Some(Outcome::Failed) => {
                     self.failed_attempts.get_or_create(&queue).inc();
+                }
+                Some(Outcome::Snoozed) => {
+                    self.snoozed.get_or_create(&queue).inc();
                 }
                 Some(
                     outcome @ (Outcome::LeaseExpired

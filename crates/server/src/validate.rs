@@ -373,9 +373,21 @@ pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)
     let id = job_id("job_id", &req.job_id)?;
     let lease_id = lease_id(&req.lease_id)?;
     let retry_delay = delay("retry_delay", req.retry_delay, config)?;
+    let snooze = delay("snooze", req.snooze, config)?;
+    if snooze.is_some() && (req.fatal || retry_delay.is_some()) {
+        return Err(Error::InvalidArgument(
+            "snooze puts the job back without a failure: it cannot be fatal or carry a retry_delay"
+                .into(),
+        ));
+    }
     let mut error = kept_text(req.error, config.max_error_bytes);
     if error.is_empty() {
-        error = "failed (no error given)".to_owned();
+        error = if snooze.is_some() {
+            "snoozed (no reason given)"
+        } else {
+            "failed (no error given)"
+        }
+        .to_owned();
     }
     Ok((
         id,
@@ -384,6 +396,7 @@ pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)
             error,
             retry_delay,
             fatal: req.fatal,
+            snooze,
         },
     ))
 }
@@ -646,6 +659,39 @@ mod tests {
         assert!(lease("l", secs(0), &c).is_err());
         assert!(lease("l", secs(12 * 3600 + 1), &c).is_err());
         assert!(lease("l", secs(1), &c).is_ok());
+    }
+
+    #[test]
+    fn a_snooze_is_within_max_delay_and_neither_fatal_nor_a_retry_delay() {
+        let c = config();
+        let secs = |s: u64| {
+            Some(prost_types::Duration {
+                seconds: s as i64,
+                nanos: 0,
+            })
+        };
+        let req = |snooze: u64, fatal: bool, retry: Option<u64>| pb::FailRequest {
+            job_id: "1".into(),
+            lease_id: "2".into(),
+            snooze: secs(snooze),
+            fatal,
+            retry_delay: retry.and_then(secs),
+            ..Default::default()
+        };
+        let (_, report) = fail(req(30, false, None), &c).expect("valid");
+        assert_eq!(report.snooze, Some(Duration::from_secs(30)));
+        assert_eq!(report.error, "snoozed (no reason given)");
+        assert!(fail(req(0, false, None), &c).is_ok(), "0s: due now");
+        assert!(fail(req(30, true, None), &c).is_err(), "fatal");
+        assert!(
+            fail(req(30, false, Some(5)), &c).is_err(),
+            "with a retry delay"
+        );
+        let over = c.max_delay.as_secs() + 1;
+        assert!(
+            fail(req(over, false, None), &c).is_err(),
+            "over --max-delay"
+        );
     }
 
     #[test]

@@ -590,6 +590,7 @@ enum Op {
         error: String,
         retry_delay: Option<prost_types::Duration>,
         fatal: bool,
+        snooze: Option<prost_types::Duration>,
     },
     Retry(IdGen),
     Heartbeat {
@@ -718,10 +719,10 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (prop::collection::vec(select(&QUEUES[..]).prop_map(String::from), 1..4), good_lease)
             .prop_map(|(qs, lease)| Op::Dequeue { queues: QueuesGen::List(qs), worker: "worker-1".into(), lease, wait: None }),
         4 => lease_ref().prop_map(Op::Ack),
-        4 => (lease_ref(), error_text(), duration(), any::<bool>())
-            .prop_map(|(target, error, retry_delay, fatal)| Op::Fail { target, error, retry_delay, fatal }),
-        3 => (any::<usize>(), prop_oneof![Just(None), Just(secs(0, 0))], any::<bool>())
-            .prop_map(|(i, retry_delay, fatal)| Op::Fail { target: LeaseRefGen::Held(i), error: "boom".into(), retry_delay, fatal }),
+        4 => (lease_ref(), error_text(), duration(), any::<bool>(), prop_oneof![3 => Just(None), 1 => duration()])
+            .prop_map(|(target, error, retry_delay, fatal, snooze)| Op::Fail { target, error, retry_delay, fatal, snooze }),
+        3 => (any::<usize>(), prop_oneof![Just(None), Just(secs(0, 0))], any::<bool>(), prop_oneof![3 => Just(None), 1 => Just(secs(0, 0))])
+            .prop_map(|(i, retry_delay, fatal, snooze)| Op::Fail { target: LeaseRefGen::Held(i), error: "boom".into(), retry_delay, fatal, snooze }),
         2 => id().prop_map(Op::Retry),
         2 => (name(), prop::collection::vec(lease_ref(), 0..4), prop_oneof![8 => Just(None), 1 => Just(Some(false)), 1 => Just(Some(true))], duration(), any::<bool>())
             .prop_map(|(worker, leases, pad, extend_by, draining)| Op::Heartbeat { worker, leases, pad, extend_by, draining }),
@@ -1120,9 +1121,15 @@ impl Harness {
                 error,
                 retry_delay,
                 fatal,
+                snooze,
             } => {
                 let (lr, v) = self.lease_ref(target);
-                let v = all([v, dur_v(retry_delay, DurKind::Delay)]);
+                let v = all([
+                    v,
+                    dur_v(retry_delay, DurKind::Delay),
+                    dur_v(snooze, DurKind::Delay),
+                    bad_if(snooze.is_some() && (*fatal || retry_delay.is_some())),
+                ]);
                 let r = self
                     .svc
                     .fail(Request::new(pb::FailRequest {
@@ -1131,6 +1138,7 @@ impl Harness {
                         error: error.clone(),
                         retry_delay: *retry_delay,
                         fatal: *fatal,
+                        snooze: *snooze,
                     }))
                     .await;
                 let code = code_of(&r);
@@ -1145,9 +1153,21 @@ impl Harness {
                         "after Fail: {:?}",
                         job.status
                     );
-                    prop_assert!(!job.last_error.is_empty());
-                    prop_assert!(job.last_error.len() <= LIMITS.max_error_bytes);
-                    prop_assert!(!job.last_error.contains('\0'), "a NUL is stored");
+                    // A snooze fails nothing: its reason is the attempt's.
+                    let text = match snooze {
+                        None => job.last_error.clone(),
+                        Some(_) => {
+                            prop_assert_eq!(job.status, pb::JobStatus::Pending as i32);
+                            let last = job.history.last().ok_or_else(|| {
+                                TestCaseError::fail("a snoozed job without its attempt")
+                            })?;
+                            prop_assert_eq!(last.outcome, pb::AttemptOutcome::Snoozed as i32);
+                            last.error.clone()
+                        }
+                    };
+                    prop_assert!(!text.is_empty());
+                    prop_assert!(text.len() <= LIMITS.max_error_bytes);
+                    prop_assert!(!text.contains('\0'), "a NUL is stored");
                 }
                 ("Fail", SETTLE, v, code)
             }

@@ -115,6 +115,7 @@ async fn every_way_a_lease_ends_is_published_once() {
                 error: "smtp down".into(),
                 retry_delay: None,
                 fatal: false,
+                snooze: None,
             },
             t0,
         )

@@ -394,6 +394,31 @@ fn an_ack_after_a_failed_attempt_clears_last_error_and_the_history_keeps_it() {
 }
 
 #[test]
+fn a_snooze_puts_the_job_back_without_counting_the_attempt() {
+    let snooze = |lease: u64, delay: u64| Event::Snooze {
+        lease_id: LeaseId(lease),
+        reason: "429".into(),
+        delay: Duration::from_secs(delay),
+    };
+    let job = apply(in_status(Status::Running), snooze(7, 30), t(3)).expect("snooze");
+    assert_eq!((job.status, job.attempts), (Status::Pending, 0));
+    assert_eq!(job.run_at, t(33));
+    assert!(job.lease.is_none());
+    assert_eq!(job.last_error, None, "nothing failed");
+    let last = job.history.last().unwrap();
+    assert_eq!(
+        (last.outcome, last.error.as_deref()),
+        (Some(Outcome::Snoozed), Some("429"))
+    );
+    // Only the holder of a running job may snooze it.
+    assert!(matches!(
+        apply(in_status(Status::Running), snooze(8, 0), t(3)),
+        Err(TransitionError::StaleLease { .. })
+    ));
+    assert!(apply(in_status(Status::Pending), snooze(7, 0), t(3)).is_err());
+}
+
+#[test]
 fn fail_with_attempts_left_backs_off_and_comes_back() {
     let job = apply(in_status(Status::Running), fail(7), t(3)).expect("fail");
     assert_eq!((job.status, job.attempts), (Status::Pending, 1));

@@ -478,6 +478,15 @@ impl<B: Backend> Store for Jobs<B> {
         if let Some(d) = report.retry_delay {
             rules::later(now, d, "retry delay")?;
         }
+        if let Some(delay) = report.snooze {
+            rules::later(now, delay, "snooze")?;
+            let event = Event::Snooze {
+                lease_id: report.lease_id,
+                reason: report.error,
+                delay,
+            };
+            return self.one_committed(id, event, now).await;
+        }
         let event = Event::Fail {
             lease_id: report.lease_id,
             error: report.error,

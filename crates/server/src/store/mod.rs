@@ -54,6 +54,9 @@ pub struct FailReport {
     pub retry_delay: Option<Duration>,
     /// Do not retry.
     pub fatal: bool,
+    /// Not a failure: back to PENDING after this delay, the attempt not
+    /// counted (docs/src/design.md §1).
+    pub snooze: Option<Duration>,
 }
 
 /// Filters and paging for [`Store::list`].

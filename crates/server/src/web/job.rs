@@ -63,6 +63,7 @@ fn outcome(o: Option<Outcome>) -> &'static str {
         Some(Outcome::LeaseExpired) => "LEASE_EXPIRED",
         Some(Outcome::WorkerDisconnected) => "WORKER_DISCONNECTED",
         Some(Outcome::Revoked) => "REVOKED",
+        Some(Outcome::Snoozed) => "SNOOZED",
     }
 }
 

@@ -63,6 +63,7 @@ fn report(lease_id: LeaseId, retry_delay: Option<Duration>) -> FailReport {
         error: "smtp down".into(),
         retry_delay,
         fatal: false,
+        snooze: None,
     }
 }
 

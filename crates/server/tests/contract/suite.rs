@@ -131,6 +131,61 @@ async fn fail_counts_an_attempt_and_backs_off() {
 }
 
 #[tokio::test]
+async fn a_snooze_puts_the_job_back_without_spending_an_attempt() {
+    let (_dir, store) = fresh().await;
+    // Three snoozes of a job of three attempts: counted, they would
+    // dead-letter it.
+    let job = enqueue(&store, "default", None, 0, at(0)).await;
+    let mut now = 0;
+    for round in 0..3 {
+        let leased = take(&store, "default", at(now)).await.expect("due");
+        assert_eq!(leased.job.id, job.id);
+        let mut changes = store.changes();
+        changes.borrow_and_update();
+        let snoozed = store
+            .fail(
+                job.id,
+                FailReport {
+                    lease_id: leased.lease_id,
+                    error: "429: retry after 30s".into(),
+                    retry_delay: None,
+                    fatal: false,
+                    snooze: Some(Duration::from_secs(30)),
+                },
+                at(now + 1),
+            )
+            .await
+            .expect("snooze");
+        assert!(changes.has_changed().unwrap(), "a snooze wakes waiters");
+        assert_eq!(snoozed.status, Status::Pending, "round {round}");
+        assert_eq!(snoozed.attempts, 0, "not counted");
+        assert_eq!(snoozed.last_error, None, "nothing failed");
+        assert_eq!(snoozed.run_at, at(now + 1) + Duration::from_secs(30));
+        let entry = snoozed.history.last().expect("its attempt");
+        assert_eq!(entry.outcome, Some(jobq_server::job::Outcome::Snoozed));
+        assert_eq!(entry.error.as_deref(), Some("429: retry after 30s"));
+        assert!(
+            take(&store, "default", at(now + 30_000)).await.is_none(),
+            "not due before its snooze ends"
+        );
+        now += 31_001;
+        // Its old lease is gone: a stale ack is refused.
+        assert_eq!(
+            code(store.ack(job.id, leased.lease_id, at(now)).await),
+            Code::Aborted
+        );
+    }
+    let leased = take(&store, "default", at(now)).await.expect("due again");
+    let done = store
+        .ack(job.id, leased.lease_id, at(now + 1))
+        .await
+        .expect("ack");
+    assert_eq!((done.status, done.attempts), (Status::Done, 0));
+    let reopened = store.get(job.id).await.expect("get");
+    assert_eq!(reopened.history.len(), 4, "three snoozes and the ack");
+}
+
+#[tokio::test]
 async fn the_last_attempt_fails_for_good() {
     let (_dir, store) = fresh().await;
     let job = enqueue(&store, "default", None, 0, at(0)).await;
@@ -1302,6 +1357,7 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                 error: "boom".into(),
                 retry_delay,
                 fatal,
+                snooze: None,
             };
             let got = store.fail(id, report, t).await;
             let event = |jitter| Event::Fail {

@@ -40,14 +40,7 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(500);
 const MOVED: &str = "moved";
 
 fn outcome_word(outcome: Option<Outcome>) -> &'static str {
-    match outcome {
-        None => "none",
-        Some(Outcome::Acked) => "acked",
-        Some(Outcome::Failed) => "failed",
-        Some(Outcome::LeaseExpired) => "lease_expired",
-        Some(Outcome::WorkerDisconnected) => "worker_disconnected",
-        Some(Outcome::Revoked) => "revoked",
-    }
+    outcome.map_or("none", Outcome::label)
 }
 
 /// The [`LEASE_ENDED`] payload: `server job lease outcome status queue`
@@ -78,12 +71,7 @@ pub fn decode(payload: &str) -> Option<(&str, LeaseEnded)> {
     let moved = word == MOVED;
     let outcome = match word {
         "none" | MOVED => None,
-        "acked" => Some(Outcome::Acked),
-        "failed" => Some(Outcome::Failed),
-        "lease_expired" => Some(Outcome::LeaseExpired),
-        "worker_disconnected" => Some(Outcome::WorkerDisconnected),
-        "revoked" => Some(Outcome::Revoked),
-        _ => return None,
+        word => Some(Outcome::from_label(word)?),
     };
     let status = match parts.next()? {
         "pending" => Status::Pending,

@@ -70,24 +70,11 @@ fn status_of(text: &str) -> Result<Status, PgError> {
 }
 
 fn outcome_text(outcome: Outcome) -> &'static str {
-    match outcome {
-        Outcome::Acked => "acked",
-        Outcome::Failed => "failed",
-        Outcome::LeaseExpired => "lease_expired",
-        Outcome::WorkerDisconnected => "worker_disconnected",
-        Outcome::Revoked => "revoked",
-    }
+    outcome.label()
 }
 
 fn outcome_of(text: &str) -> Result<Outcome, PgError> {
-    Ok(match text {
-        "acked" => Outcome::Acked,
-        "failed" => Outcome::Failed,
-        "lease_expired" => Outcome::LeaseExpired,
-        "worker_disconnected" => Outcome::WorkerDisconnected,
-        "revoked" => Outcome::Revoked,
-        other => return Err(PgError::Schema(format!("unknown outcome {other:?}"))),
-    })
+    Outcome::from_label(text).ok_or_else(|| PgError::Schema(format!("unknown outcome {text:?}")))
 }
 
 /// A u64 id in a bigint column: the same 64 bits.
