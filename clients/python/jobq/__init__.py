@@ -28,7 +28,8 @@ from jobq.context import AsyncJobContext, BaseJobContext, JobContext
 from jobq.errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
                          FailedPrecondition, Fatal, Internal, InvalidArgument, JobLost,
                          JobqError, NotFound, OutOfRange, PermissionDenied, ResourceExhausted,
-                         Retry, Unauthenticated, Unavailable, Unimplemented, Unknown)
+                         Retry, Snooze, Unauthenticated, Unavailable, Unimplemented,
+                         Unknown)
 from jobq.models import (Attempt, EnqueueResult, Enqueued, Job, LeasedJob, NewJob, Outcome,
                          QueueStats, Schedule, Status)
 from jobq.v1 import jobq_pb2 as pb
@@ -39,7 +40,7 @@ __all__ = [
     "Client", "Worker", "JobContext", "AsyncJobContext", "BaseJobContext", "Handler", "Queues",
     "Job", "Attempt", "Status", "Outcome", "QueueStats", "EnqueueResult", "Enqueued",
     "LeasedJob", "Schedule", "NewJob",
-    "Fatal", "Retry",
+    "Fatal", "Retry", "Snooze",
     "JobqError", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
     "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted",
     "OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated",

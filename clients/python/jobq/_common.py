@@ -263,10 +263,11 @@ def batch_request(jobs: Sequence[Union[NewJob, pb.EnqueueRequest]]) -> pb.Enqueu
 
 def fail_request(
     job_id: str, lease_id: str, error: str, retry_delay: Optional[Seconds], fatal: bool,
+    snooze: Optional[Seconds] = None,
 ) -> pb.FailRequest:
     return pb.FailRequest(
         job_id=job_id, lease_id=lease_id, error=error,
-        retry_delay=duration(retry_delay), fatal=fatal,
+        retry_delay=duration(retry_delay), fatal=fatal, snooze=duration(snooze),
     )
 
 

@@ -21,7 +21,7 @@ from jobq._book import Book
 from jobq._common import Seconds, StatusLike
 from jobq._trace import call_headers, job_span
 from jobq.context import AsyncJobContext
-from jobq.errors import Fatal, JobLost, JobqError, Retry, code_of, from_rpc_error
+from jobq.errors import Fatal, JobLost, JobqError, Retry, Snooze, code_of, from_rpc_error
 from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
@@ -155,9 +155,9 @@ class AsyncClient:
     async def fail(
         self, job_id: str, lease_id: str, error: str, *,
         retry_delay: Optional[Seconds] = None, fatal: bool = False,
-        timeout: Optional[float] = None,
+        snooze: Optional[Seconds] = None, timeout: Optional[float] = None,
     ) -> Job:
-        req = c.fail_request(job_id, lease_id, error, retry_delay, fatal)
+        req = c.fail_request(job_id, lease_id, error, retry_delay, fatal, snooze)
         try:
             resp = await self._unary(self.stub.Fail, req, timeout)
         except JobqError as e:
@@ -482,6 +482,7 @@ class AsyncWorker:
         backoff = c.Backoff()
         first = True
         retry_delay = error.after if isinstance(error, Retry) else None
+        snooze = error.after if isinstance(error, Snooze) else None
         while True:
             if not first and (ctx.is_cancelled() or self._hard_stop):
                 self._book.remove(ctx)
@@ -494,7 +495,7 @@ class AsyncWorker:
                     await self.client.ack(ctx.id, ctx.lease_id, timeout=timeout)
                 else:
                     await self.client.fail(ctx.id, ctx.lease_id, c.error_text(error),
-                                           retry_delay=retry_delay,
+                                           retry_delay=retry_delay, snooze=snooze,
                                            fatal=isinstance(error, Fatal), timeout=timeout)
                 self._book.remove(ctx)
                 return

@@ -200,12 +200,15 @@ class Client:
         *,
         retry_delay: Optional[Seconds] = None,
         fatal: bool = False,
+        snooze: Optional[Seconds] = None,
         timeout: Optional[float] = None,
     ) -> Job:
         """Ends the attempt badly: retried after ``retry_delay`` (default:
-        the server's backoff) unless ``fatal`` or out of attempts. Raises
-        JobLost when the lease is no longer ours."""
-        req = c.fail_request(job_id, lease_id, error, retry_delay, fatal)
+        the server's backoff) unless ``fatal`` or out of attempts. With
+        ``snooze``, not a failure: the job is due again after it and the
+        attempt is not counted. Raises JobLost when the lease is no longer
+        ours."""
+        req = c.fail_request(job_id, lease_id, error, retry_delay, fatal, snooze)
         try:
             return Job.from_pb(self._unary(self.stub.Fail, req, timeout).job)
         except JobqError as e:

@@ -215,3 +215,22 @@ class Retry(Exception):
             after = timedelta(seconds=secs)
         #: The delay asked for, or None for the server's backoff.
         self.after: Optional[timedelta] = after
+
+
+class Snooze(Exception):
+    """Raise from a handler to put the job back, due ``after`` a delay
+    (seconds or a ``timedelta``; 0 means due at once), without it counting
+    as an attempt: not a failure (the API said "429, Retry-After: 30").
+    The attempt's history entry reads SNOOZED with the message::
+
+        raise Snooze("429: retry after 30s", after=30)
+    """
+
+    def __init__(self, message: str = "", *,
+                 after: Union[int, float, timedelta] = 0) -> None:
+        super().__init__(message)
+        secs = after.total_seconds() if isinstance(after, timedelta) else float(after)
+        if secs < 0:
+            raise ValueError(f"Snooze(after=) must not be negative, not {after!r}")
+        #: How long until the job is due again.
+        self.after: timedelta = timedelta(seconds=secs)

@@ -19,7 +19,7 @@ from jobq import _common as c
 from jobq._book import Book
 from jobq._common import Seconds
 from jobq._trace import job_span
-from jobq.errors import Fatal, JobLost, Retry, code_of, from_rpc_error
+from jobq.errors import Fatal, JobLost, Retry, Snooze, code_of, from_rpc_error
 from jobq.client import Client
 from jobq.context import JobContext
 from jobq.v1 import jobq_pb2 as pb
@@ -312,6 +312,7 @@ class Worker:
         backoff = c.Backoff()
         first = True
         retry_delay = error.after if isinstance(error, Retry) else None
+        snooze = error.after if isinstance(error, Snooze) else None
         while True:
             if not first and (ctx.is_cancelled() or self._hard_stop.is_set()):
                 log.warning("job %s: lease lost before ack/fail; leaving it to the server",
@@ -328,7 +329,7 @@ class Worker:
                     log.info("job %s: acked", ctx.id)
                 else:
                     self.client.fail(ctx.id, ctx.lease_id, c.error_text(error),
-                                     retry_delay=retry_delay,
+                                     retry_delay=retry_delay, snooze=snooze,
                                      fatal=isinstance(error, Fatal), timeout=timeout)
                     log.info("job %s: failed (%s)", ctx.id, c.error_text(error))
                 self._book.remove(ctx)

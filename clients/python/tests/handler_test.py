@@ -1,5 +1,6 @@
 """What a handler can say and see, against a real `jobq serve`:
-`raise Retry(after=…)` picks the retry delay (sync and asyncio), and an
+`raise Retry(after=…)` picks the retry delay (sync and asyncio),
+`raise Snooze(after=…)` puts the job back without spending an attempt, and an
 AsyncWorker handler's `ctx.cancelled` is an asyncio.Event it can await,
 set with the operator's reason when its job is cancelled.
 
@@ -16,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Dict, List
 
 from harness import run_tests, wait_for
-from jobq import AsyncJobContext, Client, JobContext, Outcome, Retry, Status, Worker
+from jobq import AsyncJobContext, Client, JobContext, Outcome, Retry, Snooze, Status, Worker
 from jobq.aio import AsyncClient, AsyncWorker
 
 
@@ -69,6 +70,32 @@ def retry_after_delay(tmp: str, client: Client, addr: str) -> None:
     try:
         Retry(after=-1)
         raise AssertionError("a negative delay was taken")
+    except ValueError:
+        pass
+
+
+def snooze_spends_no_attempt(tmp: str, client: Client, addr: str) -> None:
+    """A job of one attempt snoozed twice (the API said 429) is then DONE:
+    counted, the first snooze would have dead-lettered it."""
+    runs: List[int] = []
+
+    def handler(ctx: JobContext) -> None:
+        runs.append(ctx.attempt)
+        if len(runs) <= 2:
+            raise Snooze("429: retry after 0.1s", after=0.1)
+
+    job, _ = client.enqueue("snooze", "k", max_attempts=1)
+    with Running(Worker(client, ["snooze"], handler, lease=10)):
+        wait_for(lambda: client.get_job(job.id).status == Status.DONE, 20,
+                 "DONE after two snoozes")
+    j = client.get_job(job.id)
+    assert [a.outcome for a in j.history] == [Outcome.SNOOZED, Outcome.SNOOZED,
+                                              Outcome.ACKED], j.history
+    assert j.attempts == 0 and j.last_error is None, j
+    assert "429" in (j.history[0].error or ""), j.history[0]
+    try:
+        Snooze(after=-1)
+        raise AssertionError("a negative snooze was taken")
     except ValueError:
         pass
 
@@ -129,4 +156,5 @@ def async_retry_and_cancel(tmp: str, client: Client, addr: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_tests("python-handler", [retry_after_delay, async_retry_and_cancel]))
+    sys.exit(run_tests("python-handler", [retry_after_delay, snooze_spends_no_attempt,
+                                               async_retry_and_cancel]))
