@@ -32,7 +32,6 @@ use std::{
 
 use jobq::pb::{self, lease_event::Event};
 use jobq_client::{Client, EnqueueOptions};
-use jobq_server::store::postgres::testing;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -44,12 +43,18 @@ use crate::{
 
 mod checker;
 mod cluster;
+mod pg;
 mod producer;
+mod proxy;
+mod timing;
 mod worker;
 
 use checker::*;
 use cluster::*;
+use pg::*;
 use producer::*;
+use proxy::*;
+use timing::*;
 use worker::*;
 
 /// `--server-timeout` of the suite's servers.
@@ -80,6 +85,8 @@ struct Profile {
     workers: usize,
     /// How long the queue may take to drain once the faults stop.
     drain: Duration,
+    /// At least this many PostgreSQL restarts, spread over the faults.
+    pg_restarts: usize,
 }
 
 fn profile() -> Profile {
@@ -95,6 +102,7 @@ fn profile() -> Profile {
             producers: 16,
             workers: 6,
             drain: Duration::from_secs(300),
+            pg_restarts: 5,
         }
     } else {
         Profile {
@@ -105,6 +113,7 @@ fn profile() -> Profile {
             producers: 3,
             workers: 4,
             drain: Duration::from_secs(90),
+            pg_restarts: 1,
         }
     };
     if let Some(secs) = std::env::var("JOBQ_CHAOS_SECS")
@@ -198,13 +207,27 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
         .collect();
 
     // The faults.
-    let faults_end = Instant::now() + p.faults_for;
+    let faults_began = Instant::now();
+    let faults_end = faults_began + p.faults_for;
     let mut exits = Vec::new();
+    let mut pg_restarts = 0;
     while Instant::now() < faults_end {
         let gap = rng.random_range(p.gap.clone());
         tokio::time::sleep(gap).await;
         let slot = rng.random_range(0..3);
-        match rng.random_range(0..100) {
+        // The PostgreSQL restarts the profile asks for, spread out: one is
+        // owed at every 1/n of the time (from the middle of the first
+        // 1/n), and 1% of the other faults are one more.
+        let done = faults_began.elapsed().as_secs_f64() / p.faults_for.as_secs_f64();
+        let owed = (done * p.pg_restarts as f64 + 0.5).floor() as usize;
+        let draw = rng.random_range(0..100);
+        if pg_restarts < owed || draw == 99 {
+            pg_restarts += 1;
+            cluster.restart_postgres().await;
+            cluster.restart_exited(&mut exits);
+            continue;
+        }
+        match draw {
             0..25 => {
                 let down = Duration::from_millis(rng.random_range(100..3000));
                 cluster.kill_server(slot, down).await;
@@ -213,12 +236,24 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
                 let frozen = SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
                 cluster.freeze_server(slot, frozen).await;
             }
-            40..70 => {
+            40..48 => {
+                // Latency: 200 ms to 2 s each way, for 2 to 6 s.
+                let latency = Duration::from_millis(rng.random_range(200..2000));
+                let lasts = Duration::from_millis(rng.random_range(2000..6000));
+                cluster.proxy_fault(Some(latency), lasts).await;
+            }
+            48..54 => {
+                // A black hole past --server-timeout.
+                let lasts = SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
+                cluster.proxy_fault(None, lasts).await;
+            }
+            54..86 => {
                 let i = rng.random_range(0..workers.len());
                 let mut victim = workers.swap_remove(i);
+                let at = now_ns();
                 victim.kill9();
-                killed.insert(victim.id.clone(), now_ns());
-                cluster.record(format!("SIGKILL worker {}", victim.id), false, now_ns());
+                killed.insert(victim.id.clone(), at);
+                cluster.record(format!("SIGKILL worker {}", victim.id), false, None, at);
                 gone.push(victim);
                 workers.push(start_worker(&mut next_worker));
             }
@@ -287,11 +322,13 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let fin = final_state(&cluster.db).await;
     let enqueued = enqueued.lock().unwrap().clone();
     let (mut bad, summary) = check(&enqueued, &lines, &killed, &cluster.faults, &fin, origin);
+    let (late, timing) = check_timing(&lines, &killed, &cluster.faults, &fin, origin);
+    bad.extend(late);
     bad.extend(stuck);
     bad.extend(exits);
     bad.extend(findings.lock().unwrap().iter().cloned());
     println!(
-        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}",
+        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}",
         cluster.faults.len(),
         p.faults_for,
         began.elapsed()
@@ -338,6 +375,8 @@ fn chaos_checker_reports_each_broken_promise() {
     let server_kill = Fault {
         what: "SIGKILL server 0".into(),
         server: true,
+        slot: Some(0),
+        pg_restart: false,
         from: 3 * s,
         to: 4 * s,
     };
@@ -409,4 +448,32 @@ fn chaos_checker_reports_each_broken_promise() {
     );
     assert!(all.contains("job 1 (key k1) ended running"), "{all}");
     assert!(all.contains("job 2 is pending at the end"), "{all}");
+
+    // Timing. Lease 10, held through server 0 when it was killed at 3 s,
+    // ended at 7 s: within the server timeout + 1 s. At 9 s it is late,
+    // unless worker a declared it on a new stream in time.
+    let (bad, _) = check_timing(&clean, &none, &faults, &fin("worker_disconnected"), 0);
+    assert!(bad.is_empty(), "{bad:?}");
+    let mut slow = fin("worker_disconnected");
+    slow.attempts[0].ended = 9 * s;
+    let (bad, _) = check_timing(&clean, &none, &faults, &slow, 0);
+    assert!(
+        bad.len() == 1 && bad[0].contains("not within") && bad[0].contains("server 0"),
+        "{bad:?}"
+    );
+    let mut redeclared = clean.clone();
+    redeclared.push(line(5 * s, "a", "stream", "", "", "1"));
+    let (bad, _) = check_timing(&redeclared, &none, &faults, &slow, 0);
+    assert!(bad.is_empty(), "{bad:?}");
+    // Worker a killed at 3 s: its attempt must end by 4.5 s.
+    let killed = [("a".to_owned(), 3 * s)].into();
+    let (bad, _) = check_timing(&clean, &killed, &[], &fin("worker_disconnected"), 0);
+    assert!(
+        bad.len() == 1 && bad[0].contains("worker a was killed at 3.000s"),
+        "{bad:?}"
+    );
+    let mut prompt = fin("worker_disconnected");
+    prompt.attempts[0].ended = 4 * s;
+    let (bad, _) = check_timing(&clean, &killed, &[], &prompt, 0);
+    assert!(bad.is_empty(), "{bad:?}");
 }
