@@ -42,6 +42,7 @@ use crate::{
 };
 
 mod checker;
+mod client_worker;
 mod cluster;
 mod pg;
 mod producer;
@@ -50,6 +51,7 @@ mod timing;
 mod worker;
 
 use checker::*;
+use client_worker::*;
 use cluster::*;
 use pg::*;
 use producer::*;
@@ -154,7 +156,15 @@ async fn chaos_worker_process() {
         .append(true)
         .open(&path)
         .expect("open the history");
-    run_worker(id, urls, History(Mutex::new(file))).await;
+    let history = History(Mutex::new(file));
+    // A Rust client Worker on one server, or the raw worker on all.
+    match std::env::var("JOBQ_CHAOS_SLOT") {
+        Ok(slot) => {
+            let slot: usize = slot.parse().expect("JOBQ_CHAOS_SLOT is a slot");
+            run_client_worker(id, urls[slot].clone(), slot, history).await;
+        }
+        Err(_) => run_worker(id, urls, history).await,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,10 +187,20 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let urls = cluster.urls();
     let history_dir = cluster.dir.path().to_owned();
     let mut next_worker = 0;
+    // Every fourth worker runs the Rust client's Worker, and every fourth
+    // the Python client's when JOBQ_CHAOS_PYTHON names an interpreter
+    // (scripts/ci-extra.sh), each on one server; the others are raw.
+    let python = python();
     let start_worker = |next: &mut usize| {
-        let id = format!("w{next}");
+        let n = *next;
+        let id = format!("w{n}");
         *next += 1;
-        WorkerProcess::start(&history_dir, &id, &urls)
+        let runtime = match n % 4 {
+            1 => Runtime::Rust(n % 3),
+            3 if python.is_some() => Runtime::Python(n % 3),
+            _ => Runtime::Raw,
+        };
+        WorkerProcess::start(&history_dir, &id, &urls, runtime)
     };
     let mut workers: Vec<WorkerProcess> = (0..p.workers)
         .map(|_| start_worker(&mut next_worker))
@@ -324,11 +344,14 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let (mut bad, summary) = check(&enqueued, &lines, &killed, &cluster.faults, &fin, origin);
     let (late, timing) = check_timing(&lines, &killed, &cluster.faults, &fin, origin);
     bad.extend(late);
+    let all: Vec<&WorkerProcess> = workers.iter().chain(&gone).collect();
+    let (silent, recorded) = runtimes(&all, &lines);
+    bad.extend(silent);
     bad.extend(stuck);
     bad.extend(exits);
     bad.extend(findings.lock().unwrap().iter().cloned());
     println!(
-        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}",
+        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}; recorded by {recorded}",
         cluster.faults.len(),
         p.faults_for,
         began.elapsed()

@@ -248,25 +248,85 @@ pub(super) async fn run_worker(id: String, urls: Vec<String>, history: History) 
 /// A running worker process. Killed on drop.
 pub(super) struct WorkerProcess {
     pub(super) id: String,
+    pub(super) runtime: Runtime,
     pub(super) child: Child,
     pub(super) history: PathBuf,
 }
 
+/// Which worker a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Runtime {
+    /// This module's worker, on every server (a raw Lease stream).
+    Raw,
+    /// `jobq_client::Worker` on the server of this slot.
+    Rust(usize),
+    /// The Python client's Worker (`chaos/worker.py`) on the server of
+    /// this slot, run by the interpreter that `JOBQ_CHAOS_PYTHON` names.
+    Python(usize),
+}
+
+/// The Python worker's script.
+const PY_WORKER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/e2e/chaos/worker.py"
+);
+
+/// The interpreter of `JOBQ_CHAOS_PYTHON`, checked: it must import the
+/// client (`jobq`). None when the variable is unset or empty.
+pub(super) fn python() -> Option<String> {
+    let python = std::env::var("JOBQ_CHAOS_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())?;
+    let out = Command::new(&python)
+        .args(["-c", "import jobq"])
+        .output()
+        .unwrap_or_else(|e| panic!("JOBQ_CHAOS_PYTHON={python}: {e}"));
+    assert!(
+        out.status.success(),
+        "JOBQ_CHAOS_PYTHON={python} cannot import the Python client (scripts/ci-extra.sh \
+         installs it in target/py-client-venv): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(python)
+}
+
 impl WorkerProcess {
-    pub(super) fn start(dir: &Path, id: &str, urls: &[String]) -> WorkerProcess {
+    pub(super) fn start(dir: &Path, id: &str, urls: &[String], runtime: Runtime) -> WorkerProcess {
         let history = dir.join(format!("{id}.history"));
         let log = File::create(dir.join(format!("{id}.log"))).expect("worker log");
-        let child = Command::new(std::env::current_exe().expect("the test binary"))
-            .args([
-                "chaos::chaos_worker_process",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-                "-q",
-            ])
+        let mut command = match runtime {
+            Runtime::Python(slot) => {
+                let mut c = Command::new(python().expect("JOBQ_CHAOS_PYTHON"));
+                c.arg(PY_WORKER)
+                    .env("JOBQ_CHAOS_SERVER", &urls[slot])
+                    .env("JOBQ_CHAOS_SLOT", slot.to_string())
+                    .env("JOBQ_CHAOS_LEASE_S", LEASE.as_secs_f64().to_string())
+                    .env(
+                        "JOBQ_CHAOS_HEARTBEAT_S",
+                        HEARTBEAT_EVERY.as_secs_f64().to_string(),
+                    )
+                    .env("JOBQ_CHAOS_CAPACITY", WORKER_CAPACITY.to_string());
+                c
+            }
+            Runtime::Raw | Runtime::Rust(_) => {
+                let mut c = Command::new(std::env::current_exe().expect("the test binary"));
+                c.args([
+                    "chaos::chaos_worker_process",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                    "-q",
+                ])
+                .env("JOBQ_CHAOS_SERVERS", urls.join(","));
+                if let Runtime::Rust(slot) = runtime {
+                    c.env("JOBQ_CHAOS_SLOT", slot.to_string());
+                }
+                c
+            }
+        };
+        let child = command
             .env("JOBQ_CHAOS_WORKER", id)
-            .env("JOBQ_CHAOS_SERVERS", urls.join(","))
             .env("JOBQ_CHAOS_HISTORY", &history)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -275,6 +335,7 @@ impl WorkerProcess {
             .expect("spawn a worker process");
         WorkerProcess {
             id: id.to_owned(),
+            runtime,
             child,
             history,
         }
@@ -291,4 +352,43 @@ impl Drop for WorkerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Per runtime (raw, Rust, Python): the leases and acks its workers
+/// recorded. A runtime that ran and recorded none is a violation: its
+/// history would be checked for nothing.
+pub(super) fn runtimes(workers: &[&WorkerProcess], lines: &[Line]) -> (Vec<String>, String) {
+    let name = |r: Runtime| match r {
+        Runtime::Raw => "raw",
+        Runtime::Rust(_) => "Rust Worker",
+        Runtime::Python(_) => "Python Worker",
+    };
+    let of: HashMap<&str, &str> = workers
+        .iter()
+        .map(|w| (w.id.as_str(), name(w.runtime)))
+        .collect();
+    let mut counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for w in workers {
+        counts.entry(name(w.runtime)).or_default();
+    }
+    for l in lines {
+        if let Some(c) = of.get(l.worker.as_str()).and_then(|r| counts.get_mut(r)) {
+            match l.event.as_str() {
+                "leased" => c.0 += 1,
+                "acked" => c.1 += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut bad = Vec::new();
+    let mut summary = Vec::new();
+    for (runtime, (leased, acked)) in counts {
+        if leased == 0 || acked == 0 {
+            bad.push(format!(
+                "the {runtime} workers recorded {leased} leases and {acked} acks"
+            ));
+        }
+        summary.push(format!("{runtime}: {leased} leases, {acked} acks"));
+    }
+    (bad, summary.join(", "))
 }
