@@ -47,6 +47,8 @@ mod cluster;
 mod pg;
 mod producer;
 mod proxy;
+mod schedule;
+mod sled;
 mod timing;
 mod worker;
 
@@ -56,6 +58,8 @@ use cluster::*;
 use pg::*;
 use producer::*;
 use proxy::*;
+use schedule::*;
+use sled::*;
 use timing::*;
 use worker::*;
 
@@ -89,6 +93,8 @@ struct Profile {
     drain: Duration,
     /// At least this many PostgreSQL restarts, spread over the faults.
     pg_restarts: usize,
+    /// Jobs enqueued on the sled server.
+    sled_jobs: usize,
 }
 
 fn profile() -> Profile {
@@ -105,6 +111,7 @@ fn profile() -> Profile {
             workers: 6,
             drain: Duration::from_secs(300),
             pg_restarts: 5,
+            sled_jobs: 5_000,
         }
     } else {
         Profile {
@@ -116,6 +123,7 @@ fn profile() -> Profile {
             workers: 4,
             drain: Duration::from_secs(90),
             pg_restarts: 1,
+            sled_jobs: 300,
         }
     };
     if let Some(secs) = std::env::var("JOBQ_CHAOS_SECS")
@@ -185,6 +193,7 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cluster = Cluster::start(dir).await;
     let urls = cluster.urls();
+    let pulse_from = create_pulse(&urls, &cluster.db).await;
     let history_dir = cluster.dir.path().to_owned();
     let mut next_worker = 0;
     // Every fourth worker runs the Rust client's Worker, and every fourth
@@ -226,65 +235,78 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
         })
         .collect();
 
+    // The sled part runs beside the faults (in this task: the worker
+    // processes it starts die with the thread that started them).
+    let sled = sled_run(seed, p.faults_for, p.sled_jobs, p.drain);
     // The faults.
     let faults_began = Instant::now();
     let faults_end = faults_began + p.faults_for;
     let mut exits = Vec::new();
     let mut pg_restarts = 0;
-    while Instant::now() < faults_end {
-        let gap = rng.random_range(p.gap.clone());
-        tokio::time::sleep(gap).await;
-        let slot = rng.random_range(0..3);
-        // The PostgreSQL restarts the profile asks for, spread out: one is
-        // owed at every 1/n of the time (from the middle of the first
-        // 1/n), and 1% of the other faults are one more.
-        let done = faults_began.elapsed().as_secs_f64() / p.faults_for.as_secs_f64();
-        let owed = (done * p.pg_restarts as f64 + 0.5).floor() as usize;
-        let draw = rng.random_range(0..100);
-        if pg_restarts < owed || draw == 99 {
-            pg_restarts += 1;
-            cluster.restart_postgres().await;
+    let faults = async {
+        while Instant::now() < faults_end {
+            let gap = rng.random_range(p.gap.clone());
+            tokio::time::sleep(gap).await;
+            let slot = rng.random_range(0..3);
+            // The PostgreSQL restarts the profile asks for, spread out: one is
+            // owed at every 1/n of the time (from the middle of the first
+            // 1/n), and 1% of the other faults are one more.
+            let done = faults_began.elapsed().as_secs_f64() / p.faults_for.as_secs_f64();
+            let owed = (done * p.pg_restarts as f64 + 0.5).floor() as usize;
+            let draw = rng.random_range(0..100);
+            if pg_restarts < owed || draw == 99 {
+                pg_restarts += 1;
+                cluster.restart_postgres().await;
+                cluster.restart_exited(&mut exits);
+                continue;
+            }
+            match draw {
+                0..25 => {
+                    let down = Duration::from_millis(rng.random_range(100..3000));
+                    cluster.kill_server(slot, down).await;
+                }
+                25..40 => {
+                    let frozen =
+                        SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
+                    cluster.freeze_server(slot, frozen).await;
+                }
+                40..48 => {
+                    // Latency: 200 ms to 2 s each way, for 2 to 6 s.
+                    let latency = Duration::from_millis(rng.random_range(200..2000));
+                    let lasts = Duration::from_millis(rng.random_range(2000..6000));
+                    cluster.proxy_fault(Some(latency), lasts).await;
+                }
+                48..54 => {
+                    // A black hole past --server-timeout.
+                    let lasts = SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
+                    cluster.proxy_fault(None, lasts).await;
+                }
+                54..86 => {
+                    let i = rng.random_range(0..workers.len());
+                    let mut victim = workers.swap_remove(i);
+                    let at = now_ns();
+                    victim.kill9();
+                    killed.insert(victim.id.clone(), at);
+                    cluster.record(format!("SIGKILL worker {}", victim.id), false, None, at);
+                    gone.push(victim);
+                    workers.push(start_worker(&mut next_worker));
+                }
+                _ => {
+                    let kind = [Some("pool"), Some("heartbeat"), Some("listen"), None]
+                        [rng.random_range(0..4)];
+                    cluster.terminate_sessions(slot, kind).await;
+                }
+            }
             cluster.restart_exited(&mut exits);
-            continue;
         }
-        match draw {
-            0..25 => {
-                let down = Duration::from_millis(rng.random_range(100..3000));
-                cluster.kill_server(slot, down).await;
-            }
-            25..40 => {
-                let frozen = SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
-                cluster.freeze_server(slot, frozen).await;
-            }
-            40..48 => {
-                // Latency: 200 ms to 2 s each way, for 2 to 6 s.
-                let latency = Duration::from_millis(rng.random_range(200..2000));
-                let lasts = Duration::from_millis(rng.random_range(2000..6000));
-                cluster.proxy_fault(Some(latency), lasts).await;
-            }
-            48..54 => {
-                // A black hole past --server-timeout.
-                let lasts = SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
-                cluster.proxy_fault(None, lasts).await;
-            }
-            54..86 => {
-                let i = rng.random_range(0..workers.len());
-                let mut victim = workers.swap_remove(i);
-                let at = now_ns();
-                victim.kill9();
-                killed.insert(victim.id.clone(), at);
-                cluster.record(format!("SIGKILL worker {}", victim.id), false, None, at);
-                gone.push(victim);
-                workers.push(start_worker(&mut next_worker));
-            }
-            _ => {
-                let kind =
-                    [Some("pool"), Some("heartbeat"), Some("listen"), None][rng.random_range(0..4)];
-                cluster.terminate_sessions(slot, kind).await;
-            }
-        }
-        cluster.restart_exited(&mut exits);
-    }
+    };
+    let ((), sled) = tokio::join!(faults, sled);
+    let pulse_to: SystemTime = cluster
+        .db
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .expect("read the database's clock")
+        .get(0);
     let faults_done = Instant::now();
     for f in &cluster.faults {
         println!("  {:8.3}s  {}", secs(f.from, origin), f.what);
@@ -304,8 +326,8 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
             .db
             .query(
                 "SELECT id::text, status, attempts, lease_worker, lease_server FROM jobq_jobs \
-                 WHERE status IN ('pending', 'running') ORDER BY id LIMIT 20",
-                &[],
+                 WHERE queue = $1 AND status IN ('pending', 'running') ORDER BY id LIMIT 20",
+                &[&QUEUE],
             )
             .await
             .expect("count what is left");
@@ -344,17 +366,32 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let (mut bad, summary) = check(&enqueued, &lines, &killed, &cluster.faults, &fin, origin);
     let (late, timing) = check_timing(&lines, &killed, &cluster.faults, &fin, origin);
     bad.extend(late);
-    let all: Vec<&WorkerProcess> = workers.iter().chain(&gone).collect();
+    let all: Vec<(String, Runtime)> = workers
+        .iter()
+        .chain(&gone)
+        .map(|w| (w.id.clone(), w.runtime))
+        .collect();
     let (silent, recorded) = runtimes(&all, &lines);
     bad.extend(silent);
+    let (early, ticked) = check_ticks(
+        &ticks(&cluster.db).await,
+        pulse_from,
+        // The last ticks may still be on their way when the ticks are read.
+        pulse_to - Duration::from_secs(3),
+        &cluster.faults,
+        origin,
+    );
+    bad.extend(early);
+    bad.extend(sled.violations);
     bad.extend(stuck);
     bad.extend(exits);
     bad.extend(findings.lock().unwrap().iter().cloned());
     println!(
-        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}; recorded by {recorded}",
+        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}; recorded by {recorded}; {ticked}; {}",
         cluster.faults.len(),
         p.faults_for,
-        began.elapsed()
+        began.elapsed(),
+        sled.summary
     );
     assert!(
         bad.is_empty(),
@@ -499,4 +536,17 @@ fn chaos_checker_reports_each_broken_promise() {
     prompt.attempts[0].ended = 4 * s;
     let (bad, _) = check_timing(&clean, &killed, &[], &prompt, 0);
     assert!(bad.is_empty(), "{bad:?}");
+
+    // A kind of worker that recorded no ack.
+    let workers = [
+        ("a".to_owned(), Runtime::Raw),
+        ("b".to_owned(), Runtime::Rust(0)),
+    ];
+    let (bad, _) = runtimes(&workers, &stale);
+    assert!(bad.is_empty(), "{bad:?}");
+    let (bad, _) = runtimes(&workers, &clean);
+    assert!(
+        bad.len() == 1 && bad[0].contains("raw workers recorded 1 leases and 0 acks"),
+        "{bad:?}"
+    );
 }

@@ -357,7 +357,7 @@ impl Drop for WorkerProcess {
 /// Per runtime (raw, Rust, Python): the leases and acks its workers
 /// recorded. A runtime that ran and recorded none is a violation: its
 /// history would be checked for nothing.
-pub(super) fn runtimes(workers: &[&WorkerProcess], lines: &[Line]) -> (Vec<String>, String) {
+pub(super) fn runtimes(workers: &[(String, Runtime)], lines: &[Line]) -> (Vec<String>, String) {
     let name = |r: Runtime| match r {
         Runtime::Raw => "raw",
         Runtime::Rust(_) => "Rust Worker",
@@ -365,11 +365,11 @@ pub(super) fn runtimes(workers: &[&WorkerProcess], lines: &[Line]) -> (Vec<Strin
     };
     let of: HashMap<&str, &str> = workers
         .iter()
-        .map(|w| (w.id.as_str(), name(w.runtime)))
+        .map(|(id, runtime)| (id.as_str(), name(*runtime)))
         .collect();
     let mut counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for w in workers {
-        counts.entry(name(w.runtime)).or_default();
+    for (_, runtime) in workers {
+        counts.entry(name(*runtime)).or_default();
     }
     for l in lines {
         if let Some(c) = of.get(l.worker.as_str()).and_then(|r| counts.get_mut(r)) {
