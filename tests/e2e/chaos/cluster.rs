@@ -55,6 +55,7 @@ pub(super) fn start_server(slot: &Slot) -> ServerProcess {
     let skewed = slot.skewed.then(libfaketime);
     tokio::task::block_in_place(|| {
         ServerProcess::start_with(&slot.data, &listen, &args, |c| {
+            die_with_suite(c);
             if let Some(lib) = skewed {
                 c.env("LD_PRELOAD", lib)
                     .env("FAKETIME", format!("+{}s", AHEAD.as_secs()))

@@ -135,6 +135,30 @@ fn profile() -> Profile {
     p
 }
 
+/// A process the suite starts (a worker, a server) dies with the suite,
+/// even when the suite crashes or is killed: it gets SIGKILL when the
+/// thread that started it ends (the test's own thread, which lives as
+/// long as the test: the suite starts processes from its top-level
+/// future, never from a spawned task), and ends at once if that happened
+/// before it could ask.
+fn die_with_suite(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = libc::pid_t::try_from(std::process::id()).expect("pid");
+    // SAFETY: prctl, getppid and _exit are async-signal-safe; nothing here
+    // allocates or takes a lock.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 fn now_ns() -> u64 {
     let since = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

@@ -21,7 +21,12 @@ pub(super) struct SledRun {
 
 fn start_sled(data: &Path, port: u16) -> ServerProcess {
     tokio::task::block_in_place(|| {
-        ServerProcess::start_at(data, &format!("127.0.0.1:{port}"), &["--min-lease", "10ms"])
+        ServerProcess::start_with(
+            data,
+            &format!("127.0.0.1:{port}"),
+            &["--min-lease", "10ms"],
+            die_with_suite,
+        )
     })
 }
 

@@ -325,6 +325,7 @@ impl WorkerProcess {
                 c
             }
         };
+        die_with_suite(&mut command);
         let child = command
             .env("JOBQ_CHAOS_WORKER", id)
             .env("JOBQ_CHAOS_HISTORY", &history)
