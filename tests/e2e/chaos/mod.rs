@@ -1,20 +1,28 @@
-//! The fault suite: three `jobq serve` processes on one PostgreSQL (one of
-//! them with its clock 30 s ahead, under libfaketime), producers that
-//! enqueue with keys through random servers, and worker processes holding
-//! Lease streams that record everything they see. Faults land at random
-//! moments drawn from a seed the test prints (`JOBQ_CHAOS_SEED` fixes it):
-//! SIGKILL and restart of a server, SIGSTOP of a server for longer than
-//! `--server-timeout` then SIGCONT, SIGKILL of a worker (and a new one),
-//! and `pg_terminate_backend` of one server's sessions. Then the checker
-//! reads the workers' histories and the final database and holds the
-//! promises: nothing lost, nothing stuck, no job acked under two leases,
-//! no stale lease honoured, no job held by two workers at once, and no
-//! attempt spent while its holder heartbeated on time.
+//! The fault suite: three `jobq serve` processes on one PostgreSQL cluster
+//! of the suite's own (one server with its clock 30 s ahead, under
+//! libfaketime; one reaching PostgreSQL through the suite's TCP proxy),
+//! producers that enqueue with keys through random servers, worker
+//! processes (raw Lease-stream workers, the Rust client's `Worker`, and
+//! the Python client's when `JOBQ_CHAOS_PYTHON` names an interpreter) that
+//! record everything they see, a schedule ticking every 2 s, and beside
+//! them a sled server with its own producer and workers. Faults land at
+//! random moments drawn from a seed the test prints (`JOBQ_CHAOS_SEED`
+//! fixes it): SIGKILL and restart of a server, SIGSTOP of a server past
+//! `--server-timeout`, SIGKILL of a worker (and a new one),
+//! `pg_terminate_backend` of one server's sessions, `pg_ctl restart` of
+//! PostgreSQL, latency and black holes on the proxied server's database
+//! traffic, and SIGKILL and restart of the sled server. Then the checkers
+//! read the workers' histories and the final state and hold the promises:
+//! nothing lost, nothing stuck, no job acked under two leases, no stale
+//! lease honoured, no job held by two workers at once, no attempt spent
+//! while its holder heartbeated on time, a killed worker's and a dead
+//! server's jobs due again in time, every schedule tick once and never
+//! early.
 //!
 //! `JOBQ_CHAOS_LONG=1` runs the long profile (more faults, more jobs);
-//! see docs/src/operations/fault-suite.md. PostgreSQL (`JOBQ_TEST_PG`,
-//! `scripts/pg-test.sh`) and libfaketime are needed: without them the
-//! suite fails, it is never skipped.
+//! see docs/src/operations/fault-suite.md. PostgreSQL (`scripts/pg-test.sh`
+//! names its binaries and user) and libfaketime are needed: without them
+//! the suite fails, it is never skipped.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -93,6 +101,9 @@ struct Profile {
     drain: Duration,
     /// At least this many PostgreSQL restarts, spread over the faults.
     pg_restarts: usize,
+    /// At least this many server kills, freezes and worker kills, done by
+    /// nine tenths of the time (the draw may give more).
+    at_least: [usize; 3],
     /// Jobs enqueued on the sled server.
     sled_jobs: usize,
 }
@@ -111,6 +122,7 @@ fn profile() -> Profile {
             workers: 6,
             drain: Duration::from_secs(300),
             pg_restarts: 5,
+            at_least: [100, 20, 200],
             sled_jobs: 5_000,
         }
     } else {
@@ -123,6 +135,7 @@ fn profile() -> Profile {
             workers: 4,
             drain: Duration::from_secs(90),
             pg_restarts: 1,
+            at_least: [3, 2, 5],
             sled_jobs: 300,
         }
     };
@@ -266,30 +279,44 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let faults_began = Instant::now();
     let faults_end = faults_began + p.faults_for;
     let mut exits = Vec::new();
-    let mut pg_restarts = 0;
+    // PostgreSQL restarts, server kills, freezes, worker kills so far.
+    let mut counts = [0usize; 4];
     let faults = async {
         while Instant::now() < faults_end {
             let gap = rng.random_range(p.gap.clone());
             tokio::time::sleep(gap).await;
             let slot = rng.random_range(0..3);
-            // The PostgreSQL restarts the profile asks for, spread out: one is
-            // owed at every 1/n of the time (from the middle of the first
-            // 1/n), and 1% of the other faults are one more.
+            // The faults the profile asks for at least, spread out: a
+            // PostgreSQL restart is owed at every 1/n of the time (from
+            // the middle of the first 1/n), the others evenly by nine
+            // tenths of it. Otherwise the draw decides (1% restarts).
             let done = faults_began.elapsed().as_secs_f64() / p.faults_for.as_secs_f64();
-            let owed = (done * p.pg_restarts as f64 + 0.5).floor() as usize;
+            let restarts_owed = (done * p.pg_restarts as f64 + 0.5).floor() as usize;
+            let owed = |n: usize| ((done / 0.9).min(1.0) * n as f64).floor() as usize;
             let draw = rng.random_range(0..100);
-            if pg_restarts < owed || draw == 99 {
-                pg_restarts += 1;
-                cluster.restart_postgres().await;
-                cluster.restart_exited(&mut exits);
-                continue;
-            }
+            let draw = if counts[0] < restarts_owed {
+                99
+            } else if counts[1] < owed(p.at_least[0]) {
+                0
+            } else if counts[2] < owed(p.at_least[1]) {
+                25
+            } else if counts[3] < owed(p.at_least[2]) {
+                54
+            } else {
+                draw
+            };
             match draw {
+                99 => {
+                    counts[0] += 1;
+                    cluster.restart_postgres().await;
+                }
                 0..25 => {
+                    counts[1] += 1;
                     let down = Duration::from_millis(rng.random_range(100..3000));
                     cluster.kill_server(slot, down).await;
                 }
                 25..40 => {
+                    counts[2] += 1;
                     let frozen =
                         SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
                     cluster.freeze_server(slot, frozen).await;
@@ -306,6 +333,7 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
                     cluster.proxy_fault(None, lasts).await;
                 }
                 54..86 => {
+                    counts[3] += 1;
                     let i = rng.random_range(0..workers.len());
                     let mut victim = workers.swap_remove(i);
                     let at = now_ns();
@@ -335,6 +363,24 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     for f in &cluster.faults {
         println!("  {:8.3}s  {}", secs(f.from, origin), f.what);
     }
+    let kind = |word: &str| {
+        cluster
+            .faults
+            .iter()
+            .filter(|f| f.what.contains(word))
+            .count()
+    };
+    let tally = format!(
+        "{} server kills, {} freezes, {} worker kills, {} session cuts, {} PostgreSQL \
+         restarts, {} latencies, {} black holes",
+        counts[1],
+        counts[2],
+        counts[3],
+        kind("pg_terminate_backend"),
+        counts[0],
+        kind("proxy delays"),
+        kind("proxy black-holes"),
+    );
 
     // Every enqueue acknowledged, then the queue drains.
     for producer in producers {
@@ -411,7 +457,7 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     bad.extend(exits);
     bad.extend(findings.lock().unwrap().iter().cloned());
     println!(
-        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}; recorded by {recorded}; {ticked}; {}",
+        "fault suite: {} faults ({tally}) in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}; recorded by {recorded}; {ticked}; {}",
         cluster.faults.len(),
         p.faults_for,
         began.elapsed(),
