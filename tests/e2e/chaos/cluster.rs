@@ -30,6 +30,18 @@ pub(super) struct Fault {
     pub(super) to: u64,
 }
 
+impl Fault {
+    /// A server gone for the others (killed, frozen, black-holed): its
+    /// streams' leases are due again within `--server-timeout` and a tick
+    /// (docs/src/design.md §5). Latency may leave it alive; an exit by
+    /// itself is a finding of its own.
+    pub(super) fn server_gone(&self) -> bool {
+        ["SIGKILL server", "SIGSTOP server", "proxy black-holes"]
+            .iter()
+            .any(|p| self.what.starts_with(p))
+    }
+}
+
 pub(super) struct Cluster {
     pub(super) pg: PgCluster,
     /// Between server [`PROXIED`] and PostgreSQL.

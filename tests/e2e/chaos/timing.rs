@@ -99,7 +99,7 @@ pub(super) fn check_timing(
     let mut struck: Vec<(usize, &Fault)> = faults
         .iter()
         .enumerate()
-        .filter(|(_, f)| f.server && f.slot.is_some() && !f.what.contains("exited"))
+        .filter(|(_, f)| f.slot.is_some() && f.server_gone())
         .collect();
     struck.sort_by_key(|(_, f)| f.from);
     let attempt_of: HashMap<(&str, &str), &Attempt> = fin
