@@ -200,21 +200,26 @@ pub(super) async fn run_worker(id: String, urls: Vec<String>, history: History) 
     tokio::spawn(heartbeats(Arc::clone(&w)));
     let n = urls.len();
     let mut slot = rand::rng().random_range(0..n);
-    // A stream given up on stays open until the next one is (so the leases
-    // it declares move there rather than going back to the queue).
+    // A stream given up on stays open until the next one is, and has taken
+    // over the leases it declares (so they move there rather than going
+    // back to the queue).
     let mut abandoned = None;
     loop {
+        let declared = w.refs();
         let opening = w.streams[slot].lease_with_token(
             [QUEUE],
             w.id.clone(),
             WORKER_CAPACITY,
             Some(LEASE),
-            w.refs(),
+            declared.clone(),
         );
         if let Ok(Ok((mut stream, _))) = tokio::time::timeout(2 * CALL_TIMEOUT, opening).await {
             w.current.store(slot, Ordering::SeqCst);
             w.history.rec("stream", "", "", &slot.to_string());
-            drop(abandoned.take());
+            if let Some(old) = abandoned.take() {
+                let leases = declared.into_iter().map(|r| r.lease_id).collect();
+                tokio::spawn(release(old, leases));
+            }
             loop {
                 tokio::select! {
                     message = stream.message() => match message {
@@ -242,6 +247,31 @@ pub(super) async fn run_worker(id: String, urls: Vec<String>, history: History) 
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         slot = (slot + 1) % n;
+    }
+}
+
+/// Closes a stream given up on once the new stream has taken over
+/// `leases` from it: the server answers the Lease call before the new
+/// stream's declaration is stored, and a stream closed before then has its
+/// leases reclaimed (docs/src/design.md §3, takeover: the old stream is
+/// sent `revoked` for each). Gives up when the old stream ends, or after
+/// `--server-timeout` and 2 s (its server may be frozen or dead). Jobs
+/// pushed to it meanwhile are dropped unrecorded: the checker counts their
+/// attempts as on leases the worker never read.
+async fn release(mut old: tonic::Streaming<pb::LeaseEvent>, mut leases: HashSet<String>) {
+    let give_up = tokio::time::sleep(SERVER_TIMEOUT + Duration::from_secs(2));
+    tokio::pin!(give_up);
+    while !leases.is_empty() {
+        tokio::select! {
+            () = &mut give_up => return,
+            message = old.message() => match message {
+                Ok(Some(pb::LeaseEvent { event: Some(Event::Revoked(r)) })) => {
+                    leases.remove(&r.lease_id);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            },
+        }
     }
 }
 
