@@ -100,4 +100,11 @@ done
 echo "== TypeScript client (scripts/ts-client-test.sh)"
 bash scripts/ts-client-test.sh || status=1
 
+# The fault suite again, shorter, with one of its workers on the Python
+# client (tests/e2e/chaos/worker.py): cargo test runs before this script
+# has installed the client, so the suite's main run has Rust workers only.
+echo "== the fault suite with a Python client worker (docs/src/operations/fault-suite.md)"
+JOBQ_CHAOS_PYTHON="$PWD/$pyvenv/bin/python" JOBQ_CHAOS_SECS=45 bash scripts/pg-test.sh \
+  cargo test -p jobq-cli --test e2e chaos::chaos_three_servers -- --nocapture || status=1
+
 exit "$status"

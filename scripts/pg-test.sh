@@ -66,6 +66,10 @@ as_owner "$PGBIN/pg_ctl" -D "$PGDIR/data" -l "$PGDIR/server.log" -w -t 60 \
   || { cat "$PGDIR/server.log" >&2; exit 1; }
 
 export JOBQ_TEST_PG="postgres://jobq@127.0.0.1:$PORT/postgres"
+# For tests that run a cluster of their own (the fault suite restarts its
+# PostgreSQL, which must not cut off the other tests): where the binaries
+# are, and which user runs a cluster.
+export JOBQ_TEST_PG_BIN="$PGBIN" JOBQ_TEST_PG_OWNER="$OWNER"
 echo "== PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}') at $JOBQ_TEST_PG (data in $PGDIR)" >&2
 if [ "$#" -eq 0 ]; then
   set -- bash

@@ -48,7 +48,10 @@ pub(super) struct Final {
 
 pub(super) async fn final_state(db: &tokio_postgres::Client) -> Final {
     let status = db
-        .query("SELECT id::text, status FROM jobq_jobs", &[])
+        .query(
+            "SELECT id::text, status FROM jobq_jobs WHERE queue = $1",
+            &[&QUEUE],
+        )
         .await
         .expect("read the jobs")
         .into_iter()
@@ -56,12 +59,12 @@ pub(super) async fn final_state(db: &tokio_postgres::Client) -> Final {
         .collect();
     let attempts = db
         .query(
-            "SELECT job_id::text, lease_id, worker_id, \
-                    (extract(epoch FROM started_at) * 1e6)::int8, \
-                    (extract(epoch FROM coalesce(ended_at, started_at)) * 1e6)::int8, \
-                    coalesce(outcome, '') \
-             FROM jobq_attempts",
-            &[],
+            "SELECT a.job_id::text, a.lease_id, a.worker_id, \
+                    (extract(epoch FROM a.started_at) * 1e6)::int8, \
+                    (extract(epoch FROM coalesce(a.ended_at, a.started_at)) * 1e6)::int8, \
+                    coalesce(a.outcome, '') \
+             FROM jobq_attempts a JOIN jobq_jobs j ON j.id = a.job_id WHERE j.queue = $1",
+            &[&QUEUE],
         )
         .await
         .expect("read the attempts")

@@ -3,11 +3,16 @@
 #[allow(unused_imports)]
 use super::*;
 
+/// The server whose PostgreSQL traffic goes through the suite's proxy.
+pub(super) const PROXIED: usize = 1;
+
 /// One of the three servers: it comes back on the same port after a kill.
 pub(super) struct Slot {
     pub(super) port: u16,
     pub(super) data: PathBuf,
     pub(super) skewed: bool,
+    /// The DSN it is started with (the proxy's port, for the proxied one).
+    pub(super) store: String,
     pub(super) process: Option<ServerProcess>,
 }
 
@@ -17,11 +22,30 @@ pub(super) struct Fault {
     /// A server kill, freeze or exit: attempts spent meanwhile are
     /// explained by it.
     pub(super) server: bool,
+    /// The server slot it struck (a kill, freeze, exit or session cut).
+    pub(super) slot: Option<usize>,
+    /// A PostgreSQL restart: every server lost the database meanwhile.
+    pub(super) pg_restart: bool,
     pub(super) from: u64,
     pub(super) to: u64,
 }
 
+impl Fault {
+    /// A server gone for the others (killed, frozen, black-holed): its
+    /// streams' leases are due again within `--server-timeout` and a tick
+    /// (docs/src/design.md §5). Latency may leave it alive; an exit by
+    /// itself is a finding of its own.
+    pub(super) fn server_gone(&self) -> bool {
+        ["SIGKILL server", "SIGSTOP server", "proxy black-holes"]
+            .iter()
+            .any(|p| self.what.starts_with(p))
+    }
+}
+
 pub(super) struct Cluster {
+    pub(super) pg: PgCluster,
+    /// Between server [`PROXIED`] and PostgreSQL.
+    pub(super) proxy: Proxy,
     pub(super) url: String,
     pub(super) db: tokio_postgres::Client,
     pub(super) slots: Vec<Slot>,
@@ -29,11 +53,11 @@ pub(super) struct Cluster {
     pub(super) dir: tempfile::TempDir,
 }
 
-pub(super) fn start_server(slot: &Slot, url: &str) -> ServerProcess {
+pub(super) fn start_server(slot: &Slot) -> ServerProcess {
     let timeout = humantime::format_duration(SERVER_TIMEOUT).to_string();
     let args = [
         "--store",
-        url,
+        &slot.store,
         "--server-timeout",
         &timeout,
         "--min-lease",
@@ -43,6 +67,7 @@ pub(super) fn start_server(slot: &Slot, url: &str) -> ServerProcess {
     let skewed = slot.skewed.then(libfaketime);
     tokio::task::block_in_place(|| {
         ServerProcess::start_with(&slot.data, &listen, &args, |c| {
+            die_with_suite(c);
             if let Some(lib) = skewed {
                 c.env("LD_PRELOAD", lib)
                     .env("FAKETIME", format!("+{}s", AHEAD.as_secs()))
@@ -52,60 +77,32 @@ pub(super) fn start_server(slot: &Slot, url: &str) -> ServerProcess {
     })
 }
 
-/// The local TCP ports of `pid`'s sockets (its connections to PostgreSQL
-/// among them), from /proc.
-pub(super) fn local_ports(pid: u32) -> HashSet<i32> {
-    let mut inodes = HashSet::new();
-    if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
-        for fd in fds.flatten() {
-            if let Ok(target) = std::fs::read_link(fd.path()) {
-                let target = target.to_string_lossy().into_owned();
-                if let Some(inode) = target
-                    .strip_prefix("socket:[")
-                    .and_then(|s| s.strip_suffix(']'))
-                {
-                    inodes.insert(inode.to_owned());
-                }
-            }
-        }
-    }
-    let mut ports = HashSet::new();
-    for table in ["tcp", "tcp6"] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            if cols.len() > 9 && inodes.contains(cols[9]) {
-                if let Some(port) = cols[1].rsplit(':').next() {
-                    if let Ok(port) = i32::from_str_radix(port, 16) {
-                        ports.insert(port);
-                    }
-                }
-            }
-        }
-    }
-    ports
-}
-
 impl Cluster {
     pub(super) async fn start(dir: tempfile::TempDir) -> Cluster {
-        let url = testing::fresh_database("jobq_chaos").await;
-        let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test database");
-        tokio::spawn(connection);
+        let pg = tokio::task::block_in_place(PgCluster::start);
+        let url = pg.database().await;
+        let db = connect(&url).await;
+        let proxy = Proxy::start(pg.port).await;
         let mut slots: Vec<Slot> = (0..3)
             .map(|i| Slot {
                 port: free_port(),
                 data: dir.path().join(format!("s{i}")),
                 // The third server's clock runs ahead of everyone else's.
                 skewed: i == 2,
+                store: if i == PROXIED {
+                    pg.url_via(proxy.port)
+                } else {
+                    url.clone()
+                },
                 process: None,
             })
             .collect();
         for slot in &mut slots {
-            slot.process = Some(start_server(slot, &url));
+            slot.process = Some(start_server(slot));
         }
         let cluster = Cluster {
+            pg,
+            proxy,
             url,
             db,
             slots,
@@ -130,7 +127,8 @@ impl Cluster {
     }
 
     /// The id a running server registered under (`jobq <id> <kind>` names
-    /// its sessions), found through the ports of its connections.
+    /// its sessions): a PostgreSQL store's server id begins with its
+    /// process id.
     pub(super) async fn server_id(&self, slot: usize) -> String {
         let pid = self.slots[slot]
             .process
@@ -138,20 +136,21 @@ impl Cluster {
             .expect("running")
             .child
             .id();
+        let pattern = format!("jobq {pid}-%");
+        let db = &self.db;
+        let pattern = &pattern;
         until(
             Duration::from_secs(20),
             "the server's sessions",
             || async move {
-                let ports: Vec<i32> = local_ports(pid).into_iter().collect();
-                let rows = self
-                .db
-                .query(
-                    "SELECT DISTINCT split_part(application_name, ' ', 2) FROM pg_stat_activity \
-                     WHERE client_port = ANY($1) AND application_name LIKE 'jobq %'",
-                    &[&ports],
-                )
-                .await
-                .ok()?;
+                let rows = db
+                    .query(
+                        "SELECT DISTINCT split_part(application_name, ' ', 2) \
+                         FROM pg_stat_activity WHERE application_name LIKE $1",
+                        &[pattern],
+                    )
+                    .await
+                    .ok()?;
                 match rows.as_slice() {
                     [one] => Some(one.get::<_, String>(0)),
                     _ => None,
@@ -161,10 +160,31 @@ impl Cluster {
         .await
     }
 
-    pub(super) fn record(&mut self, what: String, server: bool, from: u64) {
+    pub(super) fn record(&mut self, what: String, server: bool, slot: Option<usize>, from: u64) {
         self.faults.push(Fault {
             what,
             server,
+            slot,
+            pg_restart: false,
+            from,
+            to: now_ns(),
+        });
+    }
+
+    /// `pg_ctl restart -m fast` of the suite's cluster. It explains no
+    /// attempt: every server's streams end while its own heartbeat fails,
+    /// but their leases are kept, and after the outage no server judges
+    /// another until it has heartbeated again for a whole
+    /// `--server-timeout` (docs/src/design.md §3).
+    pub(super) async fn restart_postgres(&mut self) {
+        let from = now_ns();
+        let took = self.pg.restart();
+        self.db = connect(&self.url).await;
+        self.faults.push(Fault {
+            what: format!("pg_ctl restart -m fast (back after {took:?})"),
+            server: false,
+            slot: None,
+            pg_restart: true,
             from,
             to: now_ns(),
         });
@@ -174,11 +194,12 @@ impl Cluster {
         let from = now_ns();
         self.process(slot).kill9();
         tokio::time::sleep(down).await;
-        let restarted = start_server(&self.slots[slot], &self.url);
+        let restarted = start_server(&self.slots[slot]);
         self.slots[slot].process = Some(restarted);
         self.record(
             format!("SIGKILL server {slot}, restarted after {down:?}"),
             true,
+            Some(slot),
             from,
         );
     }
@@ -191,8 +212,34 @@ impl Cluster {
         self.record(
             format!("SIGSTOP server {slot} for {frozen:?}, then SIGCONT"),
             true,
+            Some(slot),
             from,
         );
+    }
+
+    /// Slows (`Some(latency)`) or black-holes (`None`) the proxied
+    /// server's traffic to PostgreSQL for `lasts`, then heals. It explains
+    /// the attempts spent meanwhile as a freeze does: a server whose
+    /// heartbeat cannot get through within `--server-timeout` is dead to
+    /// the others (docs/src/design.md §3), and a latency of these sizes
+    /// keeps its heartbeat from landing within half of it.
+    pub(super) async fn proxy_fault(&mut self, latency: Option<Duration>, lasts: Duration) {
+        let from = now_ns();
+        self.proxy.set(match latency {
+            Some(d) => Mode::Delay(d),
+            None => Mode::BlackHole,
+        });
+        tokio::time::sleep(lasts).await;
+        self.proxy.set(Mode::Forward);
+        let what = match latency {
+            Some(d) => {
+                format!("proxy delays server {PROXIED}'s PostgreSQL traffic by {d:?} for {lasts:?}")
+            }
+            None => {
+                format!("proxy black-holes server {PROXIED}'s PostgreSQL traffic for {lasts:?}")
+            }
+        };
+        self.record(what, true, Some(PROXIED), from);
     }
 
     /// Ends the server's sessions of one kind (`pool`, `heartbeat`,
@@ -220,6 +267,7 @@ impl Cluster {
                 kind.unwrap_or("every")
             ),
             false,
+            Some(slot),
             from,
         );
     }
@@ -232,10 +280,36 @@ impl Cluster {
             if let Some(status) = exited {
                 let from = now_ns();
                 findings.push(format!("server {slot} exited by itself: {status}"));
-                let restarted = start_server(&self.slots[slot], &self.url);
+                let restarted = start_server(&self.slots[slot]);
                 self.slots[slot].process = Some(restarted);
-                self.record(format!("server {slot} exited ({status})"), true, from);
+                self.record(
+                    format!("server {slot} exited ({status})"),
+                    true,
+                    Some(slot),
+                    from,
+                );
             }
         }
     }
+}
+
+/// A connection to the suite's database, retried while PostgreSQL comes
+/// back from a restart.
+pub(super) async fn connect(url: &str) -> tokio_postgres::Client {
+    let url = url.to_owned();
+    until(
+        Duration::from_secs(60),
+        "a connection to PostgreSQL",
+        || {
+            let url = url.clone();
+            async move {
+                let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .ok()?;
+                tokio::spawn(connection);
+                Some(db)
+            }
+        },
+    )
+    .await
 }

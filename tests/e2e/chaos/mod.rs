@@ -1,20 +1,28 @@
-//! The fault suite: three `jobq serve` processes on one PostgreSQL (one of
-//! them with its clock 30 s ahead, under libfaketime), producers that
-//! enqueue with keys through random servers, and worker processes holding
-//! Lease streams that record everything they see. Faults land at random
-//! moments drawn from a seed the test prints (`JOBQ_CHAOS_SEED` fixes it):
-//! SIGKILL and restart of a server, SIGSTOP of a server for longer than
-//! `--server-timeout` then SIGCONT, SIGKILL of a worker (and a new one),
-//! and `pg_terminate_backend` of one server's sessions. Then the checker
-//! reads the workers' histories and the final database and holds the
-//! promises: nothing lost, nothing stuck, no job acked under two leases,
-//! no stale lease honoured, no job held by two workers at once, and no
-//! attempt spent while its holder heartbeated on time.
+//! The fault suite: three `jobq serve` processes on one PostgreSQL cluster
+//! of the suite's own (one server with its clock 30 s ahead, under
+//! libfaketime; one reaching PostgreSQL through the suite's TCP proxy),
+//! producers that enqueue with keys through random servers, worker
+//! processes (raw Lease-stream workers, the Rust client's `Worker`, and
+//! the Python client's when `JOBQ_CHAOS_PYTHON` names an interpreter) that
+//! record everything they see, a schedule ticking every 2 s, and beside
+//! them a sled server with its own producer and workers. Faults land at
+//! random moments drawn from a seed the test prints (`JOBQ_CHAOS_SEED`
+//! fixes it): SIGKILL and restart of a server, SIGSTOP of a server past
+//! `--server-timeout`, SIGKILL of a worker (and a new one),
+//! `pg_terminate_backend` of one server's sessions, `pg_ctl restart` of
+//! PostgreSQL, latency and black holes on the proxied server's database
+//! traffic, and SIGKILL and restart of the sled server. Then the checkers
+//! read the workers' histories and the final state and hold the promises:
+//! nothing lost, nothing stuck, no job acked under two leases, no stale
+//! lease honoured, no job held by two workers at once, no attempt spent
+//! while its holder heartbeated on time, a killed worker's and a dead
+//! server's jobs due again in time, every schedule tick once and never
+//! early.
 //!
 //! `JOBQ_CHAOS_LONG=1` runs the long profile (more faults, more jobs);
-//! see docs/src/operations/fault-suite.md. PostgreSQL (`JOBQ_TEST_PG`,
-//! `scripts/pg-test.sh`) and libfaketime are needed: without them the
-//! suite fails, it is never skipped.
+//! see docs/src/operations/fault-suite.md. PostgreSQL (`scripts/pg-test.sh`
+//! names its binaries and user) and libfaketime are needed: without them
+//! the suite fails, it is never skipped.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -32,7 +40,6 @@ use std::{
 
 use jobq::pb::{self, lease_event::Event};
 use jobq_client::{Client, EnqueueOptions};
-use jobq_server::store::postgres::testing;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -43,13 +50,26 @@ use crate::{
 };
 
 mod checker;
+mod checker_test;
+mod client_worker;
 mod cluster;
+mod pg;
 mod producer;
+mod proxy;
+mod schedule;
+mod sled;
+mod timing;
 mod worker;
 
 use checker::*;
+use client_worker::*;
 use cluster::*;
+use pg::*;
 use producer::*;
+use proxy::*;
+use schedule::*;
+use sled::*;
+use timing::*;
 use worker::*;
 
 /// `--server-timeout` of the suite's servers.
@@ -80,6 +100,13 @@ struct Profile {
     workers: usize,
     /// How long the queue may take to drain once the faults stop.
     drain: Duration,
+    /// At least this many PostgreSQL restarts, spread over the faults.
+    pg_restarts: usize,
+    /// At least this many server kills, freezes and worker kills, done by
+    /// nine tenths of the time (the draw may give more).
+    at_least: [usize; 3],
+    /// Jobs enqueued on the sled server.
+    sled_jobs: usize,
 }
 
 fn profile() -> Profile {
@@ -95,6 +122,9 @@ fn profile() -> Profile {
             producers: 16,
             workers: 6,
             drain: Duration::from_secs(300),
+            pg_restarts: 5,
+            at_least: [100, 20, 200],
+            sled_jobs: 3_000,
         }
     } else {
         Profile {
@@ -105,6 +135,9 @@ fn profile() -> Profile {
             producers: 3,
             workers: 4,
             drain: Duration::from_secs(90),
+            pg_restarts: 1,
+            at_least: [3, 2, 5],
+            sled_jobs: 300,
         }
     };
     if let Some(secs) = std::env::var("JOBQ_CHAOS_SECS")
@@ -114,6 +147,30 @@ fn profile() -> Profile {
         p.faults_for = Duration::from_secs(secs);
     }
     p
+}
+
+/// A process the suite starts (a worker, a server) dies with the suite,
+/// even when the suite crashes or is killed: it gets SIGKILL when the
+/// thread that started it ends (the test's own thread, which lives as
+/// long as the test: the suite starts processes from its top-level
+/// future, never from a spawned task), and ends at once if that happened
+/// before it could ask.
+fn die_with_suite(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = libc::pid_t::try_from(std::process::id()).expect("pid");
+    // SAFETY: prctl, getppid and _exit are async-signal-safe; nothing here
+    // allocates or takes a lock.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
 }
 
 fn now_ns() -> u64 {
@@ -145,7 +202,15 @@ async fn chaos_worker_process() {
         .append(true)
         .open(&path)
         .expect("open the history");
-    run_worker(id, urls, History(Mutex::new(file))).await;
+    let history = History(Mutex::new(file));
+    // A Rust client Worker on one server, or the raw worker on all.
+    match std::env::var("JOBQ_CHAOS_SLOT") {
+        Ok(slot) => {
+            let slot: usize = slot.parse().expect("JOBQ_CHAOS_SLOT is a slot");
+            run_client_worker(id, urls[slot].clone(), slot, history).await;
+        }
+        Err(_) => run_worker(id, urls, history).await,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,12 +231,23 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cluster = Cluster::start(dir).await;
     let urls = cluster.urls();
+    let pulse_from = create_pulse(&urls, &cluster.db).await;
     let history_dir = cluster.dir.path().to_owned();
     let mut next_worker = 0;
+    // Every fourth worker runs the Rust client's Worker, and every fourth
+    // the Python client's when JOBQ_CHAOS_PYTHON names an interpreter
+    // (scripts/ci-extra.sh), each on one server; the others are raw.
+    let python = python();
     let start_worker = |next: &mut usize| {
-        let id = format!("w{next}");
+        let n = *next;
+        let id = format!("w{n}");
         *next += 1;
-        WorkerProcess::start(&history_dir, &id, &urls)
+        let runtime = match n % 4 {
+            1 => Runtime::Rust(n % 3),
+            3 if python.is_some() => Runtime::Python(n % 3),
+            _ => Runtime::Raw,
+        };
+        WorkerProcess::start(&history_dir, &id, &urls, runtime)
     };
     let mut workers: Vec<WorkerProcess> = (0..p.workers)
         .map(|_| start_worker(&mut next_worker))
@@ -197,43 +273,115 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
         })
         .collect();
 
+    // The sled part runs beside the faults (in this task: the worker
+    // processes it starts die with the thread that started them).
+    let sled = sled_run(seed, p.faults_for, p.sled_jobs, p.drain);
     // The faults.
-    let faults_end = Instant::now() + p.faults_for;
+    let faults_began = Instant::now();
+    let faults_end = faults_began + p.faults_for;
     let mut exits = Vec::new();
-    while Instant::now() < faults_end {
-        let gap = rng.random_range(p.gap.clone());
-        tokio::time::sleep(gap).await;
-        let slot = rng.random_range(0..3);
-        match rng.random_range(0..100) {
-            0..25 => {
-                let down = Duration::from_millis(rng.random_range(100..3000));
-                cluster.kill_server(slot, down).await;
+    // PostgreSQL restarts, server kills, freezes, worker kills so far.
+    let mut counts = [0usize; 4];
+    let faults = async {
+        while Instant::now() < faults_end {
+            let gap = rng.random_range(p.gap.clone());
+            tokio::time::sleep(gap).await;
+            let slot = rng.random_range(0..3);
+            // The faults the profile asks for at least, spread out: a
+            // PostgreSQL restart is owed at every 1/n of the time (from
+            // the middle of the first 1/n), the others evenly by nine
+            // tenths of it. Otherwise the draw decides (1% restarts).
+            let done = faults_began.elapsed().as_secs_f64() / p.faults_for.as_secs_f64();
+            let restarts_owed = (done * p.pg_restarts as f64 + 0.5).floor() as usize;
+            let owed = |n: usize| ((done / 0.9).min(1.0) * n as f64).floor() as usize;
+            let draw = rng.random_range(0..100);
+            let draw = if counts[0] < restarts_owed {
+                99
+            } else if counts[1] < owed(p.at_least[0]) {
+                0
+            } else if counts[2] < owed(p.at_least[1]) {
+                25
+            } else if counts[3] < owed(p.at_least[2]) {
+                54
+            } else {
+                draw
+            };
+            match draw {
+                99 => {
+                    counts[0] += 1;
+                    cluster.restart_postgres().await;
+                }
+                0..25 => {
+                    counts[1] += 1;
+                    let down = Duration::from_millis(rng.random_range(100..3000));
+                    cluster.kill_server(slot, down).await;
+                }
+                25..40 => {
+                    counts[2] += 1;
+                    let frozen =
+                        SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
+                    cluster.freeze_server(slot, frozen).await;
+                }
+                40..48 => {
+                    // Latency: 200 ms to 2 s each way, for 2 to 6 s.
+                    let latency = Duration::from_millis(rng.random_range(200..2000));
+                    let lasts = Duration::from_millis(rng.random_range(2000..6000));
+                    cluster.proxy_fault(Some(latency), lasts).await;
+                }
+                48..54 => {
+                    // A black hole past --server-timeout.
+                    let lasts = SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
+                    cluster.proxy_fault(None, lasts).await;
+                }
+                54..86 => {
+                    counts[3] += 1;
+                    let i = rng.random_range(0..workers.len());
+                    let mut victim = workers.swap_remove(i);
+                    let at = now_ns();
+                    victim.kill9();
+                    killed.insert(victim.id.clone(), at);
+                    cluster.record(format!("SIGKILL worker {}", victim.id), false, None, at);
+                    gone.push(victim);
+                    workers.push(start_worker(&mut next_worker));
+                }
+                _ => {
+                    let kind = [Some("pool"), Some("heartbeat"), Some("listen"), None]
+                        [rng.random_range(0..4)];
+                    cluster.terminate_sessions(slot, kind).await;
+                }
             }
-            25..40 => {
-                let frozen = SERVER_TIMEOUT + Duration::from_millis(rng.random_range(500..3000));
-                cluster.freeze_server(slot, frozen).await;
-            }
-            40..70 => {
-                let i = rng.random_range(0..workers.len());
-                let mut victim = workers.swap_remove(i);
-                victim.kill9();
-                killed.insert(victim.id.clone(), now_ns());
-                cluster.record(format!("SIGKILL worker {}", victim.id), false, now_ns());
-                gone.push(victim);
-                workers.push(start_worker(&mut next_worker));
-            }
-            _ => {
-                let kind =
-                    [Some("pool"), Some("heartbeat"), Some("listen"), None][rng.random_range(0..4)];
-                cluster.terminate_sessions(slot, kind).await;
-            }
+            cluster.restart_exited(&mut exits);
         }
-        cluster.restart_exited(&mut exits);
-    }
+    };
+    let ((), sled) = tokio::join!(faults, sled);
+    let pulse_to: SystemTime = cluster
+        .db
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .expect("read the database's clock")
+        .get(0);
     let faults_done = Instant::now();
     for f in &cluster.faults {
         println!("  {:8.3}s  {}", secs(f.from, origin), f.what);
     }
+    let kind = |word: &str| {
+        cluster
+            .faults
+            .iter()
+            .filter(|f| f.what.contains(word))
+            .count()
+    };
+    let tally = format!(
+        "{} server kills, {} freezes, {} worker kills, {} session cuts, {} PostgreSQL \
+         restarts, {} latencies, {} black holes",
+        counts[1],
+        counts[2],
+        counts[3],
+        kind("pg_terminate_backend"),
+        counts[0],
+        kind("proxy delays"),
+        kind("proxy black-holes"),
+    );
 
     // Every enqueue acknowledged, then the queue drains.
     for producer in producers {
@@ -249,8 +397,8 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
             .db
             .query(
                 "SELECT id::text, status, attempts, lease_worker, lease_server FROM jobq_jobs \
-                 WHERE status IN ('pending', 'running') ORDER BY id LIMIT 20",
-                &[],
+                 WHERE queue = $1 AND status IN ('pending', 'running') ORDER BY id LIMIT 20",
+                &[&QUEUE],
             )
             .await
             .expect("count what is left");
@@ -287,14 +435,34 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let fin = final_state(&cluster.db).await;
     let enqueued = enqueued.lock().unwrap().clone();
     let (mut bad, summary) = check(&enqueued, &lines, &killed, &cluster.faults, &fin, origin);
+    let (late, timing) = check_timing(&lines, &killed, &cluster.faults, &fin, origin);
+    bad.extend(late);
+    let all: Vec<(String, Runtime)> = workers
+        .iter()
+        .chain(&gone)
+        .map(|w| (w.id.clone(), w.runtime))
+        .collect();
+    let (silent, recorded) = runtimes(&all, &lines);
+    bad.extend(silent);
+    let (early, ticked) = check_ticks(
+        &ticks(&cluster.db).await,
+        pulse_from,
+        // The last ticks may still be on their way when the ticks are read.
+        pulse_to - Duration::from_secs(3),
+        &cluster.faults,
+        origin,
+    );
+    bad.extend(early);
+    bad.extend(sled.violations);
     bad.extend(stuck);
     bad.extend(exits);
     bad.extend(findings.lock().unwrap().iter().cloned());
     println!(
-        "fault suite: {} faults in {:?}, drained in {drained:?}, {:?} in all; {summary}",
+        "fault suite: {} faults ({tally}) in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}; recorded by {recorded}; {ticked}; {}",
         cluster.faults.len(),
         p.faults_for,
-        began.elapsed()
+        began.elapsed(),
+        sled.summary
     );
     assert!(
         bad.is_empty(),
@@ -302,111 +470,4 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
         bad.len(),
         bad.join("\n")
     );
-}
-
-/// The checker itself, on made-up histories: a clean run passes, and each
-/// broken promise is reported (so a passing suite means something).
-#[test]
-fn chaos_checker_reports_each_broken_promise() {
-    let line = |t: u64, worker: &str, event: &str, job: &str, lease: &str, extra: &str| Line {
-        t,
-        worker: worker.into(),
-        event: event.into(),
-        job: job.into(),
-        lease: lease.into(),
-        extra: extra.into(),
-    };
-    let attempt = |job: &str, lease: &str, worker: &str, started, ended, outcome: &str| Attempt {
-        job: job.into(),
-        lease: lease.into(),
-        worker: worker.into(),
-        started,
-        ended,
-        outcome: outcome.into(),
-    };
-    let enqueued: BTreeMap<String, String> = [("k1".into(), "1".into())].into();
-    let s = 1_000_000_000;
-    // Worker a's lease 10 is lost to a server kill; worker b gets lease 11
-    // and acks it.
-    let clean = vec![
-        line(s, "a", "leased", "1", "10", "0"),
-        line(2 * s, "a", "confirm", "1", "10", &(2 * s - 1).to_string()),
-        line(8 * s, "b", "leased", "1", "11", "1"),
-        line(9 * s, "a", "lost", "1", "10", ""),
-        line(9 * s, "b", "acked", "1", "11", &(9 * s - 5).to_string()),
-    ];
-    let server_kill = Fault {
-        what: "SIGKILL server 0".into(),
-        server: true,
-        from: 3 * s,
-        to: 4 * s,
-    };
-    let fin = |outcome_10: &str| Final {
-        status: [("1".into(), "done".into())].into(),
-        attempts: vec![
-            attempt("1", "10", "a", s, 7 * s, outcome_10),
-            attempt("1", "11", "b", 8 * s, 9 * s, "acked"),
-        ],
-    };
-    let none = HashMap::new();
-    let faults = [server_kill.clone()];
-    let (bad, _) = check(
-        &enqueued,
-        &clean,
-        &none,
-        &faults,
-        &fin("worker_disconnected"),
-        0,
-    );
-    assert!(bad.is_empty(), "{bad:?}");
-
-    // Without the server kill, the spent attempt is unexplained.
-    let (bad, _) = check(&enqueued, &clean, &none, &[], &fin("lease_expired"), 0);
-    assert!(
-        bad.len() == 1 && bad[0].contains("no kill or freeze"),
-        "{bad:?}"
-    );
-    // A killed worker explains it.
-    let killed = [("a".to_owned(), 3 * s)].into();
-    let (bad, _) = check(&enqueued, &clean, &killed, &[], &fin("lease_expired"), 0);
-    assert!(bad.is_empty(), "{bad:?}");
-
-    // Lease 10 still honoured after lease 11 reached worker b; and acked.
-    let mut stale = clean.clone();
-    stale.push(line(
-        10 * s,
-        "a",
-        "acked",
-        "1",
-        "10",
-        &(8 * s + 1).to_string(),
-    ));
-    let (bad, _) = check(&enqueued, &stale, &none, &faults, &fin("acked"), 0);
-    let all = bad.join("\n");
-    assert!(all.contains("acked under two leases"), "{all}");
-    assert!(all.contains("still honoured (acked)"), "{all}");
-    assert!(all.contains("done with 2 acked attempts"), "{all}");
-
-    // A lease delivered after the ack (and after its own attempt ended), a
-    // lease without an attempt; a job that is not done; an unknown job
-    // left pending.
-    let mut late = clean.clone();
-    late.push(line(12 * s, "c", "leased", "1", "12", "2"));
-    late.push(line(12 * s, "c", "leased", "1", "10", "2"));
-    let mut lost = fin("worker_disconnected");
-    lost.status.insert("1".into(), "running".into());
-    lost.status.insert("2".into(), "pending".into());
-    let (bad, _) = check(&enqueued, &late, &none, &faults, &lost, 0);
-    let all = bad.join("\n");
-    assert!(all.contains("after the job was acked"), "{all}");
-    assert!(
-        all.contains("lease 12 reached c at 12.000s, and the database has no attempt"),
-        "{all}"
-    );
-    assert!(
-        all.contains("lease 10 reached c at 12.000s, after its attempt ended"),
-        "{all}"
-    );
-    assert!(all.contains("job 1 (key k1) ended running"), "{all}");
-    assert!(all.contains("job 2 is pending at the end"), "{all}");
 }

@@ -200,21 +200,26 @@ pub(super) async fn run_worker(id: String, urls: Vec<String>, history: History) 
     tokio::spawn(heartbeats(Arc::clone(&w)));
     let n = urls.len();
     let mut slot = rand::rng().random_range(0..n);
-    // A stream given up on stays open until the next one is (so the leases
-    // it declares move there rather than going back to the queue).
+    // A stream given up on stays open until the next one is, and has taken
+    // over the leases it declares (so they move there rather than going
+    // back to the queue).
     let mut abandoned = None;
     loop {
+        let declared = w.refs();
         let opening = w.streams[slot].lease_with_token(
             [QUEUE],
             w.id.clone(),
             WORKER_CAPACITY,
             Some(LEASE),
-            w.refs(),
+            declared.clone(),
         );
         if let Ok(Ok((mut stream, _))) = tokio::time::timeout(2 * CALL_TIMEOUT, opening).await {
             w.current.store(slot, Ordering::SeqCst);
             w.history.rec("stream", "", "", &slot.to_string());
-            drop(abandoned.take());
+            if let Some(old) = abandoned.take() {
+                let leases = declared.into_iter().map(|r| r.lease_id).collect();
+                tokio::spawn(release(old, leases));
+            }
             loop {
                 tokio::select! {
                     message = stream.message() => match message {
@@ -245,28 +250,114 @@ pub(super) async fn run_worker(id: String, urls: Vec<String>, history: History) 
     }
 }
 
+/// Closes a stream given up on once the new stream has taken over
+/// `leases` from it: the server answers the Lease call before the new
+/// stream's declaration is stored, and a stream closed before then has its
+/// leases reclaimed (docs/src/design.md §3, takeover: the old stream is
+/// sent `revoked` for each). Gives up when the old stream ends, or after
+/// `--server-timeout` and 2 s (its server may be frozen or dead). Jobs
+/// pushed to it meanwhile are dropped unrecorded: the checker counts their
+/// attempts as on leases the worker never read.
+async fn release(mut old: tonic::Streaming<pb::LeaseEvent>, mut leases: HashSet<String>) {
+    let give_up = tokio::time::sleep(SERVER_TIMEOUT + Duration::from_secs(2));
+    tokio::pin!(give_up);
+    while !leases.is_empty() {
+        tokio::select! {
+            () = &mut give_up => return,
+            message = old.message() => match message {
+                Ok(Some(pb::LeaseEvent { event: Some(Event::Revoked(r)) })) => {
+                    leases.remove(&r.lease_id);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            },
+        }
+    }
+}
+
 /// A running worker process. Killed on drop.
 pub(super) struct WorkerProcess {
     pub(super) id: String,
+    pub(super) runtime: Runtime,
     pub(super) child: Child,
     pub(super) history: PathBuf,
 }
 
+/// Which worker a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Runtime {
+    /// This module's worker, on every server (a raw Lease stream).
+    Raw,
+    /// `jobq_client::Worker` on the server of this slot.
+    Rust(usize),
+    /// The Python client's Worker (`chaos/worker.py`) on the server of
+    /// this slot, run by the interpreter that `JOBQ_CHAOS_PYTHON` names.
+    Python(usize),
+}
+
+/// The Python worker's script.
+const PY_WORKER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/e2e/chaos/worker.py"
+);
+
+/// The interpreter of `JOBQ_CHAOS_PYTHON`, checked: it must import the
+/// client (`jobq`). None when the variable is unset or empty.
+pub(super) fn python() -> Option<String> {
+    let python = std::env::var("JOBQ_CHAOS_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())?;
+    let out = Command::new(&python)
+        .args(["-c", "import jobq"])
+        .output()
+        .unwrap_or_else(|e| panic!("JOBQ_CHAOS_PYTHON={python}: {e}"));
+    assert!(
+        out.status.success(),
+        "JOBQ_CHAOS_PYTHON={python} cannot import the Python client (scripts/ci-extra.sh \
+         installs it in target/py-client-venv): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(python)
+}
+
 impl WorkerProcess {
-    pub(super) fn start(dir: &Path, id: &str, urls: &[String]) -> WorkerProcess {
+    pub(super) fn start(dir: &Path, id: &str, urls: &[String], runtime: Runtime) -> WorkerProcess {
         let history = dir.join(format!("{id}.history"));
         let log = File::create(dir.join(format!("{id}.log"))).expect("worker log");
-        let child = Command::new(std::env::current_exe().expect("the test binary"))
-            .args([
-                "chaos::chaos_worker_process",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-                "-q",
-            ])
+        let mut command = match runtime {
+            Runtime::Python(slot) => {
+                let mut c = Command::new(python().expect("JOBQ_CHAOS_PYTHON"));
+                c.arg(PY_WORKER)
+                    .env("JOBQ_CHAOS_SERVER", &urls[slot])
+                    .env("JOBQ_CHAOS_SLOT", slot.to_string())
+                    .env("JOBQ_CHAOS_LEASE_S", LEASE.as_secs_f64().to_string())
+                    .env(
+                        "JOBQ_CHAOS_HEARTBEAT_S",
+                        HEARTBEAT_EVERY.as_secs_f64().to_string(),
+                    )
+                    .env("JOBQ_CHAOS_CAPACITY", WORKER_CAPACITY.to_string());
+                c
+            }
+            Runtime::Raw | Runtime::Rust(_) => {
+                let mut c = Command::new(std::env::current_exe().expect("the test binary"));
+                c.args([
+                    "chaos::chaos_worker_process",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                    "-q",
+                ])
+                .env("JOBQ_CHAOS_SERVERS", urls.join(","));
+                if let Runtime::Rust(slot) = runtime {
+                    c.env("JOBQ_CHAOS_SLOT", slot.to_string());
+                }
+                c
+            }
+        };
+        die_with_suite(&mut command);
+        let child = command
             .env("JOBQ_CHAOS_WORKER", id)
-            .env("JOBQ_CHAOS_SERVERS", urls.join(","))
             .env("JOBQ_CHAOS_HISTORY", &history)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -275,6 +366,7 @@ impl WorkerProcess {
             .expect("spawn a worker process");
         WorkerProcess {
             id: id.to_owned(),
+            runtime,
             child,
             history,
         }
@@ -291,4 +383,43 @@ impl Drop for WorkerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Per runtime (raw, Rust, Python): the leases and acks its workers
+/// recorded. A runtime that ran and recorded none is a violation: its
+/// history would be checked for nothing.
+pub(super) fn runtimes(workers: &[(String, Runtime)], lines: &[Line]) -> (Vec<String>, String) {
+    let name = |r: Runtime| match r {
+        Runtime::Raw => "raw",
+        Runtime::Rust(_) => "Rust Worker",
+        Runtime::Python(_) => "Python Worker",
+    };
+    let of: HashMap<&str, &str> = workers
+        .iter()
+        .map(|(id, runtime)| (id.as_str(), name(*runtime)))
+        .collect();
+    let mut counts: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (_, runtime) in workers {
+        counts.entry(name(*runtime)).or_default();
+    }
+    for l in lines {
+        if let Some(c) = of.get(l.worker.as_str()).and_then(|r| counts.get_mut(r)) {
+            match l.event.as_str() {
+                "leased" => c.0 += 1,
+                "acked" => c.1 += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut bad = Vec::new();
+    let mut summary = Vec::new();
+    for (runtime, (leased, acked)) in counts {
+        if leased == 0 || acked == 0 {
+            bad.push(format!(
+                "the {runtime} workers recorded {leased} leases and {acked} acks"
+            ));
+        }
+        summary.push(format!("{runtime}: {leased} leases, {acked} acks"));
+    }
+    (bad, summary.join(", "))
 }
