@@ -504,10 +504,11 @@ class AsyncWorker:
                 self._book.remove(ctx)
                 return
             except JobqError as e:
-                if e.code() == grpc.StatusCode.INVALID_ARGUMENT and retry_delay is not None:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT and (retry_delay is not None
+                                                                or snooze is not None):
                     log.warning("job %s: the server refused the retry delay (%s); failing "
                                 "with its backoff instead", ctx.id, e)
-                    retry_delay, first = None, True
+                    retry_delay, snooze, first = None, None, True
                     continue
                 if (retry and error is None
                         and e.code() == grpc.StatusCode.FAILED_PRECONDITION):

@@ -341,12 +341,13 @@ class Worker:
                 return
             except grpc.RpcError as e:
                 code = code_of(e)
-                if code == grpc.StatusCode.INVALID_ARGUMENT and retry_delay is not None:
+                if code == grpc.StatusCode.INVALID_ARGUMENT and (retry_delay is not None
+                                                             or snooze is not None):
                     # As the Rust worker: a delay the server refuses (over
                     # its bound) still fails the attempt, with its backoff.
                     log.warning("job %s: the server refused the retry delay (%s); failing "
                                 "with its backoff instead", ctx.id, e)
-                    retry_delay, first = None, True
+                    retry_delay, snooze, first = None, None, True
                     continue
                 if (retry and error is None
                         and code == grpc.StatusCode.FAILED_PRECONDITION):

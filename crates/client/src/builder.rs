@@ -46,10 +46,10 @@ pub(crate) type ReadyHook = Arc<dyn Fn() + Send + Sync>;
 /// worker has been without one.
 pub(crate) type ConnectionErrorHook = Arc<dyn Fn(&Error, Duration) + Send + Sync>;
 
-/// The longest lease a worker may ask for.
 /// How long a cancelled handler may keep running by default.
 const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(5);
 
+/// The longest lease a worker may ask for.
 const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Everything [`Worker::run`] needs, validated.

@@ -106,18 +106,27 @@ async fn execute(
     let result = tokio::select! {
         biased;
         _ = ctx.cancelled() => {
-            warn!("handler cancelled: lease lost, job cancelled or drain deadline passed; not acking");
-            wind_down(shared, run).await;
-            return None;
+            let result = wind_down(shared, &mut run).await;
+            // At the drain deadline the lease is still this worker's: a
+            // handler that stopped within its grace has its result
+            // reported (an ack, a fail, a snooze); one that did not is
+            // given back. A lost or revoked lease reports nothing.
+            match result {
+                Some(result) if shared.stopping() => result,
+                _ => {
+                    warn!("handler cancelled: lease lost, job cancelled or drain deadline passed; not acking");
+                    return None;
+                }
+            }
         }
         () = lease_ran_out(ctx) => {
             // Heartbeats could not reach the server (partition, server
             // down): past the deadline the server may have handed the job
-            // to someone else, so stop rather than run it twice at once.
+            // to someone else, so stop at once (no grace) rather than run
+            // it twice at once.
             warn!("lease deadline passed without a successful heartbeat; cancelling the handler");
             shared.cfg.metrics.lease_lost(Lost::Deadline);
             ctx.cancellation_token().cancel();
-            wind_down(shared, run).await;
             return None;
         }
         result = &mut run => result,
@@ -146,18 +155,24 @@ async fn execute(
 
 /// Lets a cancelled handler run for the worker's `cancel_grace`, so that
 /// one that watches [`JobContext::cancelled`] can stop cleanly; then drops
-/// it. Whatever it returns is not reported: its lease is gone.
-async fn wind_down<F: std::future::Future + Unpin>(shared: &Shared, run: F) {
+/// it. Returns what it returned within the grace, if it did.
+async fn wind_down<F: std::future::Future>(shared: &Shared, run: F) -> Option<F::Output> {
     let grace = shared.cfg.cancel_grace;
     if grace.is_zero() {
-        return;
+        return None;
     }
     match tokio::time::timeout(grace, run).await {
-        Ok(_) => debug!("cancelled handler stopped within its grace"),
-        Err(_) => warn!(
-            ?grace,
-            "cancelled handler still running after its grace; dropping it"
-        ),
+        Ok(result) => {
+            debug!("cancelled handler stopped within its grace");
+            Some(result)
+        }
+        Err(_) => {
+            warn!(
+                ?grace,
+                "cancelled handler still running after its grace; dropping it"
+            );
+            None
+        }
     }
 }
 
@@ -245,11 +260,17 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
             }
             (Err(err), Err(_))
                 if err.code() == Some(tonic::Code::InvalidArgument)
-                    && options.as_ref().is_some_and(|o| o.retry_delay.is_some()) =>
+                    && options
+                        .as_ref()
+                        .is_some_and(|o| o.retry_delay.is_some() || o.snooze.is_some()) =>
             {
-                warn!(cause = %err, "the server refused the retry delay; failing with its backoff instead");
+                // Over the server's --max-delay: a retry with its backoff
+                // (for a snooze, that spends the attempt) rather than a job
+                // left to expire.
+                warn!(cause = %err, "the server refused the retry delay or snooze; failing with its backoff instead");
                 if let Some(options) = options.as_mut() {
                     options.retry_delay = None;
+                    options.snooze = None;
                 }
             }
             (Err(err), _) if err.code() == Some(tonic::Code::Aborted) => {

@@ -18,9 +18,14 @@ use crate::{heartbeat, job, JobContext, Result};
 /// server pushed just before it saw the drain flag (which would otherwise be
 /// reclaimed, costing an attempt, when the stream closes).
 const DRAIN_SETTLE: Duration = Duration::from_millis(100);
+/// How long a Lease stream must stay open to count as the end of an
+/// outage for `give_up_after`, though it delivered nothing.
+const STREAM_SETTLED: Duration = Duration::from_secs(5);
+
 /// How long, beyond their `cancel_grace`, cancelled handlers' tasks get to
-/// end after the drain deadline before they are aborted.
-const ABORT_GRACE: Duration = Duration::from_secs(1);
+/// end after the drain deadline before they are aborted: time for a
+/// give-back (at most 2 s) to get its answer.
+const ABORT_GRACE: Duration = Duration::from_secs(3);
 
 type LeaseStream = tonic::Streaming<pb::LeaseEvent>;
 
@@ -59,14 +64,16 @@ type LeaseStream = tonic::Streaming<pb::LeaseEvent>;
 ///   a time, in a tracing span `job` with `job.id`, `job.kind`,
 ///   `job.attempt`, `job.queue`;
 /// - heartbeats all in-flight leases in one call per tick; a lease reported
-///   lost, or revoked on the stream, has its handler dropped and is neither
-///   acked nor failed;
+///   lost, or revoked on the stream, cancels its handler (which keeps
+///   running for `cancel_grace`, then is dropped) and is neither acked nor
+///   failed;
 /// - acks on `Ok`, fails on `Err` (with the [`HandlerError`](crate::HandlerError)'s
 ///   retry delay or fatal flag) and on panic (`handler panicked: ...`);
 ///   ABORTED replies (the lease was lost meanwhile) are logged, not retried;
 /// - on shutdown, tells the server it is draining (no more jobs), lets
 ///   in-flight handlers finish for up to `drain_timeout` and settles them,
-///   cancels the rest (the server reclaims those), closes the stream and
+///   cancels the rest (each gets `cancel_grace`, then its job is given back
+///   without spending an attempt), closes the stream and
 ///   returns.
 pub struct Worker {
     builder: WorkerBuilder,
@@ -98,7 +105,10 @@ impl Worker {
     }
 
     /// Runs until the shutdown token is cancelled and the drain is over.
-    /// Server outages are retried forever, not returned.
+    /// Server outages are retried for ever, not returned, unless
+    /// [`give_up_after`](crate::WorkerBuilder::give_up_after) is set: then
+    /// [`Error::Unreachable`](crate::Error::Unreachable) after the running
+    /// jobs are drained.
     ///
     /// # Errors
     /// [`Error::Config`](crate::Error::Config) for unusable options,
@@ -131,14 +141,20 @@ impl Worker {
                 heartbeat::run(Arc::clone(&shared), stop_heartbeats.clone()).in_current_span(),
             ));
             let mut tasks = JoinSet::new();
-            let stream = serve(&shared, &mut tasks).await?;
+            // Given up (`give_up_after`): the jobs still running are
+            // drained as at shutdown, then the error is returned.
+            let (stream, gave_up) = match serve(&shared, &mut tasks).await {
+                Ok(stream) => (stream, None),
+                Err(err @ crate::Error::Unreachable { .. }) => (None, Some(err)),
+                Err(err) => return Err(err),
+            };
             drain(&shared, stream, &mut tasks).await;
             stop_heartbeats.cancel();
             if let Err(err) = (&mut heartbeats.0).await {
                 error!(cause = %err, "heartbeat task failed");
             }
             info!("worker stopped");
-            Ok(())
+            gave_up.map_or(Ok(()), Err)
         }
         .instrument(span)
         .await
@@ -156,13 +172,18 @@ impl Drop for AbortOnDrop {
 
 /// Takes jobs until shutdown; returns the open stream, if any, so the drain
 /// can keep it (closing it would make the server reclaim in-flight jobs).
-/// Fails only when the very first stream is refused for good.
+/// Fails when the very first stream is refused for good, or with
+/// [`Error::Unreachable`](crate::Error::Unreachable) after `give_up_after`
+/// without a stream.
 async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<LeaseStream>> {
     let shutdown = shared.cfg.shutdown.clone();
     let mut backoff = Backoff::default();
     let mut stream: Option<LeaseStream> = None;
     let mut ever_opened = false;
     let mut down = Down::default();
+    // When the current stream opened: one that stayed up a while ended an
+    // outage even if it delivered nothing (an idle queue).
+    let mut opened_at = Instant::now();
     loop {
         if stream.is_none() {
             let opened = tokio::select! {
@@ -177,7 +198,7 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<L
                 }
                 Ok(s) => {
                     ever_opened = true;
-                    down.clear();
+                    opened_at = Instant::now();
                     // The backoff resets only on the first event (below): a
                     // stream that opens and fails at once must not be
                     // retried in a tight loop.
@@ -210,7 +231,10 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<L
         let (ended, err) = match step {
             None => continue,
             Some(Ok(Some(event))) => {
+                // Like the backoff, only a stream that delivers something
+                // ends an outage: one that opens and fails at once does not.
                 backoff.reset();
+                down.clear();
                 on_event(shared, event, tasks);
                 continue;
             }
@@ -230,6 +254,9 @@ async fn serve(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) -> Result<Option<L
             ),
         };
         stream = None;
+        if opened_at.elapsed() >= STREAM_SETTLED {
+            down.clear();
+        }
         down.failed(shared, &err)?;
         // Ask the server now rather than at the next tick whether the jobs
         // still running here were reclaimed with the stream (then their
@@ -335,10 +362,10 @@ async fn drain(shared: &Arc<Shared>, mut stream: Option<LeaseStream>, tasks: &mu
     if !tasks.is_empty() {
         warn!(
             in_flight = tasks.len(),
-            "drain deadline passed; cancelling handlers, the server will reclaim their jobs"
+            "drain deadline passed; cancelling handlers, then giving their jobs back"
         );
         shared.stop_handlers();
-        let _ = timeout(shared.cfg.cancel_grace + ABORT_GRACE, async {
+        let _ = timeout(shared.cfg.cancel_grace.saturating_add(ABORT_GRACE), async {
             while let Some(joined) = tasks.join_next().await {
                 log_join(joined);
             }

@@ -157,7 +157,7 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_METADATA_BYTES", default_value_t = 8 * 1024)]
     pub max_metadata_bytes: usize,
 
-    /// Longest enqueue `delay` or Fail `retry_delay`.
+    /// Longest enqueue `delay`, Fail `retry_delay` or Fail `snooze`.
     #[arg(long, env = "JOBQ_MAX_DELAY", default_value = "365days", value_parser = humantime::parse_duration)]
     pub max_delay: Duration,
 

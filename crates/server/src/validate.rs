@@ -24,6 +24,9 @@ pub const MAX_QUEUES: usize = 32;
 pub const DEFAULT_PAGE_SIZE: usize = 100;
 /// Largest ListJobs page size.
 pub const MAX_PAGE_SIZE: usize = 1000;
+/// The most bytes kept of a snooze's reason (less when `--max-error-bytes`
+/// is less).
+pub const MAX_SNOOZE_REASON_BYTES: usize = 256;
 
 mod operator;
 mod schedule;
@@ -380,7 +383,13 @@ pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)
                 .into(),
         ));
     }
-    let mut error = kept_text(req.error, config.max_error_bytes);
+    // A snooze spends no attempt, so nothing bounds how many a job gets
+    // but the history's length: its reason is kept short.
+    let limit = match snooze {
+        Some(_) => config.max_error_bytes.min(MAX_SNOOZE_REASON_BYTES),
+        None => config.max_error_bytes,
+    };
+    let mut error = kept_text(req.error, limit);
     if error.is_empty() {
         error = if snooze.is_some() {
             "snoozed (no reason given)"
