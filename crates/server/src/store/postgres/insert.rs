@@ -7,12 +7,12 @@
 
 use std::time::SystemTime;
 
-use futures::future::try_join_all;
+use futures::future::join_all;
 
 use super::{
     error::PgError,
-    listen,
     row::{self, JobRow, COLUMNS},
+    tx::Open,
     write, Core,
 };
 use crate::{
@@ -23,6 +23,13 @@ use crate::{
 
 /// Adds the jobs of a batch whose keys are distinct, as
 /// [`crate::store::Backend::insert`].
+///
+/// Two round trips: the ids and `now` (drawn outside the transaction, as a
+/// sequence is anyway) go out with the `BEGIN`, then the inserts with the
+/// `COMMIT` (a failed insert turns that `COMMIT` into a rollback). Only a
+/// key that was taken already costs a third: the read of the job that
+/// holds it, after the commit (one that was deleted meanwhile is
+/// [`PgError::Raced`], and the caller's retry takes the freed key).
 pub async fn insert(
     pg: &Core,
     batch: Vec<NewJob>,
@@ -31,8 +38,7 @@ pub async fn insert(
     if batch.is_empty() {
         return Ok(Vec::new());
     }
-    let mut client = pg.client().await?;
-    let tx = client.transaction().await?;
+    let tx = Open::new(pg.client().await?);
     let n = i64::try_from(batch.len()).unwrap_or(i64::MAX);
     let ids_stmt = tx
         .prepare_cached(
@@ -40,14 +46,6 @@ pub async fn insert(
              array(SELECT nextval('jobq_job_ids') FROM generate_series(1, $2::bigint))",
         )
         .await?;
-    let head = tx.query_one(&ids_stmt, &[&pg.now_param(now), &n]).await?;
-    let now: SystemTime = head.try_get(0)?;
-    let ids: Vec<i64> = head.try_get(1)?;
-    let jobs: Vec<_> = batch
-        .into_iter()
-        .zip(ids)
-        .map(|(new, id)| row::stored(machine::create(JobId(row::from_db(id)), new, now)))
-        .collect();
     let insert = tx
         .prepare_cached(&format!(
             "INSERT INTO jobq_jobs ({COLUMNS}) VALUES \
@@ -55,6 +53,20 @@ pub async fn insert(
              ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING"
         ))
         .await?;
+    let now_param = pg.now_param(now);
+    let head = async {
+        tx.query_one(&ids_stmt, &[&now_param, &n])
+            .await
+            .map_err(PgError::from)
+    };
+    let (head, ()) = futures::try_join!(head, tx.begin())?;
+    let now: SystemTime = head.try_get(0)?;
+    let ids: Vec<i64> = head.try_get(1)?;
+    let jobs: Vec<_> = batch
+        .into_iter()
+        .zip(ids)
+        .map(|(new, id)| row::stored(machine::create(JobId(row::from_db(id)), new, now)))
+        .collect();
     let rows: Vec<JobRow> = jobs.iter().map(JobRow::of).collect();
     // Inserted in (queue, key) order, whatever the batch's order: each
     // insert holds its key in the unique index until the commit, so two
@@ -63,17 +75,30 @@ pub async fn insert(
     // were drawn in the batch's order above, so FIFO is unchanged.
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by(|&a, &b| (&jobs[a].queue, &jobs[a].key).cmp(&(&jobs[b].queue, &jobs[b].key)));
-    let counts = try_join_all(order.iter().map(|&i| {
+    let inserts = join_all(order.iter().map(|&i| {
         let params = rows[i].params();
         let insert = &insert;
         let tx = &tx;
         async move { tx.execute(insert, &params).await }
-    }))
-    .await?;
+    }));
+    // Sent after every insert (a join polls in order); every reply is
+    // awaited, whatever fails.
+    let (counts, committed) = futures::join!(inserts, tx.client().batch_execute("COMMIT"));
     let mut inserted = vec![0; rows.len()];
     for (&i, count) in order.iter().zip(counts) {
-        inserted[i] = count;
+        inserted[i] = match count {
+            Ok(count) => count,
+            Err(err) => {
+                // The COMMIT rolled the transaction back.
+                if committed.is_ok() {
+                    tx.done();
+                }
+                return Err(err.into());
+            }
+        };
     }
+    committed?;
+    tx.done();
     let existing_stmt = tx
         .prepare_cached(&format!(
             "SELECT {}, lease_server FROM jobq_jobs WHERE queue = $1 AND key = $2",
@@ -105,8 +130,6 @@ pub async fn insert(
             created: false,
         });
     }
-    let channels = vec![listen::DUE; queues.len()];
-    write::notify(&tx, &channels, &queues).await?;
-    tx.commit().await?;
+    pg.due(queues);
     Ok(out)
 }
