@@ -23,7 +23,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -54,6 +57,11 @@ struct Request {
 /// The queue in front of the take transactions.
 pub struct Takes {
     tx: mpsc::UnboundedSender<Request>,
+    /// Takes sent and not yet in a transaction.
+    queued: Arc<AtomicUsize>,
+    /// The take transactions in flight, one permit each.
+    lanes: Arc<Semaphore>,
+    pg: std::sync::Weak<Core>,
 }
 
 /// A reading of the next due time (`None`: no pending job), and when it
@@ -91,8 +99,15 @@ impl Takes {
     /// the backend).
     pub fn start(pg: std::sync::Weak<Core>) -> Takes {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(pg, rx));
-        Takes { tx }
+        let queued = Arc::new(AtomicUsize::new(0));
+        let lanes = Arc::new(Semaphore::new(LANES));
+        tokio::spawn(run(pg.clone(), rx, Arc::clone(&queued), Arc::clone(&lanes)));
+        Takes {
+            tx,
+            queued,
+            lanes,
+            pg,
+        }
     }
 
     /// Takes a job as [`crate::store::Backend::take`], in the next
@@ -104,6 +119,20 @@ impl Takes {
         streamed: bool,
         now: SystemTime,
     ) -> Result<Option<Change>, PgError> {
+        if self.queued.load(Ordering::Relaxed) == 0 {
+            if let (Ok(_permit), Some(pg)) = (self.lanes.try_acquire(), self.pg.upgrade()) {
+                // A lane is free and nobody waits: alone, at once, in the
+                // caller's task.
+                let queues = queues.to_vec();
+                let (mut changes, next) =
+                    take::take_many(&pg, &queues, vec![event], streamed, now).await?;
+                let change = changes.pop();
+                if change.is_none() {
+                    pg.recent.put(&queues, next);
+                }
+                return Ok(change);
+            }
+        }
         let (reply, rx) = oneshot::channel();
         let request = Request {
             queues: queues.to_vec(),
@@ -112,7 +141,9 @@ impl Takes {
             now,
             reply,
         };
+        self.queued.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(request).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(PgError::Raced("the store is closing".into()));
         }
         rx.await
@@ -120,8 +151,12 @@ impl Takes {
     }
 }
 
-async fn run(pg: std::sync::Weak<Core>, mut rx: mpsc::UnboundedReceiver<Request>) {
-    let lanes = Arc::new(Semaphore::new(LANES));
+async fn run(
+    pg: std::sync::Weak<Core>,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    queued: Arc<AtomicUsize>,
+    lanes: Arc<Semaphore>,
+) {
     while let Some(first) = rx.recv().await {
         // Wait for a free lane first: whatever queues meanwhile joins.
         let Ok(permit) = Arc::clone(&lanes).acquire_owned().await else {
@@ -134,6 +169,7 @@ async fn run(pg: std::sync::Weak<Core>, mut rx: mpsc::UnboundedReceiver<Request>
                 Err(_) => break,
             }
         }
+        queued.fetch_sub(batch.len(), Ordering::Relaxed);
         // By queues (and kind of take), in arrival order.
         let mut groups: Vec<Vec<Request>> = Vec::new();
         for r in batch {
