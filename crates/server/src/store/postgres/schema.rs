@@ -158,7 +158,9 @@ CREATE INDEX jobq_jobs_by_key ON jobq_jobs (key, id) WHERE key IS NOT NULL;
 /// on one counter), in the transaction that changes the row, whichever
 /// server (or hand) changes it. The counts are `jobq_counts` plus the
 /// deltas; every server folds the deltas into `jobq_counts` a few times a
-/// second (`queries::fold_counts`). The backfill counts the jobs there are
+/// second (`queries::fold_counts`); the deltas table is vacuumed once
+/// 10,000 of its rows are dead, whatever its size, so that Stats reads
+/// few. The backfill counts the jobs there are
 /// under a lock that makes writes wait while it runs, as versions 5 and 6
 /// do.
 const V7: &str = r#"
@@ -173,7 +175,7 @@ CREATE TABLE jobq_count_deltas (
     queue  text   NOT NULL,
     status text   NOT NULL,
     delta  bigint NOT NULL
-);
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000);
 CREATE FUNCTION jobq_count() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
