@@ -26,10 +26,11 @@ use crate::{
 ///
 /// Two round trips: the ids and `now` (drawn outside the transaction, as a
 /// sequence is anyway) go out with the `BEGIN`, then the inserts with the
-/// `COMMIT` (a failed insert turns that `COMMIT` into a rollback). Only a
-/// key that was taken already costs a third: the read of the job that
-/// holds it, after the commit (one that was deleted meanwhile is
-/// [`PgError::Raced`], and the caller's retry takes the freed key).
+/// `COMMIT` (a failed insert turns that `COMMIT` into a rollback). A batch
+/// with a key costs a third: the `COMMIT` waits for the read of the jobs
+/// that held keys already (one that was deleted meanwhile is
+/// [`PgError::Raced`], nothing is committed, and a retry takes the freed
+/// key).
 pub async fn insert(
     pg: &Core,
     batch: Vec<NewJob>,
@@ -81,24 +82,40 @@ pub async fn insert(
         let tx = &tx;
         async move { tx.execute(insert, &params).await }
     }));
-    // Sent after every insert (a join polls in order); every reply is
-    // awaited, whatever fails.
-    let (counts, committed) = futures::join!(inserts, tx.client().batch_execute("COMMIT"));
+    // Without a key no insert can meet a job already there, so the COMMIT
+    // goes with the inserts (sent after every one of them: a join polls
+    // in order; every reply is awaited, whatever fails, and a failed
+    // insert turns the COMMIT into a rollback). With a key, a job already
+    // there is read before the commit, so that a read that fails (the job
+    // was deleted meanwhile) leaves nothing committed, and the batch can
+    // run again, each caller alone.
+    let keyed = jobs.iter().any(|j| j.key.is_some());
+    let commit = async {
+        if keyed {
+            return Ok(());
+        }
+        tx.client().batch_execute("COMMIT").await
+    };
+    let (counts, committed) = futures::join!(inserts, commit);
     let mut inserted = vec![0; rows.len()];
     for (&i, count) in order.iter().zip(counts) {
         inserted[i] = match count {
             Ok(count) => count,
             Err(err) => {
-                // The COMMIT rolled the transaction back.
-                if committed.is_ok() {
+                if !keyed && committed.is_ok() {
+                    // The COMMIT rolled the transaction back.
                     tx.done();
+                } else if keyed {
+                    tx.rollback().await;
                 }
                 return Err(err.into());
             }
         };
     }
     committed?;
-    tx.done();
+    if !keyed {
+        tx.done();
+    }
     let existing_stmt = tx
         .prepare_cached(&format!(
             "SELECT {}, lease_server FROM jobq_jobs WHERE queue = $1 AND key = $2",
@@ -124,11 +141,21 @@ pub async fn insert(
                 "the job that held key {:?} was deleted meanwhile",
                 job.key
             ))
-        })?;
+        });
+        let existing = match existing {
+            Ok(existing) => existing,
+            Err(err) => {
+                tx.rollback().await;
+                return Err(err);
+            }
+        };
         out.push(Enqueued {
             job: existing.job,
             created: false,
         });
+    }
+    if keyed {
+        tx.commit().await?;
     }
     pg.due(queues);
     Ok(out)
