@@ -149,6 +149,13 @@ pub struct BenchArgs {
     /// No progress bar (it is drawn on stderr, and only to a terminal).
     #[arg(long)]
     pub no_progress: bool,
+
+    /// A PostgreSQL database (postgres://…): the spawned server stores its
+    /// jobs there (`jobq serve --store URL`), `b-own-cap1-analyzed` runs
+    /// `ANALYZE jobq_jobs` on it, and the `loop-*` workloads run a plain
+    /// `SKIP LOCKED` job loop against it, for comparison in the same run.
+    #[arg(long, value_name = "URL")]
+    pub pg: Option<String>,
 }
 
 /// `--server URL`, counted only when given on the command line.
@@ -266,6 +273,24 @@ pub enum Workload {
     /// capacity 1.
     #[value(name = "c-own", alias = "latency-own-conn")]
     LatencyOwn,
+    /// `b-own-cap1` after `ANALYZE jobq_jobs` on `--pg`'s database (run
+    /// between the fill and the drain).
+    #[value(name = "b-own-cap1-analyzed", alias = "drain-own-conn-cap1-analyzed")]
+    DrainOwnCap1Analyzed,
+    /// The plain loop's A on `--pg`: one INSERT per job, a connection per
+    /// producer.
+    #[value(name = "loop-a", alias = "loop-enqueue")]
+    LoopEnqueue,
+    /// The plain loop's B on `--pg`: SKIP LOCKED take, then ack, a
+    /// connection per worker.
+    #[value(name = "loop-b", alias = "loop-drain")]
+    LoopDrain,
+    /// The plain loop's B after `ANALYZE`.
+    #[value(name = "loop-b-analyzed", alias = "loop-drain-analyzed")]
+    LoopDrainAnalyzed,
+    /// The plain loop's C: LISTEN/NOTIFY wake-ups, SKIP LOCKED takes.
+    #[value(name = "loop-c", alias = "loop-latency")]
+    LoopLatency,
 }
 
 impl Workload {
@@ -281,6 +306,11 @@ impl Workload {
             Workload::DrainOwnCap1 => "drain-own-conn-cap1",
             Workload::DrainOwnCap4 => "drain-own-conn-cap4",
             Workload::LatencyOwn => "latency-own-conn",
+            Workload::DrainOwnCap1Analyzed => "drain-own-conn-cap1-analyzed",
+            Workload::LoopEnqueue => "loop-enqueue",
+            Workload::LoopDrain => "loop-drain",
+            Workload::LoopDrainAnalyzed => "loop-drain-analyzed",
+            Workload::LoopLatency => "loop-latency",
         }
     }
 
@@ -293,6 +323,18 @@ impl Workload {
                 | Workload::DrainOwnCap1
                 | Workload::DrainOwnCap4
                 | Workload::LatencyOwn
+                | Workload::DrainOwnCap1Analyzed
+        )
+    }
+
+    /// The plain `SKIP LOCKED` loop's workloads, run without the server.
+    pub fn is_loop(self) -> bool {
+        matches!(
+            self,
+            Workload::LoopEnqueue
+                | Workload::LoopDrain
+                | Workload::LoopDrainAnalyzed
+                | Workload::LoopLatency
         )
     }
 
@@ -306,6 +348,7 @@ impl Workload {
                 | Workload::EnqueueOwn
                 | Workload::DrainOwnCap1
                 | Workload::DrainOwnCap4
+                | Workload::DrainOwnCap1Analyzed
         )
     }
 }
@@ -385,9 +428,23 @@ pub async fn measure(
         args.mixed_jobs.is_some() || !args.duration.is_zero(),
         "--duration must be more than 0"
     );
+    anyhow::ensure!(
+        args.pg.is_some()
+            || !args
+                .workloads
+                .iter()
+                .any(|w| w.is_loop() || *w == Workload::DrainOwnCap1Analyzed),
+        "the loop-* and b-own-cap1-analyzed workloads need --pg URL"
+    );
     let server = match &args.server.0 {
         Some(url) => server::Server::attach(url.clone(), args.server_pid),
-        None => server::Server::spawn(args.data_dir.as_deref(), &args.serve_args).await?,
+        None => {
+            let mut serve_args = args.serve_args.clone();
+            if let Some(pg) = &args.pg {
+                serve_args.extend(["--store".to_owned(), pg.clone()]);
+            }
+            server::Server::spawn(args.data_dir.as_deref(), &serve_args).await?
+        }
     };
     let shared = match args.connections {
         Connections::Shared(n) => Some(pool::Pool::connect(&server.url(), n).await?),

@@ -22,11 +22,26 @@ pub async fn run(
     pool: &Pool,
     progress: &Progress,
 ) -> anyhow::Result<Outcome> {
+    run_analyzed(workload, args, pool, progress, None).await
+}
+
+/// Runs B, with `analyze` (a PostgreSQL URL) running `ANALYZE jobq_jobs`
+/// there between the fill and the drain.
+pub async fn run_analyzed(
+    workload: Workload,
+    args: &BenchArgs,
+    pool: &Pool,
+    progress: &Progress,
+    analyze: Option<&str>,
+) -> anyhow::Result<Outcome> {
     let name = workload.name();
     let queue = pool.queue(name);
     let filling = progress.bar("drain (fill)", args.jobs);
     fill(pool, &queue, args, FILL_PRODUCERS, &filling).await?;
     filling.finish_and_clear();
+    if let Some(url) = analyze {
+        super::pgloop::analyze(url, "jobq_jobs").await?;
+    }
 
     let bar = progress.bar(name, args.jobs);
     let shared = worker::Shared::new(Some(args.jobs), bar.clone(), false);

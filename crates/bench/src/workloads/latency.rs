@@ -85,6 +85,7 @@ pub async fn run(
         }
     }
     join_all(sends).await?;
+    let sent_in = start.elapsed();
     let stats = worker::finish(workers).await?;
     let elapsed = start.elapsed();
     bar.finish_and_clear();
@@ -101,6 +102,10 @@ pub async fn run(
     .extra("enqueue_to_acked", stats.acked.summary())
     .extra("send_lag", send_lag)
     .param("rate", args.rate)
+    .param(
+        "achieved_rate",
+        (total as f64 / sent_in.as_secs_f64().max(1e-9)).round(),
+    )
     .param("workers", args.latency_workers)
     .param("capacity", args.capacity)
     .param("payload_bytes", args.payload_bytes.max(stamp::MIN_LEN))

@@ -5,6 +5,7 @@ mod drain;
 mod enqueue;
 mod latency;
 mod mixed;
+pub mod pgloop;
 mod worker;
 
 use std::sync::{
@@ -41,6 +42,21 @@ pub async fn run(
         Workload::DrainOwnCap1 => drain::run(workload, &own(Some(1)), pool, progress).await,
         Workload::DrainOwnCap4 => drain::run(workload, &own(Some(4)), pool, progress).await,
         Workload::LatencyOwn => latency::run(workload, &own(Some(1)), pool, progress).await,
+        Workload::DrainOwnCap1Analyzed => {
+            let pg = args.pg.as_deref();
+            drain::run_analyzed(workload, &own(Some(1)), pool, progress, pg).await
+        }
+        Workload::LoopEnqueue
+        | Workload::LoopDrain
+        | Workload::LoopDrainAnalyzed
+        | Workload::LoopLatency => {
+            let pg = args
+                .pg
+                .as_deref()
+                .ok_or_else(|| anyhow::anyhow!("needs --pg"))?;
+            let queue = pool.queue(workload.name());
+            pgloop::run(workload, args, pg, &queue, progress).await
+        }
     }
 }
 
@@ -49,7 +65,14 @@ pub async fn run(
 pub fn clients(workload: Workload, args: &BenchArgs) -> usize {
     match workload {
         Workload::Enqueue | Workload::EnqueueBatch | Workload::EnqueueOwn => args.producers,
-        Workload::Drain | Workload::DrainOwnCap1 | Workload::DrainOwnCap4 => args.workers,
+        Workload::Drain
+        | Workload::DrainOwnCap1
+        | Workload::DrainOwnCap4
+        | Workload::DrainOwnCap1Analyzed => args.workers,
+        Workload::LoopEnqueue
+        | Workload::LoopDrain
+        | Workload::LoopDrainAnalyzed
+        | Workload::LoopLatency => 1,
         // The producer comes after the workers.
         Workload::Latency | Workload::LatencyOwn => args.latency_workers + 1,
         Workload::Mixed => args.workers + args.mixed_producers,

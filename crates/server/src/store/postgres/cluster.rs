@@ -17,7 +17,7 @@ use tokio_postgres::types::ToSql;
 
 use std::time::SystemTime;
 
-use super::{error::PgError, listen, queries, row, write, Pg};
+use super::{error::PgError, listen, queries, row, tx::Open, write, Pg};
 use crate::{
     job::{JobId, LeaseId, Outcome, Status},
     machine::Event,
@@ -34,7 +34,10 @@ const FORGET_AFTER_TIMEOUTS: f64 = 10.0;
 /// is alive; forgets servers long dead. On a connection of its own, not
 /// the pool's (see [`Pg`]'s `heartbeats`). The time it writes is this
 /// server's reading of the database's clock (see [`super::clock`]).
-pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
+/// Returns how many registered servers were silent for `--server-timeout`
+/// (read in the same round trip): one more than last time may have died
+/// with wake-ups it had not sent yet (see [`super::listen`]).
+pub async fn heartbeat(pg: &Pg) -> Result<u64, PgError> {
     let client = pg.heartbeats.get().await?;
     let beat = client
         .prepare_cached(
@@ -50,12 +53,23 @@ pub async fn heartbeat(pg: &Pg) -> Result<(), PgError> {
             "DELETE FROM jobq_servers WHERE heartbeat_at < now() - make_interval(secs => $1)",
         )
         .await?;
+    let silent = client
+        .prepare_cached(
+            "SELECT count(*) FROM jobq_servers \
+             WHERE id <> $1 AND heartbeat_at <= now() - make_interval(secs => $2)",
+        )
+        .await?;
     let long_dead = pg.server_timeout.as_secs_f64() * FORGET_AFTER_TIMEOUTS;
+    let timeout = pg.server_timeout.as_secs_f64();
     let (me, dead): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) = ([&pg.me], [&long_dead]);
-    let (row, _) =
-        futures::try_join!(client.query_one(&beat, &me), client.execute(&forget, &dead))?;
+    let quiet: [&(dyn ToSql + Sync); 2] = [&pg.me, &timeout];
+    let (row, _, silent) = futures::try_join!(
+        client.query_one(&beat, &me),
+        client.execute(&forget, &dead),
+        client.query_one(&silent, &quiet)
+    )?;
     pg.observed_clock(row.try_get(0)?, std::time::Instant::now());
-    Ok(())
+    Ok(u64::try_from(silent.try_get::<_, i64>(0)?).unwrap_or(0))
 }
 
 /// Ends the database sessions of the registered servers that were not
@@ -148,11 +162,12 @@ pub async fn reclaim_orphaned(pg: &Pg, now: SystemTime) -> Result<Vec<Change>, P
         *row::CHANGE_COLUMNS
     );
     loop {
-        let mut client = pg.client().await?;
-        let tx = client.transaction().await?;
+        let tx = Open::new(pg.client().await?);
         let stmt = tx.prepare_cached(&sql).await?;
-        let rows = tx.query(&stmt, &[&dead, &RECLAIM_CHUNK]).await?;
-        let db_now = queries::now(&tx, pg.now_param(now)).await?;
+        let (_, rows) = futures::try_join!(tx.begin(), async {
+            Ok(tx.query(&stmt, &[&dead, &RECLAIM_CHUNK]).await?)
+        })?;
+        let db_now = queries::now(tx.client(), pg.now_param(now)).await?;
         let locked = rows.len();
         let loaded = write::with_history(&tx, rows).await?;
         let events = loaded
@@ -164,8 +179,9 @@ pub async fn reclaim_orphaned(pg: &Pg, now: SystemTime) -> Result<Vec<Change>, P
             })
             .collect();
         let (results, writes, _) = write::apply_all(loaded, events, db_now);
-        write::write(&tx, &pg.me, &writes).await?;
+        let due = write::write(&tx, &pg.me, &writes).await?;
         tx.commit().await?;
+        pg.due(due);
         let before = changed.len();
         changed.extend(results.into_iter().filter_map(Result::ok));
         // A short chunk was the last; one that changed nothing would only

@@ -7,12 +7,12 @@
 
 use std::time::SystemTime;
 
-use futures::future::try_join_all;
+use futures::future::join_all;
 
 use super::{
     error::PgError,
-    listen,
     row::{self, JobRow, COLUMNS},
+    tx::Open,
     write, Core,
 };
 use crate::{
@@ -23,6 +23,14 @@ use crate::{
 
 /// Adds the jobs of a batch whose keys are distinct, as
 /// [`crate::store::Backend::insert`].
+///
+/// Two round trips: the ids and `now` (drawn outside the transaction, as a
+/// sequence is anyway) go out with the `BEGIN`, then the inserts with the
+/// `COMMIT` (a failed insert turns that `COMMIT` into a rollback). A batch
+/// with a key costs a third: the `COMMIT` waits for the read of the jobs
+/// that held keys already (one that was deleted meanwhile is
+/// [`PgError::Raced`], nothing is committed, and a retry takes the freed
+/// key).
 pub async fn insert(
     pg: &Core,
     batch: Vec<NewJob>,
@@ -31,8 +39,7 @@ pub async fn insert(
     if batch.is_empty() {
         return Ok(Vec::new());
     }
-    let mut client = pg.client().await?;
-    let tx = client.transaction().await?;
+    let tx = Open::new(pg.client().await?);
     let n = i64::try_from(batch.len()).unwrap_or(i64::MAX);
     let ids_stmt = tx
         .prepare_cached(
@@ -40,14 +47,6 @@ pub async fn insert(
              array(SELECT nextval('jobq_job_ids') FROM generate_series(1, $2::bigint))",
         )
         .await?;
-    let head = tx.query_one(&ids_stmt, &[&pg.now_param(now), &n]).await?;
-    let now: SystemTime = head.try_get(0)?;
-    let ids: Vec<i64> = head.try_get(1)?;
-    let jobs: Vec<_> = batch
-        .into_iter()
-        .zip(ids)
-        .map(|(new, id)| row::stored(machine::create(JobId(row::from_db(id)), new, now)))
-        .collect();
     let insert = tx
         .prepare_cached(&format!(
             "INSERT INTO jobq_jobs ({COLUMNS}) VALUES \
@@ -55,6 +54,20 @@ pub async fn insert(
              ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING"
         ))
         .await?;
+    let now_param = pg.now_param(now);
+    let head = async {
+        tx.query_one(&ids_stmt, &[&now_param, &n])
+            .await
+            .map_err(PgError::from)
+    };
+    let (head, ()) = futures::try_join!(head, tx.begin())?;
+    let now: SystemTime = head.try_get(0)?;
+    let ids: Vec<i64> = head.try_get(1)?;
+    let jobs: Vec<_> = batch
+        .into_iter()
+        .zip(ids)
+        .map(|(new, id)| row::stored(machine::create(JobId(row::from_db(id)), new, now)))
+        .collect();
     let rows: Vec<JobRow> = jobs.iter().map(JobRow::of).collect();
     // Inserted in (queue, key) order, whatever the batch's order: each
     // insert holds its key in the unique index until the commit, so two
@@ -63,16 +76,45 @@ pub async fn insert(
     // were drawn in the batch's order above, so FIFO is unchanged.
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by(|&a, &b| (&jobs[a].queue, &jobs[a].key).cmp(&(&jobs[b].queue, &jobs[b].key)));
-    let counts = try_join_all(order.iter().map(|&i| {
+    let inserts = join_all(order.iter().map(|&i| {
         let params = rows[i].params();
         let insert = &insert;
         let tx = &tx;
         async move { tx.execute(insert, &params).await }
-    }))
-    .await?;
+    }));
+    // Without a key no insert can meet a job already there, so the COMMIT
+    // goes with the inserts (sent after every one of them: a join polls
+    // in order; every reply is awaited, whatever fails, and a failed
+    // insert turns the COMMIT into a rollback). With a key, a job already
+    // there is read before the commit, so that a read that fails (the job
+    // was deleted meanwhile) leaves nothing committed, and the batch can
+    // run again, each caller alone.
+    let keyed = jobs.iter().any(|j| j.key.is_some());
+    let commit = async {
+        if keyed {
+            return Ok(());
+        }
+        tx.client().batch_execute("COMMIT").await
+    };
+    let (counts, committed) = futures::join!(inserts, commit);
     let mut inserted = vec![0; rows.len()];
     for (&i, count) in order.iter().zip(counts) {
-        inserted[i] = count;
+        inserted[i] = match count {
+            Ok(count) => count,
+            Err(err) => {
+                if !keyed && committed.is_ok() {
+                    // The COMMIT rolled the transaction back.
+                    tx.done();
+                } else if keyed {
+                    tx.rollback().await;
+                }
+                return Err(err.into());
+            }
+        };
+    }
+    committed?;
+    if !keyed {
+        tx.done();
     }
     let existing_stmt = tx
         .prepare_cached(&format!(
@@ -99,14 +141,22 @@ pub async fn insert(
                 "the job that held key {:?} was deleted meanwhile",
                 job.key
             ))
-        })?;
+        });
+        let existing = match existing {
+            Ok(existing) => existing,
+            Err(err) => {
+                tx.rollback().await;
+                return Err(err);
+            }
+        };
         out.push(Enqueued {
             job: existing.job,
             created: false,
         });
     }
-    let channels = vec![listen::DUE; queues.len()];
-    write::notify(&tx, &channels, &queues).await?;
-    tx.commit().await?;
+    if keyed {
+        tx.commit().await?;
+    }
+    pg.due(queues);
     Ok(out)
 }

@@ -40,7 +40,9 @@ mod row;
 mod schedules;
 pub mod schema;
 mod take;
+mod takes;
 pub mod testing;
+mod tx;
 mod write;
 
 use std::{
@@ -250,7 +252,8 @@ pub struct Pg {
     core: Arc<Core>,
     /// How the LISTEN connection connects.
     listen_config: tokio_postgres::Config,
-    server_timeout: Duration,
+    /// How the notifying connection connects (see [`listen`]).
+    notify_config: tokio_postgres::Config,
     /// One connection of its own for this server's heartbeat: behind a
     /// pool that slow reads or a stuck row lock have drained, it would
     /// wait past `--server-timeout`, and the other servers would take this
@@ -259,12 +262,22 @@ pub struct Pg {
     /// The database's clock as of the last heartbeat (see [`clock`]).
     db_clock: clock::DbClock,
     listener: Mutex<Option<AbortHandle>>,
+    /// The task that folds the job counts (see [`queries::fold_counts`]).
+    folder: Mutex<Option<AbortHandle>>,
     remote: std::sync::OnceLock<Remote>,
     /// Group commit of transitions; `None` with the caller's clock (tests
     /// replay each caller's own `now`) or `--pg-group-commit 1`.
     batcher: Option<batch::Batcher<batch::Apply>>,
     /// Group commit of enqueues, likewise.
     inserter: Option<batch::Batcher<batch::Insert>>,
+    /// Takes that arrive together share a transaction, likewise.
+    batched_takes: Option<takes::Takes>,
+    /// The notifier's end of [`Core::outbox`], until [`Backend::attach`]
+    /// starts the LISTEN task with it.
+    inbox: Mutex<Option<listen::Inbox>>,
+    /// Servers whose heartbeat was older than `--server-timeout` at this
+    /// server's last heartbeat (see [`cluster::heartbeat`]).
+    silent: AtomicU64,
 }
 
 /// What every statement needs, shared with the group-commit task.
@@ -276,10 +289,17 @@ pub struct Core {
     takes: tokio::sync::Semaphore,
     /// This server's id in `jobq_servers`, fresh per process.
     me: String,
+    /// A server silent this long is dead (`--server-timeout`).
+    server_timeout: Duration,
+    /// Next due times read by takes that came up short (see [`takes`]).
+    recent: takes::Recent,
     clock: Clock,
     doubles: AtomicU64,
     batches: AtomicU64,
     batched: AtomicU64,
+    /// Wake-ups for the other servers, sent after the commit by the LISTEN
+    /// task ([`listen`]).
+    outbox: listen::Outbox,
 }
 
 impl std::ops::Deref for Pg {
@@ -292,13 +312,10 @@ impl std::ops::Deref for Pg {
 
 impl Drop for Pg {
     fn drop(&mut self) {
-        if let Some(listener) = self
-            .listener
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            listener.abort();
+        for task in [&self.listener, &self.folder] {
+            if let Some(task) = task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                task.abort();
+            }
         }
     }
 }
@@ -385,7 +402,11 @@ impl Pg {
             let mut client = pool.get().await.map_err(PgError::from)?;
             schema::migrate(&mut client).await?;
         }
+        let (outbox, inbox) = tokio::sync::mpsc::unbounded_channel();
         let core = Arc::new(Core {
+            outbox,
+            server_timeout: options.server_timeout,
+            recent: takes::Recent::default(),
             pool,
             takes: tokio::sync::Semaphore::new((options.pool_size.max(2) / 2).max(1)),
             me: me.clone(),
@@ -405,18 +426,24 @@ impl Pg {
             let lanes = (options.pool_size / 4).max(1);
             batch::Batcher::start(Arc::downgrade(&core), options.group_commit, lanes)
         });
+        let batched_takes = batching.then(|| takes::Takes::start(Arc::downgrade(&core)));
         let pg = Pg {
             core,
+            batched_takes,
             listen_config: named(&pg_config, &me, "listen"),
-            server_timeout: options.server_timeout,
+            notify_config: named(&pg_config, &me, "notify"),
             heartbeats,
             db_clock: clock::DbClock::default(),
             listener: Mutex::new(None),
+            folder: Mutex::new(None),
             remote: std::sync::OnceLock::new(),
             batcher,
             inserter,
+            inbox: Mutex::new(Some(inbox)),
+            silent: AtomicU64::new(0),
         };
-        cluster::heartbeat(&pg).await?;
+        let silent = cluster::heartbeat(&pg).await?;
+        pg.silent.store(silent, Ordering::Relaxed);
         Ok(pg)
     }
 
@@ -473,17 +500,26 @@ impl Core {
         Ok(self.pool.get().await?)
     }
 
+    /// Hands committed queues that have a job due to the notifier, for the
+    /// other servers' waiters (this server's are woken by the store).
+    fn due(&self, queues: impl IntoIterator<Item = String>) {
+        for queue in queues {
+            // Closed only with the store.
+            let _ = self.outbox.send(listen::Outgoing::Due(queue));
+        }
+    }
+
     async fn apply_events(
         &self,
         events: Vec<(JobId, Event)>,
         now: SystemTime,
     ) -> Result<Vec<Result<Change>>, PgError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
+        let tx = tx::Open::new(self.client().await?);
         let ids: BTreeSet<JobId> = events.iter().map(|(id, _)| *id).collect();
-        let (loaded, db_now) = futures::try_join!(
-            write::lock(&tx, &ids),
-            queries::now(&tx, self.now_param(now))
+        let (_, db_now, loaded) = futures::try_join!(
+            tx.begin(),
+            queries::now(tx.client(), self.now_param(now)),
+            write::lock(&tx, &ids)
         )?;
         let (results, writes, doubles) = write::apply_all(loaded, events, db_now);
         if doubles > 0 {
@@ -493,8 +529,15 @@ impl Core {
                 "reclaims refused: another server had reclaimed the lease first (fenced, harmless)"
             );
         }
-        write::write(&tx, &self.me, &writes).await?;
+        let due = match write::write(&tx, &self.me, &writes).await {
+            Ok(due) => due,
+            Err(err) => {
+                tx.rollback().await;
+                return Err(err);
+            }
+        };
         tx.commit().await?;
+        self.due(due);
         Ok(results)
     }
 }
@@ -524,7 +567,22 @@ impl Backend for Pg {
         streamed: bool,
         now: SystemTime,
     ) -> Result<Option<Change>> {
-        Ok(take::take(self, queues, take, streamed, now).await?)
+        // Only a stream's takes share transactions: a stream's task waits
+        // for its take to the end, while a Dequeue's caller may go away
+        // midway, and a job taken for it in a shared transaction would
+        // then stay leased to nobody until its lease ran out.
+        match (&self.batched_takes, streamed) {
+            (Some(takes), true) => Ok(takes.take(queues, take, streamed, now).await?),
+            _ => {
+                let taken = take::take(self, queues, take, streamed, now).await?;
+                if taken.is_none() {
+                    // Its caller asks for the next due time next: from the
+                    // database, not from a reading older than this take.
+                    self.recent.forget(queues);
+                }
+                Ok(taken)
+            }
+        }
     }
 
     async fn apply(
@@ -626,16 +684,31 @@ impl Backend for Pg {
 
     fn attach(&self, remote: Remote) {
         let _ = self.remote.set(remote.clone());
+        let Some(inbox) = self.inbox.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
         let task = tokio::spawn(listen::run(
             self.listen_config.clone(),
+            self.notify_config.clone(),
             self.me.clone(),
             remote,
+            inbox,
         ));
         *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        let folder = tokio::spawn(queries::fold_counts_forever(Arc::downgrade(&self.core)));
+        *self.folder.lock().unwrap_or_else(|p| p.into_inner()) = Some(folder.abort_handle());
     }
 
     async fn heartbeat(&self) -> Result<()> {
-        cluster::heartbeat(self).await?;
+        let silent = cluster::heartbeat(self).await?;
+        if silent > self.silent.swap(silent, Ordering::Relaxed) {
+            // A server went silent: the wake-ups it had committed but not
+            // sent yet are lost with it (see [`listen`]), so every waiter
+            // looks again.
+            if let Some(remote) = self.remote.get() {
+                remote.due();
+            }
+        }
         // Other servers' leases do not re-arm this server's reaper; the
         // heartbeat does, so a lease whose server died is still reaped.
         if let Some(remote) = self.remote.get() {
@@ -657,6 +730,13 @@ impl Backend for Pg {
     }
 
     async fn leave(&self) -> Result<()> {
+        // The wake-ups of what this server committed go out before it
+        // leaves (a bounded wait: a broken LISTEN connection would hold
+        // them until it reconnects).
+        let (done, sent) = tokio::sync::oneshot::channel();
+        if self.outbox.send(listen::Outgoing::Flush(done)).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), sent).await;
+        }
         Ok(cluster::leave(self).await?)
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{error::PgError, listen, row, write, Pg};
+use super::{error::PgError, listen, row, tx::Open, write, Pg};
 use crate::{
     error::{Error, Result},
     job::JobId,
@@ -13,16 +13,25 @@ use crate::{
 /// Deletes one job unless it is RUNNING, deciding on the row locked `FOR
 /// UPDATE` (attempts go with it, `ON DELETE CASCADE`).
 pub async fn delete(pg: &Pg, id: JobId) -> Result<()> {
-    let mut client = pg.client().await.map_err(Error::from)?;
-    let tx = client.transaction().await.map_err(PgError::from)?;
+    let tx = Open::new(pg.client().await.map_err(Error::from)?);
     let ids = BTreeSet::from([id]);
-    let loaded = write::lock(&tx, &ids).await?;
-    let job = &loaded.first().ok_or(Error::NotFound(id))?.job;
-    machine::deletable(job)?;
-    tx.execute("DELETE FROM jobq_jobs WHERE id = $1", &[&row::to_db(id.0)])
-        .await
-        .map_err(PgError::from)?;
-    tx.commit().await.map_err(PgError::from)?;
+    let (_, loaded) = futures::try_join!(tx.begin(), write::lock(&tx, &ids))?;
+    let deleted = async {
+        let job = &loaded.first().ok_or(Error::NotFound(id))?.job;
+        machine::deletable(job)?;
+        tx.execute("DELETE FROM jobq_jobs WHERE id = $1", &[&row::to_db(id.0)])
+            .await
+            .map_err(PgError::from)?;
+        Ok::<_, Error>(())
+    }
+    .await;
+    match deleted {
+        Ok(()) => tx.commit().await?,
+        Err(err) => {
+            tx.rollback().await;
+            return Err(err);
+        }
+    }
     Ok(())
 }
 

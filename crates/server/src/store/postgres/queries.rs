@@ -235,30 +235,48 @@ pub async fn list(pg: &Pg, filter: &ListFilter) -> Result<Page, PgError> {
     Ok(Page { jobs, next })
 }
 
-/// Counts per queue, sorted by queue name.
+/// Counts per queue and status (`$1`: one queue, or NULL for all): the
+/// folded counts plus the deltas not folded yet, read in one snapshot
+/// (see `schema.rs`, version 7).
+const COUNTS: &str = "SELECT queue, status, sum(n)::bigint FROM ( \
+       SELECT queue, status, n FROM jobq_counts WHERE ($1::text IS NULL OR queue = $1) \
+       UNION ALL \
+       SELECT queue, status, delta FROM jobq_count_deltas WHERE ($1::text IS NULL OR queue = $1)) c \
+     GROUP BY queue, status HAVING sum(n) <> 0 ORDER BY queue";
+
+/// The earliest `run_at` among PENDING jobs of each queue in `$1` (paused
+/// or not), skipping through the due index as [`NEXT_RUN_AT`] does, and
+/// `$2` (or the database's `now()`).
+const EARLIEST: &str = "WITH RECURSIVE prio(q, p) AS ( \
+       SELECT q, (SELECT priority FROM jobq_jobs WHERE status = 'pending' AND queue = q \
+                  ORDER BY priority DESC LIMIT 1) \
+       FROM unnest($1::text[]) AS q \
+       UNION ALL \
+       SELECT prio.q, (SELECT priority FROM jobq_jobs WHERE status = 'pending' \
+                       AND queue = prio.q AND priority < prio.p \
+                       ORDER BY priority DESC LIMIT 1) \
+       FROM prio WHERE prio.p IS NOT NULL) \
+     SELECT q, min((SELECT run_at FROM jobq_jobs WHERE status = 'pending' \
+                    AND queue = prio.q AND priority = prio.p ORDER BY run_at LIMIT 1)), \
+            coalesce($2::timestamptz, now()) \
+     FROM prio WHERE prio.p IS NOT NULL GROUP BY q";
+
+/// Counts per queue, sorted by queue name: from the counts the trigger
+/// keeps (a few rows per queue, however many jobs are retained), and the
+/// oldest due job's age from the due index (a few probes per queue).
 pub async fn stats(
     pg: &Pg,
     queue: Option<&str>,
     now: SystemTime,
 ) -> Result<Vec<QueueStats>, PgError> {
     let client = pg.client().await?;
-    let stmt = client
-        .prepare_cached(
-            "SELECT queue, status, count(*), \
-             min(run_at) FILTER (WHERE status = 'pending' AND run_at <= coalesce($2::timestamptz, now())), \
-             coalesce($2::timestamptz, now()) \
-             FROM jobq_jobs WHERE ($1::text IS NULL OR queue = $1) \
-             GROUP BY queue, status ORDER BY queue",
-        )
-        .await?;
-    let rows = client.query(&stmt, &[&queue, &pg.now_param(now)]).await?;
+    let stmt = client.prepare_cached(COUNTS).await?;
+    let rows = client.query(&stmt, &[&queue]).await?;
     let mut out: Vec<QueueStats> = Vec::new();
     for r in rows {
         let name: String = r.try_get(0)?;
         let status: String = r.try_get(1)?;
         let count = u64::try_from(r.try_get::<_, i64>(2)?).unwrap_or(0);
-        let oldest: Option<SystemTime> = r.try_get(3)?;
-        let now: SystemTime = r.try_get(4)?;
         if out.last().is_none_or(|s| s.queue != name) {
             out.push(QueueStats {
                 queue: name,
@@ -267,15 +285,32 @@ pub async fn stats(
         }
         let Some(s) = out.last_mut() else { continue };
         match status.as_str() {
-            "pending" => {
-                s.pending = count;
-                s.oldest_pending_age =
-                    oldest.map(|at| now.duration_since(at).unwrap_or(Duration::ZERO));
-            }
+            "pending" => s.pending = count,
             "running" => s.running = count,
             "done" => s.done = count,
             "failed" => s.failed = count,
             other => return Err(PgError::Schema(format!("unknown job status {other:?}"))),
+        }
+    }
+    let pending: Vec<&str> = out
+        .iter()
+        .filter(|s| s.pending > 0)
+        .map(|s| s.queue.as_str())
+        .collect();
+    if !pending.is_empty() {
+        let stmt = client.prepare_cached(EARLIEST).await?;
+        let earliest: HashMap<String, (Option<SystemTime>, SystemTime)> = client
+            .query(&stmt, &[&pending, &pg.now_param(now)])
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, (r.try_get(1)?, r.try_get(2)?))))
+            .collect::<Result<_, tokio_postgres::Error>>()?;
+        for s in &mut out {
+            if let Some((Some(at), now)) = earliest.get(&s.queue) {
+                // Only a due job has an age: one due later has none yet.
+                s.oldest_pending_age =
+                    (at <= now).then(|| now.duration_since(*at).unwrap_or(Duration::ZERO));
+            }
         }
     }
     if let (Some(queue), true) = (queue, out.is_empty()) {
@@ -286,6 +321,45 @@ pub async fn stats(
         });
     }
     Ok(out)
+}
+
+/// Folds the count deltas into `jobq_counts` (see `schema.rs`, version 7),
+/// unless another server is folding them now. Deltas committed while it
+/// runs stay for the next fold.
+pub async fn fold_counts(pg: &super::Core) -> Result<(), PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(
+            "WITH gone AS (DELETE FROM jobq_count_deltas \
+                 WHERE pg_try_advisory_xact_lock($1) RETURNING queue, status, delta) \
+             INSERT INTO jobq_counts (queue, status, n) \
+             SELECT queue, status, sum(delta) FROM gone GROUP BY queue, status ORDER BY queue, status \
+             ON CONFLICT (queue, status) DO UPDATE SET n = jobq_counts.n + EXCLUDED.n",
+        )
+        .await?;
+    client.execute(&stmt, &[&FOLD_LOCK]).await?;
+    Ok(())
+}
+
+/// The advisory lock of a fold of the counts: "jqfc" in ASCII.
+const FOLD_LOCK: i64 = 0x6a71_6663;
+
+/// How often each server folds the count deltas: what Stats sums beyond
+/// the folded counts stays a fraction of a second of changes.
+pub const FOLD_EVERY: Duration = Duration::from_millis(200);
+
+/// Folds the count deltas every [`FOLD_EVERY`] for as long as the store
+/// lives.
+pub async fn fold_counts_forever(pg: std::sync::Weak<super::Core>) {
+    let mut tick = tokio::time::interval(FOLD_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(pg) = pg.upgrade() else { return };
+        if let Err(err) = fold_counts(&pg).await {
+            tracing::debug!(cause = %err, "folding the job counts failed; trying again");
+        }
+    }
 }
 
 /// The earliest `run_at` among PENDING jobs of the queues in `$1`, paused
@@ -309,12 +383,26 @@ pub const NEXT_RUN_AT: &str = "WITH RECURSIVE prio(q, p) AS ( \
 /// [`NEXT_RUN_AT`] of these queues, on this server's clock (see
 /// [`on_local_clock`]).
 pub async fn next_run_at(pg: &Pg, queues: &[String]) -> Result<Option<SystemTime>, PgError> {
+    if let Some(next) = pg.recent.get(queues) {
+        // A take of these queues that came up short read it just now
+        // (see `takes.rs`).
+        return Ok(next);
+    }
     let client = pg.client().await?;
+    next_run_at_in(&client, pg.clock, queues).await
+}
+
+/// [`NEXT_RUN_AT`] of these queues on `client`, on this server's clock.
+pub async fn next_run_at_in(
+    client: &impl GenericClient,
+    clock: Clock,
+    queues: &[String],
+) -> Result<Option<SystemTime>, PgError> {
     let stmt = client
         .prepare_cached(&format!("SELECT ({NEXT_RUN_AT}), now()"))
         .await?;
     let row = client.query_one(&stmt, &[&queues]).await?;
-    Ok(on_local_clock(pg.clock, row.try_get(0)?, row.try_get(1)?))
+    Ok(on_local_clock(clock, row.try_get(0)?, row.try_get(1)?))
 }
 
 /// The earliest expiry among the leases this server's reaper reclaims

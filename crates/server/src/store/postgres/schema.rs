@@ -23,6 +23,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (4, "schedules", V4),
     (5, "status index", V5),
     (6, "key index", V6),
+    (7, "job counts", V7),
 ];
 
 /// Version 1.
@@ -146,6 +147,54 @@ CREATE INDEX jobq_jobs_queue_status ON jobq_jobs (queue, status, id);
 /// left out of it. Built like version 5: writes wait while it builds.
 const V6: &str = r#"
 CREATE INDEX jobq_jobs_by_key ON jobq_jobs (key, id) WHERE key IS NOT NULL;
+"#;
+
+/// Version 7: counts of jobs per queue and status, so that Stats, the
+/// `/metrics` gauges and the dashboard read a few rows instead of counting
+/// every job (docs/src/internals/postgres.md, "Counts").
+///
+/// A trigger on `jobq_jobs` appends each row's change of (queue, status)
+/// to `jobq_count_deltas` (an insert only: no two transactions ever wait
+/// on one counter), in the transaction that changes the row, whichever
+/// server (or hand) changes it. The counts are `jobq_counts` plus the
+/// deltas; every server folds the deltas into `jobq_counts` a few times a
+/// second (`queries::fold_counts`); the deltas table is vacuumed once
+/// 10,000 of its rows are dead, whatever its size, so that Stats reads
+/// few. The backfill counts the jobs there are
+/// under a lock that makes writes wait while it runs, as versions 5 and 6
+/// do.
+const V7: &str = r#"
+LOCK TABLE jobq_jobs IN SHARE MODE;
+CREATE TABLE jobq_counts (
+    queue  text   NOT NULL,
+    status text   NOT NULL,
+    n      bigint NOT NULL,
+    PRIMARY KEY (queue, status)
+);
+CREATE TABLE jobq_count_deltas (
+    queue  text   NOT NULL,
+    status text   NOT NULL,
+    delta  bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000);
+CREATE FUNCTION jobq_count() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO jobq_count_deltas VALUES (NEW.queue, NEW.status, 1);
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO jobq_count_deltas VALUES (OLD.queue, OLD.status, -1);
+    ELSE
+        INSERT INTO jobq_count_deltas VALUES (OLD.queue, OLD.status, -1), (NEW.queue, NEW.status, 1);
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER jobq_count_rows AFTER INSERT OR DELETE ON jobq_jobs
+    FOR EACH ROW EXECUTE FUNCTION jobq_count();
+CREATE TRIGGER jobq_count_moves AFTER UPDATE OF queue, status ON jobq_jobs
+    FOR EACH ROW WHEN (OLD.queue IS DISTINCT FROM NEW.queue OR OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION jobq_count();
+INSERT INTO jobq_counts (queue, status, n)
+    SELECT queue, status, count(*) FROM jobq_jobs GROUP BY queue, status;
 "#;
 
 /// Applies every migration the database lacks, under the advisory lock.

@@ -22,7 +22,7 @@
 
 use std::{collections::HashSet, sync::LazyLock, time::SystemTime};
 
-use super::{error::PgError, operator, queries, row::COLUMNS, write, Pg};
+use super::{error::PgError, operator, queries, row::COLUMNS, tx::Open, write, Core};
 use crate::{machine::Event, store::Change};
 
 /// The dequeue statement for one queue (`$1`) at `$2` (or the database's
@@ -44,32 +44,89 @@ pub fn dequeue(columns: &str) -> String {
     )
 }
 
-/// [`dequeue`] of a whole job row, built once.
-static DEQUEUE_ROW: LazyLock<String> =
-    LazyLock::new(|| dequeue(&format!("{COLUMNS}, lease_server")));
+/// [`dequeue`] of up to `$3` jobs (in order: priority, then due order),
+/// selecting `columns` of the jobs it locks.
+pub fn dequeue_many(columns: &str) -> String {
+    dequeue(columns)
+        .replace("id LIMIT 1 FOR UPDATE", "id LIMIT $3 FOR UPDATE")
+        .replace(") j LIMIT 1", ") j LIMIT $3")
+}
 
-/// Takes the first due job, as [`crate::store::Backend::take`].
+/// [`dequeue_many`] of whole job rows, built once.
+static DEQUEUE_ROW: LazyLock<String> =
+    LazyLock::new(|| dequeue_many(&format!("{COLUMNS}, lease_server")));
+
+/// [`DEQUEUE_ROW`] for the first queue of a take, which the same round
+/// trip as the take's checks also asks: nothing when that queue is paused
+/// (read after the pause locks, as the paused set is).
+static DEQUEUE_FIRST: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT * FROM ({}) d WHERE NOT EXISTS (SELECT 1 FROM jobq_paused WHERE queue = $1)",
+        *DEQUEUE_ROW
+    )
+});
+
+/// Takes the first due job, as [`crate::store::Backend::take`], in a
+/// transaction of its own.
 pub async fn take(
-    pg: &Pg,
+    pg: &Core,
     queues: &[String],
     take: Event,
     streamed: bool,
     now: SystemTime,
 ) -> Result<Option<Change>, PgError> {
+    let (mut changes, _) = take_many(pg, queues, vec![take], streamed, now).await?;
+    Ok(changes.pop())
+}
+
+/// Takes up to one due job per event of `takes`, in one transaction: the
+/// changes, in the order of `takes` (fewer when fewer jobs were due), and,
+/// when fewer, the queues' next due time as read in the transaction (on
+/// this server's clock).
+///
+/// Round trips: the `BEGIN`, the checks and the first queue's dequeue
+/// together (pipelined, one), the jobs' history (one), their writes (one),
+/// the `COMMIT` (one); each further queue looked at costs one more.
+pub async fn take_many(
+    pg: &Core,
+    queues: &[String],
+    takes: Vec<Event>,
+    streamed: bool,
+    now: SystemTime,
+) -> Result<(Vec<Change>, Option<SystemTime>), PgError> {
     // Never closed: only dropped with the store.
     let _permit = pg
         .takes
         .acquire()
         .await
         .map_err(|_| PgError::Raced("the store is closing".into()))?;
-    let mut client = pg.client().await?;
-    let tx = client.transaction().await?;
+    let tx = Open::new(pg.client().await?);
+    match take_in(pg, &tx, queues, takes, streamed, now).await {
+        Ok(taken) => {
+            tx.commit().await?;
+            Ok(taken)
+        }
+        Err(err) => {
+            tx.rollback().await;
+            Err(err)
+        }
+    }
+}
+
+async fn take_in(
+    pg: &Core,
+    tx: &Open,
+    queues: &[String],
+    takes: Vec<Event>,
+    streamed: bool,
+    now: SystemTime,
+) -> Result<(Vec<Change>, Option<SystemTime>), PgError> {
     let sync_off = async {
         tx.batch_execute("SET LOCAL synchronous_commit = off")
             .await
             .map_err(PgError::from)
     };
-    let db_now = queries::now(&tx, pg.now_param(now));
+    let db_now = queries::now(tx.client(), pg.now_param(now));
     // The queues' pause locks (shared), held until this commits, order the
     // take with PauseQueue (`operator::set_paused`): a statement of their
     // own, sent before the read of the paused queues (`try_join!` polls in
@@ -121,37 +178,72 @@ pub async fn take(
         let row = tx.query_one(&stmt, &[&pg.me, &half]).await?;
         row.try_get::<_, bool>(0).map_err(PgError::from)
     };
-    let (_, now, _, paused, registered) =
-        futures::try_join!(sync_off, db_now, locked, paused, registered)?;
+    let now_param = pg.now_param(now);
+    let wanted = i64::try_from(takes.len()).unwrap_or(i64::MAX);
+    // The first queue's dequeue, in the same round trip (last, so after
+    // the pause locks). With the caller's clock (tests) the dequeue needs
+    // the `now` read first, so it waits for the loop below.
+    let first = async {
+        let Some(queue) = queues.first().filter(|_| now_param.is_none()) else {
+            return Ok(None);
+        };
+        let stmt = tx.prepare_cached(&DEQUEUE_FIRST).await?;
+        let rows = tx.query(&stmt, &[queue, &now_param, &wanted]).await?;
+        Ok::<_, PgError>(Some(rows))
+    };
+    let (_, _, now, _, paused, registered, first) = futures::try_join!(
+        tx.begin(),
+        sync_off,
+        db_now,
+        locked,
+        paused,
+        registered,
+        first
+    )?;
     if !registered {
         return Err(PgError::Unregistered);
     }
-    let stmt = tx.prepare_cached(&DEQUEUE_ROW).await?;
     let now_param = pg.now_param(now);
+    let mut first = first;
+    let mut rows = Vec::new();
     for queue in queues.iter().filter(|q| !paused.contains(*q)) {
-        let rows = tx.query(&stmt, &[queue, &now_param]).await?;
-        if rows.is_empty() {
-            continue;
+        let left = wanted - i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        if left <= 0 {
+            break;
         }
-        let loaded = write::with_history(&tx, rows).await?;
-        let Some(id) = loaded.first().map(|l| l.job.id) else {
-            continue;
-        };
-        let (mut results, mut writes, _) = write::apply_all(loaded, vec![(id, take)], now);
-        if streamed {
-            for w in &mut writes {
-                w.server = Some(pg.me.clone());
+        let found = match first.take() {
+            Some(found) if Some(queue) == queues.first() => found,
+            _ => {
+                let stmt = tx.prepare_cached(&DEQUEUE_ROW).await?;
+                tx.query(&stmt, &[queue, &now_param, &left]).await?
             }
-        }
-        write::write(&tx, &pg.me, &writes).await?;
-        tx.commit().await?;
-        return match results.pop() {
-            Some(Ok(change)) => Ok(Some(change)),
-            // The row was due under the same `now`: a refusal is a bug.
-            Some(Err(e)) => Err(PgError::Schema(format!("a due job refused its take: {e}"))),
-            None => Ok(None),
         };
+        rows.extend(found);
     }
-    tx.commit().await?;
-    Ok(None)
+    let short = rows.len() < takes.len();
+    let loaded = write::with_history(tx, rows).await?;
+    let ids: Vec<_> = loaded.iter().map(|l| l.job.id).collect();
+    let events: Vec<_> = ids.into_iter().zip(takes).collect();
+    let (results, mut writes, _) = write::apply_all(loaded, events, now);
+    if streamed {
+        for w in &mut writes {
+            w.server = Some(pg.me.clone());
+        }
+    }
+    // A short take also reads the next due time, in the same round trip.
+    let next = async {
+        if !short {
+            return Ok(None);
+        }
+        queries::next_run_at_in(tx.client(), pg.clock, queues).await
+    };
+    let (_, next) = futures::try_join!(write::write(tx, &pg.me, &writes), next)?;
+    let changes = results
+        .into_iter()
+        .map(|r| {
+            // The rows were due under the same `now`: a refusal is a bug.
+            r.map_err(|e| PgError::Schema(format!("a due job refused its take: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((changes, next))
 }

@@ -1,16 +1,26 @@
 //! The write path, written once: load the rows `FOR UPDATE`, call
 //! [`machine::apply`], write each changed row with a fencing condition on
-//! the lease it was loaded with, sync its attempts, and queue the
-//! notifications, all in the caller's transaction. The SQL only loads and
-//! stores; every rule stays in the machine.
+//! the lease it was loaded with, and sync its attempts, all in the
+//! caller's transaction. The SQL only loads and stores; every rule stays
+//! in the machine.
+//!
+//! Notifications (docs/src/design.md §5, notify after durable): a lease
+//! that ended is notified inside the transaction only when another
+//! server's stream held it (that server frees the stream's slot on
+//! commit); this server's own streams hear of it from the store's own
+//! signals. A queue that a change made due is returned to the caller,
+//! which hands it to the notifier after the commit ([`super::listen`]):
+//! a NOTIFY inside a transaction takes a database-wide lock from its
+//! commit until the end of its WAL flush, so notifying transactions
+//! commit one at a time.
 
 use std::{
     collections::{BTreeSet, HashMap},
     time::SystemTime,
 };
 
-use deadpool_postgres::Transaction;
-use futures::future::try_join_all;
+use deadpool_postgres::ClientWrapper;
+use futures::{future::try_join_all, TryFutureExt};
 use tokio_postgres::types::ToSql;
 
 use super::{
@@ -33,16 +43,17 @@ pub struct Loaded {
 }
 
 /// One change to write: the job before and after, and the lease holder's
-/// server afterwards.
+/// server before and afterwards.
 pub struct Write {
     pub change: Change,
     pub server: Option<String>,
+    pub before: Option<String>,
 }
 
 /// Loads the jobs (with history) whose rows the caller selected with
 /// [`COLUMNS`] then `lease_server`.
 pub async fn with_history(
-    tx: &Transaction<'_>,
+    tx: &ClientWrapper,
     rows: Vec<tokio_postgres::Row>,
 ) -> Result<Vec<Loaded>, PgError> {
     let mut loaded = Vec::with_capacity(rows.len());
@@ -56,7 +67,8 @@ pub async fn with_history(
         return Ok(loaded);
     }
     let ids: Vec<i64> = loaded.iter().map(|l| row::to_db(l.job.id.0)).collect();
-    let attempts = tx.query(ATTEMPT_SELECT, &[&ids]).await?;
+    let stmt = tx.prepare_cached(ATTEMPT_SELECT).await?;
+    let attempts = tx.query(&stmt, &[&ids]).await?;
     let mut by_job: HashMap<JobId, Vec<_>> = HashMap::new();
     for a in &attempts {
         let (id, attempt) = row::attempt_of(a)?;
@@ -70,7 +82,7 @@ pub async fn with_history(
 
 /// Loads and locks the jobs in `ids`, in id order (so two transactions
 /// never wait on each other in a cycle).
-pub async fn lock(tx: &Transaction<'_>, ids: &BTreeSet<JobId>) -> Result<Vec<Loaded>, PgError> {
+pub async fn lock(tx: &ClientWrapper, ids: &BTreeSet<JobId>) -> Result<Vec<Loaded>, PgError> {
     let ids: Vec<i64> = ids.iter().map(|id| row::to_db(id.0)).collect();
     let sql = format!(
         "SELECT {}, lease_server FROM jobq_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
@@ -109,7 +121,7 @@ pub fn apply_all(
     now: SystemTime,
 ) -> (Vec<Result<Change>>, Vec<Write>, u64) {
     let mut current: HashMap<JobId, Loaded> = loaded.into_iter().map(|l| (l.job.id, l)).collect();
-    let mut first: HashMap<JobId, Job> = HashMap::new();
+    let mut first: HashMap<JobId, (Job, Option<String>)> = HashMap::new();
     let mut out = Vec::with_capacity(events.len());
     let mut doubles = 0;
     for (id, event) in events {
@@ -122,7 +134,9 @@ pub fn apply_all(
         match machine::apply(old.clone(), event.clone(), now) {
             Ok(new) => {
                 let new = row::stored(new);
-                first.entry(id).or_insert_with(|| old.clone());
+                first
+                    .entry(id)
+                    .or_insert_with(|| (old.clone(), entry.server.clone()));
                 if new.lease_id() != old.lease_id() {
                     // Set by the take itself (see `take`); a lease that
                     // ended belongs to no server.
@@ -141,7 +155,7 @@ pub fn apply_all(
     }
     let writes = first
         .into_iter()
-        .filter_map(|(id, old)| {
+        .filter_map(|(id, (old, before))| {
             let latest = current.remove(&id)?;
             (latest.job != old).then_some(Write {
                 change: Change {
@@ -149,6 +163,7 @@ pub fn apply_all(
                     new: latest.job,
                 },
                 server: latest.server,
+                before,
             })
         })
         .collect();
@@ -156,11 +171,13 @@ pub fn apply_all(
 }
 
 /// Writes changed jobs: each row fenced on the lease it was loaded with,
-/// its attempts synced, and the notifications of the changes queued (sent
-/// by PostgreSQL on commit). Statements are pipelined.
-pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(), PgError> {
+/// its attempts synced, and another server's lease-ended notifications
+/// queued (sent by PostgreSQL on commit; see the module docs). Statements
+/// are pipelined. Returns the queues the changes made due, for the
+/// notifier once committed.
+pub async fn write(tx: &ClientWrapper, me: &str, writes: &[Write]) -> Result<Vec<String>, PgError> {
     if writes.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let update = tx
         .prepare_cached(&format!(
@@ -193,6 +210,7 @@ pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(
     let mut attempts: Vec<AttemptRow> = Vec::new();
     let mut removed: Vec<(i64, Vec<i64>)> = Vec::new();
     let (mut channels, mut payloads) = (Vec::new(), Vec::new());
+    let mut due: Vec<String> = Vec::new();
     for w in writes {
         let (old, new) = (&w.change.old, &w.change.new);
         for a in &new.history {
@@ -209,13 +227,13 @@ pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(
         if !gone.is_empty() {
             removed.push((row::to_db(new.id.0), gone));
         }
-        if let Some(ended) = LeaseEnded::of(old, new) {
+        let elsewhere = w.before.as_deref().is_some_and(|s| s != me);
+        if let (true, Some(ended)) = (elsewhere, LeaseEnded::of(old, new)) {
             channels.push(listen::LEASE_ENDED);
             payloads.push(listen::encode(me, &ended));
         }
-        if new.status == Status::Pending {
-            channels.push(listen::DUE);
-            payloads.push(new.queue.clone());
+        if new.status == Status::Pending && !due.contains(&new.queue) {
+            due.push(new.queue.clone());
         }
     }
 
@@ -239,8 +257,12 @@ pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(
         async move { tx.execute(upsert, &params).await }
     }));
     let notify = notify(tx, &channels, &payloads);
-    let (updated, _, _) = futures::try_join!(updates, deletes, upserts)?;
-    notify.await?;
+    let (updated, _, _, ()) = futures::try_join!(
+        updates.map_err(PgError::from),
+        deletes.map_err(PgError::from),
+        upserts.map_err(PgError::from),
+        notify
+    )?;
     if let Some(pos) = updated.iter().position(|&n| n != 1) {
         // Impossible under the row lock; a bug if it ever happens.
         return Err(PgError::Schema(format!(
@@ -248,12 +270,12 @@ pub async fn write(tx: &Transaction<'_>, me: &str, writes: &[Write]) -> Result<(
             writes[pos].change.new.id
         )));
     }
-    Ok(())
+    Ok(due)
 }
 
 /// Queues notifications (deduplicated by PostgreSQL within a transaction).
 pub async fn notify(
-    tx: &Transaction<'_>,
+    tx: &ClientWrapper,
     channels: &[&str],
     payloads: &[String],
 ) -> Result<(), PgError> {
