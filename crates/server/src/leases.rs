@@ -30,7 +30,7 @@ use std::{
     collections::{HashMap, HashSet},
     pin::Pin,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, MutexGuard, Weak,
     },
     task::{Context, Poll},
@@ -49,6 +49,7 @@ use crate::{
     config::Config,
     error::Error,
     job::{Job, JobId, LeaseId, Outcome, Status},
+    liveness::Liveness,
     store::{LeaseEnded, Store},
     validate::StreamSpec,
 };
@@ -66,6 +67,9 @@ const REFUSAL_ROOM: Duration = Duration::from_secs(1);
 /// tells the worker without it (the stream does nothing else meanwhile,
 /// and a bulk cancel makes one lookup per lease it held).
 const CANCEL_REASON_WAIT: Duration = Duration::from_millis(100);
+
+/// Why a stream of a server whose heartbeat is stale ends.
+const STALE_SERVER: &str = "this server cannot heartbeat to the database; reconnect to another server and declare the leases you hold";
 
 /// The revoke reason of a lease that the same worker declared on a newer
 /// stream of this server.
@@ -120,6 +124,9 @@ struct Pipe {
     /// until their give-back is published: a pass whose give-back failed
     /// finds them claimed again.
     claimed: Mutex<HashSet<LeaseId>>,
+    /// Set when the outgoing side refused to send a lease because this
+    /// server's heartbeat was stale, and ended the stream.
+    stale: AtomicBool,
 }
 
 impl Pipe {
@@ -143,16 +150,34 @@ struct Outgoing {
 pub struct LeaseEvents {
     rx: mpsc::Receiver<Outgoing>,
     pipe: Arc<Pipe>,
+    liveness: Liveness,
+    /// Ended by this side (a stale server's UNAVAILABLE was the last item).
+    ended: bool,
 }
 
 impl Stream for LeaseEvents {
     type Item = Result<pb::LeaseEvent, tonic::Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
         loop {
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(out)) => {
                     if let Some(lease) = out.lease {
+                        if !self.liveness.is_live() {
+                            // This server's heartbeat is stale (it may have
+                            // been frozen with the job waiting here): the
+                            // others may have reclaimed the lease, so it is
+                            // not sent. It stays unpulled, and is given back
+                            // as the stream ends, which this ends now.
+                            self.ended = true;
+                            self.pipe.stale.store(true, Ordering::Relaxed);
+                            return Poll::Ready(Some(Err(tonic::Status::unavailable(
+                                STALE_SERVER,
+                            ))));
+                        }
                         let still_ours = self.pipe.unpulled().remove(&lease);
                         self.pipe.pulled.notify_one();
                         if !still_ours {
@@ -420,7 +445,16 @@ impl<S: Store> LeaseHub<S> {
             }
             .instrument(span),
         );
-        Ok((LeaseEvents { rx, pipe }, token))
+        let liveness = self.store.liveness();
+        Ok((
+            LeaseEvents {
+                rx,
+                pipe,
+                liveness,
+                ended: false,
+            },
+            token,
+        ))
     }
 
     /// The store ended a lease: the stream that held it frees its slot, and
@@ -1009,6 +1043,14 @@ impl<S: Store> LeaseHub<S> {
                 () = sleep_until_opt(wake), if wake.is_some() => {}
             }
         };
+        // The outgoing side ended itself on a stale heartbeat: not a worker
+        // gone, whose sent leases would be reclaimed, but a server that
+        // must hand its workers to another.
+        let end = if end == End::WorkerGone && pipe.stale.load(Ordering::Relaxed) {
+            End::Unregistered
+        } else {
+            end
+        };
         // What the transport never pulled is never sent now (taking it out
         // makes the event stream skip it): it goes back without an attempt.
         let (never_sent, sent): (HashMap<_, _>, HashMap<_, _>) = {
@@ -1087,9 +1129,7 @@ impl<S: Store> LeaseHub<S> {
             End::Unregistered => {
                 let _ = tx.try_send(Outgoing {
                     lease: None,
-                    item: Err(tonic::Status::unavailable(
-                        "this server cannot heartbeat to the database; reconnect to another server and declare the leases you hold",
-                    )),
+                    item: Err(tonic::Status::unavailable(STALE_SERVER)),
                 });
                 info!(
                     held = sent.len(),

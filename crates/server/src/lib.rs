@@ -45,6 +45,7 @@ pub mod fds;
 pub mod job;
 pub mod leases;
 pub mod limits;
+pub mod liveness;
 pub mod machine;
 pub mod metrics;
 pub mod reaper;

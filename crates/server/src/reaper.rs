@@ -125,6 +125,8 @@ async fn cluster_loop<S: Store>(
     // its Lease streams end, until a heartbeat succeeds again.
     let half = timeout / 2;
     let mut beat = tokio::time::Instant::now();
+    let liveness = store.liveness();
+    liveness.renew((beat + half).into_std());
     loop {
         tokio::select! {
             _ = left.cancelled() => return,
@@ -142,6 +144,7 @@ async fn cluster_loop<S: Store>(
         };
         if result.is_ok() {
             beat = started;
+            liveness.renew((beat + half).into_std());
         }
         let registered = beat.elapsed() < half;
         if registered != *store.registered().borrow() {

@@ -616,3 +616,63 @@ async fn a_job_given_back_unpulled_is_never_sent_under_its_old_lease() {
     assert_eq!(now.lease_id().map(|l| l.to_string()), Some(leased.lease_id));
     shutdown.cancel();
 }
+
+/// A server frozen (SIGSTOP, a paused VM) with a leased job waiting in a
+/// stream's channel thaws with a stale heartbeat: the others may have
+/// reclaimed that lease meanwhile. The job must not leave for the wire,
+/// even if the transport runs before the heartbeat loop has noticed; the
+/// stream ends UNAVAILABLE and the job comes back without an attempt.
+#[tokio::test]
+async fn a_server_whose_heartbeat_went_stale_never_sends_a_lease_it_buffered() {
+    use jobq_server::{
+        leases::LeaseHub,
+        validate::{StreamSpec, TakeSpec},
+    };
+    use tokio_stream::StreamExt;
+
+    let dir = TempDir::new().unwrap();
+    let config = Arc::new(config(&dir));
+    let store = Arc::new(SledStore::open(&config).unwrap());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
+    let job = store
+        .enqueue(new_job(None), SystemTime::now())
+        .await
+        .unwrap()
+        .job;
+    let spec = StreamSpec {
+        take: TakeSpec {
+            queues: queues(),
+            worker_id: "w".into(),
+            owner: None,
+            lease: Duration::from_secs(30),
+        },
+        capacity: 1,
+        held: vec![],
+        caller: None,
+    };
+    // Opened, not read: the job waits in the channel.
+    let (mut events, _token) = hub.open(spec, (), || None).expect("open");
+    while store.get(job.id).await.unwrap().lease_id().is_none() {
+        tokio::task::yield_now().await;
+    }
+    // The heartbeat's deadline passes while the worker's transport waits.
+    store.liveness().renew(std::time::Instant::now());
+    let first = tokio::time::timeout(Duration::from_secs(5), events.next())
+        .await
+        .expect("the stream answers")
+        .expect("one item");
+    let status = first.expect_err("no leased job from a stale server");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(events.next().await.is_none(), "the stream ended");
+    drop(events);
+    let back = loop {
+        let got = store.get(job.id).await.unwrap();
+        if got.status == Status::Pending {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(back.attempts, 0, "never sent: no attempt spent");
+    shutdown.cancel();
+}

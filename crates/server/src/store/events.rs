@@ -20,6 +20,7 @@ use std::sync::{
 use tokio::sync::watch;
 
 use crate::job::{Job, JobId, LeaseId, Outcome, Status};
+use crate::liveness::Liveness;
 
 /// A lease ended: its job left RUNNING (or was leased again).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +186,9 @@ pub(crate) struct Signals {
     /// Whether this server's own heartbeat to a shared store is fresh (see
     /// [`crate::store::Store::registered`]); always true otherwise.
     registered: watch::Sender<bool>,
+    /// The deadline behind [`Signals::registered`], read at the moment a
+    /// lease leaves for the wire (see [`Liveness`]).
+    liveness: Liveness,
     listeners: RwLock<Vec<Listener>>,
     observers: RwLock<Vec<Observer>>,
     /// The earliest lease expiry the reaper may be sleeping towards, in ms
@@ -202,6 +206,7 @@ impl Default for Signals {
             lease_changes: watch::Sender::new(0),
             resyncs: watch::Sender::new(0),
             registered: watch::Sender::new(true),
+            liveness: Liveness::default(),
             listeners: RwLock::new(Vec::new()),
             observers: RwLock::new(Vec::new()),
             // Not armed yet: the first lease re-arms.
@@ -225,6 +230,10 @@ impl Signals {
 
     pub(crate) fn registered(&self) -> watch::Receiver<bool> {
         self.registered.subscribe()
+    }
+
+    pub(crate) fn liveness(&self) -> Liveness {
+        self.liveness.clone()
     }
 
     pub(crate) fn is_registered(&self) -> bool {

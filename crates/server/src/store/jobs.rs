@@ -21,6 +21,7 @@ use crate::{
     config::DEFAULT_MAX_PAUSED_QUEUES,
     error::{Error, Result},
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
+    liveness::Liveness,
     machine::{Backoff, Event},
     schedule::Schedule,
 };
@@ -884,6 +885,10 @@ impl<B: Backend> Store for Jobs<B> {
 
     fn set_registered(&self, registered: bool) {
         self.signals.set_registered(registered);
+    }
+
+    fn liveness(&self) -> Liveness {
+        self.signals.liveness()
     }
 
     fn on_lease_ended(&self, listener: Listener) {

@@ -31,6 +31,7 @@ pub use jobs::Jobs;
 use crate::{
     error::Result,
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
+    liveness::Liveness,
     schedule::Schedule,
 };
 
@@ -428,6 +429,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The heartbeat loop's verdict for [`Store::registered`].
     fn set_registered(&self, registered: bool);
+
+    /// The deadline behind [`Store::registered`], which a Lease stream
+    /// checks as each leased job leaves (a thawed server may run its
+    /// streams before its heartbeat loop); renewed by the heartbeat loop,
+    /// never set for a store of its own.
+    fn liveness(&self) -> Liveness;
 
     /// Bumped when lease-ended events may have been missed (a shared
     /// engine's notification connection broke and came back): whoever
