@@ -27,6 +27,8 @@ CLIENT_REQS=(
   mypy==2.4.1
   types-grpcio==1.85.0.20261028
   types-protobuf==7.35.1.20260906
+  # The book's SQL enqueue example (clients/python/examples/sql_enqueue.py).
+  psycopg[binary]==3.3.9
 )
 
 new_venv() {
@@ -97,6 +99,9 @@ for t in story api handler e2e parity; do
   (cd "$pyroot" && "$pyvenv/bin/python" "$pytests/${t}_test.py") || status=1
 done
 
+echo "== Python client: enqueue from SQL with psycopg, on a throwaway PostgreSQL"
+(cd "$pyroot" && bash "$OLDPWD/scripts/pg-test.sh" "$pyvenv/bin/python" "$pytests/sql_test.py") || status=1
+
 echo "== TypeScript client (scripts/ts-client-test.sh)"
 bash scripts/ts-client-test.sh || status=1
 
@@ -104,7 +109,7 @@ bash scripts/ts-client-test.sh || status=1
 # client (tests/e2e/chaos/worker.py): cargo test runs before this script
 # has installed the client, so the suite's main run has Rust workers only.
 echo "== the fault suite with a Python client worker (docs/src/operations/fault-suite.md)"
-JOBQ_CHAOS_PYTHON="$PWD/$pyvenv/bin/python" JOBQ_CHAOS_SECS=45 bash scripts/pg-test.sh \
+JOBQ_CHAOS_PYTHON="$pyvenv/bin/python" JOBQ_CHAOS_SECS=45 bash scripts/pg-test.sh \
   cargo test -p jobq-cli --test e2e chaos::chaos_three_servers -- --nocapture || status=1
 
 exit "$status"

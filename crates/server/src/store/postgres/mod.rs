@@ -39,6 +39,7 @@ mod redact;
 mod row;
 mod schedules;
 pub mod schema;
+pub mod sql_enqueue;
 mod take;
 mod takes;
 pub mod testing;
@@ -60,6 +61,7 @@ pub use error::PgError;
 pub use operator::{pause_lock_key, PAUSE_LOCK};
 pub use queries::{list_sizes, ListFilters, NEXT_RUN_AT};
 pub use redact::{redact, UNPARSEABLE};
+pub use sql_enqueue::EnqueueLimits;
 pub use take::dequeue;
 use tokio::task::AbortHandle;
 use tokio_postgres::NoTls;
@@ -103,6 +105,8 @@ pub struct PgOptions {
     /// `statement_timeout` of every pooled session
     /// (`--pg-statement-timeout`); zero for none.
     pub statement_timeout: Duration,
+    /// The limits `jobq_enqueue(…)` applies, published at connect.
+    pub enqueue: EnqueueLimits,
 }
 
 impl std::fmt::Debug for PgOptions {
@@ -114,6 +118,7 @@ impl std::fmt::Debug for PgOptions {
             .field("clock", &self.clock)
             .field("group_commit", &self.group_commit)
             .field("statement_timeout", &self.statement_timeout)
+            .field("enqueue", &self.enqueue)
             .finish()
     }
 }
@@ -128,6 +133,7 @@ impl PgOptions {
             clock: Clock::Database,
             group_commit: config.pg_group_commit,
             statement_timeout: config.pg_statement_timeout,
+            enqueue: EnqueueLimits::of(config),
         }
     }
 }
@@ -401,6 +407,7 @@ impl Pg {
         {
             let mut client = pool.get().await.map_err(PgError::from)?;
             schema::migrate(&mut client).await?;
+            sql_enqueue::publish(&**client, &options.enqueue, &me).await?;
         }
         let (outbox, inbox) = tokio::sync::mpsc::unbounded_channel();
         let core = Arc::new(Core {

@@ -24,6 +24,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (5, "status index", V5),
     (6, "key index", V6),
     (7, "job counts", V7),
+    (8, "SQL enqueue", super::sql_enqueue::MIGRATION),
 ];
 
 /// Version 1.

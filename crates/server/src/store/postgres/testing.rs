@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::NoTls;
 
-use super::{Clock, PgOptions, PgStore};
+use super::{Clock, EnqueueLimits, PgOptions, PgStore};
 use crate::{
     job::{Leased, NewJob},
     store::Store,
@@ -84,6 +84,7 @@ pub fn options(url: &str) -> PgOptions {
         clock: Clock::Database,
         group_commit: 256,
         statement_timeout: Duration::from_secs(60),
+        enqueue: EnqueueLimits::of(&Config::with_data("unused")),
     }
 }
 
