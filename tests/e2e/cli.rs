@@ -1090,6 +1090,75 @@ async fn work_dead_letters_a_job_whose_command_exits_with_a_fatal_code() {
 }
 
 #[tokio::test]
+async fn a_snooze_exit_code_puts_the_job_back_without_spending_an_attempt() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    let job = client
+        .submit("sq", "shell", "rate-limited", EnqueueOptions::new())
+        .await
+        .unwrap();
+    let mut worker = command(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "sq",
+            "--snooze-exit-code",
+            "75",
+            "--snooze",
+            "1h",
+            "--",
+            "sh",
+            "-c",
+            "echo '429: try again later' >&2; exit 75",
+        ],
+    )
+    .spawn_quiet();
+    let snoozed = until(LIMIT, "the job to be snoozed", || {
+        let client = client.clone();
+        let id = job.job.id.clone();
+        async move {
+            Some(client.job(id).await.unwrap())
+                .filter(|j| j.status == jobq_client::Status::Pending && !j.history.is_empty())
+        }
+    })
+    .await;
+    assert_eq!(snoozed.attempts, 0, "no attempt spent: {snoozed:?}");
+    let last = snoozed.history.last().unwrap();
+    assert_eq!(last.outcome, jobq_client::Outcome::Snoozed, "{snoozed:?}");
+    assert_eq!(
+        last.error.as_deref(),
+        Some("exit status 75: 429: try again later")
+    );
+    let wait = snoozed
+        .run_at
+        .unwrap()
+        .duration_since(std::time::SystemTime::now())
+        .unwrap();
+    assert!(
+        wait > Duration::from_secs(3500),
+        "due in about an hour: {wait:?}"
+    );
+    drains_and_exits_0(&mut worker).await;
+    let both = jobq(
+        &url,
+        &[
+            "work",
+            "--queue",
+            "sq",
+            "--fatal-exit-code",
+            "75",
+            "--snooze-exit-code",
+            "75",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(both.code, 2, "one code, two meanings: {}", both.stderr);
+}
+
+#[tokio::test]
 async fn list_says_when_more_jobs_match_and_how_to_see_them() {
     let server = TestServer::start().await;
     let (url, client) = (server.url(), server.client().await);

@@ -276,16 +276,25 @@ export class Client<Kinds extends KindMap = AnyKinds> {
 
   /**
    * Ends an attempt badly: PENDING again after `retryDelayMs` (default: the
-   * server's backoff), or FAILED when `fatal` or out of attempts. ABORTED
-   * when the lease is no longer the caller's.
+   * server's backoff), or FAILED when `fatal` or out of attempts. With
+   * `snoozeMs` it is no failure: PENDING again after that long, the attempt
+   * not counted (`error` is the reason). ABORTED when the lease is no
+   * longer the caller's.
    */
   async fail(
     jobId: string,
     leaseId: string,
     error: string,
-    options: { retryDelayMs?: number; fatal?: boolean; timeoutMs?: number } = {},
+    options: { retryDelayMs?: number; fatal?: boolean; snoozeMs?: number; timeoutMs?: number } = {},
   ): Promise<Job> {
-    const req = { jobId, leaseId, error, retryDelay: duration(options.retryDelayMs), fatal: options.fatal ?? false };
+    const req = {
+      jobId,
+      leaseId,
+      error,
+      retryDelay: duration(options.retryDelayMs),
+      fatal: options.fatal ?? false,
+      snooze: duration(options.snoozeMs),
+    };
     const resp = await this.call(() => this.raw.fail(req, { timeoutMs: options.timeoutMs ?? this.timeoutMs }));
     return resp.job!;
   }

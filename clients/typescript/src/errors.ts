@@ -91,6 +91,7 @@ export function isRefusedForGood(err: JobqError): boolean {
  * ```ts
  * throw HandlerError.retryAfter("smtp said 421", 60_000); // again in a minute
  * throw HandlerError.fatal("no such customer");           // FAILED at once, no retry
+ * throw HandlerError.snooze("429: Retry-After 30", 30_000); // not a failure: back in 30 s
  * ```
  */
 export class HandlerError extends Error {
@@ -99,16 +100,30 @@ export class HandlerError extends Error {
   readonly fatal: boolean;
   /** Retry after exactly this long (ms) instead of the server's backoff. */
   readonly retryDelayMs: number | undefined;
+  /**
+   * Not a failure: the job is put back, due after this long (ms), without
+   * spending an attempt; its history entry reads SNOOZED.
+   */
+  readonly snoozeMs: number | undefined;
 
-  constructor(message: string, options: { fatal?: boolean; retryDelayMs?: number; cause?: unknown } = {}) {
+  constructor(
+    message: string,
+    options: { fatal?: boolean; retryDelayMs?: number; snoozeMs?: number; cause?: unknown } = {},
+  ) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.fatal = options.fatal ?? false;
     this.retryDelayMs = options.retryDelayMs;
+    this.snoozeMs = options.snoozeMs;
     if (this.fatal && this.retryDelayMs !== undefined) {
       throw new TypeError("a fatal HandlerError has no retry delay");
     }
-    if (this.retryDelayMs !== undefined && !(this.retryDelayMs >= 0 && Number.isFinite(this.retryDelayMs))) {
-      throw new TypeError(`retryDelayMs must be a finite number >= 0, not ${this.retryDelayMs}`);
+    if (this.snoozeMs !== undefined && (this.fatal || this.retryDelayMs !== undefined)) {
+      throw new TypeError("a snooze is neither fatal nor a retry delay");
+    }
+    for (const [field, ms] of [["retryDelayMs", this.retryDelayMs], ["snoozeMs", this.snoozeMs]] as const) {
+      if (ms !== undefined && !(ms >= 0 && Number.isFinite(ms))) {
+        throw new TypeError(`${field} must be a finite number >= 0, not ${ms}`);
+      }
     }
   }
 
@@ -120,6 +135,15 @@ export class HandlerError extends Error {
   /** Retry after exactly `delayMs` (if attempts are left); 0 means due at once. */
   static retryAfter(message: string, delayMs: number, cause?: unknown): HandlerError {
     return new HandlerError(message, { retryDelayMs: delayMs, cause });
+  }
+
+  /**
+   * Not now: put the job back, due after `delayMs`, without counting the
+   * attempt (an API said "429, Retry-After"). Bounded by the server's
+   * --max-delay.
+   */
+  static snooze(message: string, delayMs: number, cause?: unknown): HandlerError {
+    return new HandlerError(message, { snoozeMs: delayMs, cause });
   }
 
   /** No retry can fix it: the job becomes FAILED at once, whatever its attempts. */

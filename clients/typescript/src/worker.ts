@@ -391,6 +391,7 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
     const text = error === undefined ? "" : errorText(error);
     const fatal = error instanceof HandlerError && error.fatal;
     let retryDelayMs = error instanceof HandlerError ? error.retryDelayMs : undefined;
+    let snoozeMs = error instanceof HandlerError ? error.snoozeMs : undefined;
     let first = true;
     for (;;) {
       if (!first && (ctx.cancelled || this.hardStop)) {
@@ -408,9 +409,9 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
           this.book.remove(ctx);
           this.log.info(`job ${ctx.id}: acked`);
         } else {
-          await this.client.fail(ctx.id, ctx.leaseId, text, { fatal, retryDelayMs, timeoutMs });
+          await this.client.fail(ctx.id, ctx.leaseId, text, { fatal, retryDelayMs, snoozeMs, timeoutMs });
           this.book.remove(ctx);
-          this.log.info(`job ${ctx.id}: failed${fatal ? " for good" : ""} (${text})`);
+          this.log.info(`job ${ctx.id}: ${snoozeMs !== undefined ? "snoozed" : `failed${fatal ? " for good" : ""}`} (${text})`);
         }
         return;
       } catch (err) {
@@ -422,9 +423,12 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
           this.log.info(`job ${ctx.id}: acked (an earlier try had reached the server)`);
           return;
         }
-        if (error !== undefined && e.code === "INVALID_ARGUMENT" && retryDelayMs !== undefined) {
-          this.log.warn(`job ${ctx.id}: the server refused the retry delay (${e.serverMessage}); failing with its backoff instead`);
+        if (error !== undefined && e.code === "INVALID_ARGUMENT" && (retryDelayMs !== undefined || snoozeMs !== undefined)) {
+          this.log.warn(
+            `job ${ctx.id}: the server refused the ${snoozeMs !== undefined ? "snooze" : "retry delay"} (${e.serverMessage}); failing with its backoff instead`,
+          );
           retryDelayMs = undefined;
+          snoozeMs = undefined;
           continue;
         }
         if (e.code === "ABORTED") {

@@ -73,6 +73,9 @@ test("handler errors say how the job fails", () => {
   assert.equal(HandlerError.retryAfter("smtp said 421", 60_000).retryDelayMs, 60_000);
   assert.throws(() => new HandlerError("x", { fatal: true, retryDelayMs: 1 }), TypeError);
   assert.throws(() => HandlerError.retryAfter("x", -1), TypeError);
+  assert.equal(HandlerError.snooze("429", 30_000).snoozeMs, 30_000);
+  assert.throws(() => HandlerError.snooze("x", Number.NaN), TypeError);
+  assert.throws(() => new HandlerError("x", { fatal: true, snoozeMs: 1 }), TypeError);
   assert.equal(errorText(new TypeError("boom")), "TypeError: boom");
   assert.equal(errorText(HandlerError.retry("plain")), "plain");
   assert.equal(errorText("a string"), "a string");

@@ -100,6 +100,26 @@ test("retry: a handler that throws fails its job retryably; a retry delay is the
   await client.cancelJob(later.id, "test over");
 });
 
+test("snooze: a snoozed job is PENDING again after its delay, its attempt not counted", async () => {
+  const { job } = await client.enqueue("snooze", "k", {});
+  await running(
+    { queues: ["snooze"], handlers: { k: async () => { throw HandlerError.snooze("429: Retry-After 60", 60_000); } }, leaseMs: 10_000 },
+    () =>
+      waitFor(
+        async () => (await client.getJob(job.id)).history.length === 1 && (await status(job.id)) === JobStatus.PENDING,
+        20_000,
+        "the job snoozed",
+      ),
+  );
+  const j = await client.getJob(job.id);
+  assert.deepEqual(outcomes(j), ["SNOOZED"]);
+  assert.equal(j.attempts, 0, "no attempt spent");
+  assert.equal(j.history[0]!.error, "429: Retry-After 60");
+  const due = Number(j.runAt!.seconds) * 1000 - Date.now();
+  assert.ok(due > 50_000 && due <= 60_000, `due in ${due} ms, not about 60 s`);
+  await client.cancelJob(job.id, "test over");
+});
+
 test("fatal: a fatal HandlerError, or a payload that is not JSON, fails the job for good", async () => {
   const { job } = await client.enqueue("fatal", "k", {}, { maxAttempts: 5, key: "fatal" });
   const { job: garbled } = await client.enqueue("fatal", "k", new TextEncoder().encode("not json"), { maxAttempts: 5 });

@@ -9,7 +9,8 @@
 //! - exit 0 acks; anything else fails the job (retryably) with the exit
 //!   status and the last [`STDERR_TAIL`] bytes of stderr as its error,
 //!   except a `--fatal-exit-code`, which fails it fatally (dead letter at
-//!   once);
+//!   once), and a `--snooze-exit-code`, which puts it back for `--snooze`
+//!   without spending an attempt;
 //! - the child runs in its own process group, so a Ctrl-C at the terminal
 //!   reaches only `jobq work` (which drains) and not the running jobs; at
 //!   `--timeout`, or when the drain deadline passes, the group gets
@@ -95,6 +96,17 @@ pub struct Args {
     #[arg(long = "fatal-exit-code", value_name = "N", value_parser = clap::value_parser!(i32).range(1..=255))]
     fatal_exit_codes: Vec<i32>,
 
+    /// An exit code that means "not now": the job is put back, due again
+    /// after `--snooze`, without spending an attempt (its history entry
+    /// reads SNOOZED), e.g. for a command told "429, try again later".
+    /// Repeat for several.
+    #[arg(long = "snooze-exit-code", value_name = "N", value_parser = clap::value_parser!(i32).range(1..=255))]
+    snooze_exit_codes: Vec<i32>,
+
+    /// How long a job snoozed by a `--snooze-exit-code` waits.
+    #[arg(long = "snooze", default_value = "30s", value_parser = humantime::parse_duration)]
+    snooze: Duration,
+
     /// The command to run for each job, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -106,6 +118,15 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
     // retryably, so the whole queue would be dead-lettered within seconds):
     // refuse to start instead. `which` looks where the spawn will: PATH for
     // a bare name, the path itself otherwise, and checks it is executable.
+    if let Some(code) = args
+        .snooze_exit_codes
+        .iter()
+        .find(|c| args.fatal_exit_codes.contains(c))
+    {
+        return Err(crate::cli::usage(format!(
+            "exit code {code} is both a --fatal-exit-code and a --snooze-exit-code"
+        )));
+    }
     if let Some(program) = args.command.first() {
         if let Err(err) = which::which(program) {
             return Err(crate::cli::usage(format!(
@@ -133,6 +154,8 @@ pub async fn run(conn: &crate::conn::Conn, args: Args) -> anyhow::Result<()> {
     let command = Job {
         command: args.command.into(),
         fatal_exit_codes: args.fatal_exit_codes.into(),
+        snooze_exit_codes: args.snooze_exit_codes.into(),
+        snooze: args.snooze,
         watchdog,
         timeout: args.timeout,
         kill_grace: args.kill_grace,
@@ -233,6 +256,9 @@ struct Job {
     command: Box<[String]>,
     /// Exit codes that dead-letter the job at once.
     fatal_exit_codes: Box<[i32]>,
+    /// Exit codes that snooze the job for `snooze`.
+    snooze_exit_codes: Box<[i32]>,
+    snooze: Duration,
     watchdog: Option<Arc<Watchdog>>,
     /// Most time one run may take (`--timeout`).
     timeout: Option<Duration>,
@@ -412,9 +438,11 @@ async fn run_job(job: &Job, ctx: JobContext) -> HandlerResult {
     } else {
         format!("{reason}: {tail}")
     };
-    let fatal = status
-        .code()
-        .is_some_and(|code| job.fatal_exit_codes.contains(&code));
+    let code = status.code();
+    if code.is_some_and(|code| job.snooze_exit_codes.contains(&code)) {
+        return Err(HandlerError::snooze(message, job.snooze));
+    }
+    let fatal = code.is_some_and(|code| job.fatal_exit_codes.contains(&code));
     Err(if fatal {
         HandlerError::fatal(message)
     } else {
