@@ -142,6 +142,8 @@ impl Pipe {
 /// One item of a stream's channel.
 struct Outgoing {
     lease: Option<LeaseId>,
+    /// The liveness epoch its take began in (see [`Liveness`]).
+    epoch: u64,
     item: Result<pb::LeaseEvent, tonic::Status>,
 }
 
@@ -166,11 +168,11 @@ impl Stream for LeaseEvents {
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(out)) => {
                     if let Some(lease) = out.lease {
-                        if !self.liveness.is_live() {
-                            // This server's heartbeat is stale (it may have
-                            // been frozen with the job waiting here): the
-                            // others may have reclaimed the lease, so it is
-                            // not sent. It stays unpulled, and is given back
+                        if !self.liveness.may_send(out.epoch) {
+                            // This server's heartbeat is stale, or lapsed
+                            // since the take began (it may have been frozen
+                            // with the job waiting here): the others may
+                            // have reclaimed the lease, so it is not sent. It stays unpulled, and is given back
                             // as the stream ends, which this ends now.
                             self.ended = true;
                             self.pipe.stale.store(true, Ordering::Relaxed);
@@ -849,6 +851,7 @@ impl<S: Store> LeaseHub<S> {
         permit: Box<dyn Send>,
     ) {
         debug!("lease stream opened");
+        let liveness = self.store.liveness();
         let StreamSpec {
             take,
             capacity,
@@ -901,6 +904,7 @@ impl<S: Store> LeaseHub<S> {
                 };
                 if let Some(permit) = permit {
                     let in_flight = TakeInFlight::begin(&self.registry);
+                    let epoch = liveness.epoch();
                     match self
                         .store
                         .take_streamed(
@@ -933,6 +937,7 @@ impl<S: Store> LeaseHub<S> {
                             debug!(job.id = %job, lease.id = %lease, "pushed");
                             permit.send(Outgoing {
                                 lease: Some(lease),
+                                epoch,
                                 item: Ok(pb::LeaseEvent {
                                     event: Some(Event::Leased(leased.into())),
                                 }),
@@ -952,6 +957,7 @@ impl<S: Store> LeaseHub<S> {
                         Err(err) => {
                             permit.send(Outgoing {
                                 lease: None,
+                                epoch: 0,
                                 item: Err(err.into()),
                             });
                             break 'stream End::StoreFailed;
@@ -973,6 +979,7 @@ impl<S: Store> LeaseHub<S> {
                     Err(err) => {
                         let _ = tx.try_send(Outgoing {
                             lease: None,
+                            epoch: 0,
                             item: Err(err.into()),
                         });
                         break 'stream End::StoreFailed;
@@ -1010,6 +1017,7 @@ impl<S: Store> LeaseHub<S> {
                             // its next heartbeat or ack learns it instead.
                             let _ = tx.try_send(Outgoing {
                                 lease: None,
+                                epoch: 0,
                                 item: Ok(pb::LeaseEvent { event: Some(Event::Revoked(revoked)) }),
                             });
                         }
@@ -1023,7 +1031,11 @@ impl<S: Store> LeaseHub<S> {
                         // The channel may be full of revocations the worker
                         // has not read: wait a little for room, so that the
                         // stream ends with this status rather than OK.
-                        let last = Outgoing { lease: None, item: Err(status) };
+                        let last = Outgoing {
+                            lease: None,
+                            epoch: 0,
+                            item: Err(status),
+                        };
                         let _ = tokio::time::timeout(REFUSAL_ROOM, tx.send(last)).await;
                         break 'stream End::WorkerGone;
                     }
@@ -1115,6 +1127,7 @@ impl<S: Store> LeaseHub<S> {
             End::Shutdown => {
                 let _ = tx.try_send(Outgoing {
                     lease: None,
+                    epoch: 0,
                     item: Err(tonic::Status::unavailable(
                         "the server is shutting down; reconnect to another or retry",
                     )),
@@ -1129,6 +1142,7 @@ impl<S: Store> LeaseHub<S> {
             End::Unregistered => {
                 let _ = tx.try_send(Outgoing {
                     lease: None,
+                    epoch: 0,
                     item: Err(tonic::Status::unavailable(STALE_SERVER)),
                 });
                 info!(

@@ -126,7 +126,7 @@ async fn cluster_loop<S: Store>(
     let half = timeout / 2;
     let mut beat = tokio::time::Instant::now();
     let liveness = store.liveness();
-    liveness.renew((beat + half).into_std());
+    liveness.renew(half, Duration::ZERO);
     loop {
         tokio::select! {
             _ = left.cancelled() => return,
@@ -144,7 +144,7 @@ async fn cluster_loop<S: Store>(
         };
         if result.is_ok() {
             beat = started;
-            liveness.renew((beat + half).into_std());
+            liveness.renew(half, started.elapsed());
         }
         let registered = beat.elapsed() < half;
         if registered != *store.registered().borrow() {

@@ -294,9 +294,38 @@ async fn the_producer_role_may_enqueue_and_nothing_else() {
     let (app, connection) = as_app.connect(NoTls).await.expect("connect as the app");
     tokio::spawn(connection);
 
+    // Where jobq's schema lets others create objects, what they put there
+    // never runs as jobq's owner inside the function (its search_path is
+    // pg_catalog alone).
+    admin
+        .batch_execute(&format!("GRANT CREATE ON SCHEMA public TO {app_role}"))
+        .await
+        .expect("let the app create in public");
+    app.batch_execute(
+        "CREATE FUNCTION public.hijack(jsonb, jsonb) RETURNS text LANGUAGE plpgsql AS \
+         $$BEGIN RAISE EXCEPTION 'hijacked as %', current_user; END$$; \
+         CREATE OPERATOR public.#>> (LEFTARG = jsonb, RIGHTARG = jsonb, FUNCTION = public.hijack); \
+         CREATE FUNCTION public.octet_length(text) RETURNS integer LANGUAGE plpgsql AS \
+         $$BEGIN RAISE EXCEPTION 'hijacked as %', current_user; END$$",
+    )
+    .await
+    .expect("plant objects in public");
     let enqueued = app
-        .query_one("SELECT jobq_enqueue('emails', 'send-email')", &[])
+        .query_one(
+            "SELECT jobq_enqueue('emails', 'send-email', metadata => '{\"tenant\":\"acme\"}')",
+            &[],
+        )
         .await;
+    app.batch_execute(
+        "DROP OPERATOR public.#>> (jsonb, jsonb); DROP FUNCTION public.hijack(jsonb, jsonb); \
+         DROP FUNCTION public.octet_length(text)",
+    )
+    .await
+    .expect("clean up");
+    admin
+        .batch_execute(&format!("REVOKE CREATE ON SCHEMA public FROM {app_role}"))
+        .await
+        .expect("revoke");
     let denied = app.query("SELECT * FROM jobq_jobs", &[]).await;
     let insert = app
         .execute(

@@ -620,8 +620,9 @@ async fn a_job_given_back_unpulled_is_never_sent_under_its_old_lease() {
 /// A server frozen (SIGSTOP, a paused VM) with a leased job waiting in a
 /// stream's channel thaws with a stale heartbeat: the others may have
 /// reclaimed that lease meanwhile. The job must not leave for the wire,
-/// even if the transport runs before the heartbeat loop has noticed; the
-/// stream ends UNAVAILABLE and the job comes back without an attempt.
+/// whether the transport runs before the heartbeat loop has noticed, or
+/// after a heartbeat succeeded again; the stream ends UNAVAILABLE and the
+/// job comes back without an attempt.
 #[tokio::test]
 async fn a_server_whose_heartbeat_went_stale_never_sends_a_lease_it_buffered() {
     use jobq_server::{
@@ -656,8 +657,12 @@ async fn a_server_whose_heartbeat_went_stale_never_sends_a_lease_it_buffered() {
     while store.get(job.id).await.unwrap().lease_id().is_none() {
         tokio::task::yield_now().await;
     }
-    // The heartbeat's deadline passes while the worker's transport waits.
-    store.liveness().renew(std::time::Instant::now());
+    // The heartbeat's deadline passed while the worker's transport waited
+    // (a freeze); then a heartbeat succeeded again before it read.
+    store.liveness().renew(Duration::ZERO, Duration::ZERO);
+    store
+        .liveness()
+        .renew(Duration::from_secs(60), Duration::ZERO);
     let first = tokio::time::timeout(Duration::from_secs(5), events.next())
         .await
         .expect("the stream answers")

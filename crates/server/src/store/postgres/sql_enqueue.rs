@@ -55,7 +55,7 @@ fn int(n: impl TryInto<i64>) -> i64 {
 
 /// Writes `limits` for the SQL function, as the servers' latest word (with
 /// several servers started with different flags, the last one to start
-/// sets them).
+/// sets them), and warns when the role `jobq_producer` is missing.
 ///
 /// # Errors
 /// A database error.
@@ -81,6 +81,17 @@ pub async fn publish(
             ],
         )
         .await?;
+    let producer = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'jobq_producer')",
+            &[],
+        )
+        .await?;
+    if !producer.try_get::<_, bool>(0)? {
+        tracing::warn!(
+            "no role jobq_producer (jobq's role may not create roles): grant EXECUTE on jobq_enqueue to your application's role by hand"
+        );
+    }
     Ok(())
 }
 
@@ -89,9 +100,10 @@ pub async fn publish(
 /// roles; granted EXECUTE on the function wherever it exists).
 ///
 /// The limits row starts with the flags' defaults; a server overwrites it
-/// with its own when it starts. The function is created in the schema the
-/// tables are in (the first of the session's `search_path`), and pins that
-/// schema as its `search_path`. Its parameters are named like the columns,
+/// with its own when it starts. The functions are created in the schema
+/// the tables are in (the first of the session's `search_path`), name
+/// jobq's objects with that schema, and pin `pg_catalog` alone as their
+/// `search_path`. Its parameters are named like the columns,
 /// for callers' sake (`jobq_enqueue(queue => …, key => …)`): the body names
 /// each as `jobq_enqueue.<name>`.
 pub const MIGRATION: &str = r#"
@@ -108,8 +120,17 @@ CREATE TABLE jobq_enqueue_limits (
 INSERT INTO jobq_enqueue_limits (max_payload, default_max_attempts, max_attempts, max_metadata_bytes, max_delay)
     VALUES (1048576, 3, 1000, 8192, interval '365 days');
 
-CREATE FUNCTION jobq_check_name(field text, value text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE AS $fn$
+-- Built with the schema's name written into them (`@s@`): their
+-- search_path is pg_catalog alone, so nobody who may create objects in
+-- jobq's schema can put an operator or function in the way of the
+-- owner's code.
+DO $do$
+BEGIN
+EXECUTE replace($create$
+CREATE FUNCTION @s@.jobq_check_name(field text, value text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
 DECLARE
     bad text;
 BEGIN
@@ -127,9 +148,28 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 END
-$fn$;
-
-CREATE FUNCTION jobq_enqueue(
+$fn$
+$create$, '@s@', quote_ident(current_schema()));
+-- The count trigger (version 7) runs inside jobq_enqueue as its owner too.
+EXECUTE replace($create$
+CREATE OR REPLACE FUNCTION @s@.jobq_count() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO @s@.jobq_count_deltas VALUES (NEW.queue, NEW.status, 1);
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO @s@.jobq_count_deltas VALUES (OLD.queue, OLD.status, -1);
+    ELSE
+        INSERT INTO @s@.jobq_count_deltas VALUES (OLD.queue, OLD.status, -1), (NEW.queue, NEW.status, 1);
+    END IF;
+    RETURN NULL;
+END
+$fn$
+$create$, '@s@', quote_ident(current_schema()));
+EXECUTE replace($create$
+CREATE FUNCTION @s@.jobq_enqueue(
     queue        text,
     kind         text,
     payload      bytea       DEFAULT '\x',
@@ -141,10 +181,11 @@ CREATE FUNCTION jobq_enqueue(
     metadata     jsonb       DEFAULT '{}'
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 AS $body$
 #variable_conflict use_column
 DECLARE
-    lim      jobq_enqueue_limits%ROWTYPE;
+    lim      @s@.jobq_enqueue_limits%ROWTYPE;
     the_key  text := nullif(jobq_enqueue.key, '');
     tries    bigint := coalesce(jobq_enqueue.max_attempts, 0);
     prio     integer := coalesce(jobq_enqueue.priority, 0);
@@ -154,11 +195,11 @@ DECLARE
     m        record;
     new_id   bigint;
 BEGIN
-    SELECT * INTO lim FROM jobq_enqueue_limits;
-    PERFORM jobq_check_name('queue', jobq_enqueue.queue);
-    PERFORM jobq_check_name('kind', jobq_enqueue.kind);
+    SELECT * INTO lim FROM @s@.jobq_enqueue_limits;
+    PERFORM @s@.jobq_check_name('queue', jobq_enqueue.queue);
+    PERFORM @s@.jobq_check_name('kind', jobq_enqueue.kind);
     IF the_key IS NOT NULL THEN
-        PERFORM jobq_check_name('key', the_key);
+        PERFORM @s@.jobq_check_name('key', the_key);
     END IF;
     IF octet_length(coalesce(jobq_enqueue.payload, '\x')) > lim.max_payload THEN
         RAISE EXCEPTION 'jobq_enqueue: payload is % bytes; the limit is % (--max-payload)',
@@ -197,12 +238,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     FOR m IN SELECT * FROM jsonb_each(meta) LOOP
-        PERFORM jobq_check_name('metadata key', m.key);
+        PERFORM @s@.jobq_check_name('metadata key', m.key);
         IF jsonb_typeof(m.value) <> 'string' THEN
             RAISE EXCEPTION 'jobq_enqueue: metadata value of "%" must be a string, not %', m.key, jsonb_typeof(m.value)
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        bytes := bytes + octet_length(m.key) + octet_length(m.value #>> '{}');
+        bytes := bytes + octet_length(m.key) + octet_length(m.value #>> '{}'::text[]);
     END LOOP;
     IF bytes > lim.max_metadata_bytes THEN
         RAISE EXCEPTION 'jobq_enqueue: metadata is % bytes of keys and values; the limit is % (--max-metadata-bytes)',
@@ -210,9 +251,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    INSERT INTO jobq_jobs AS j (id, queue, kind, payload, key, status, attempts, max_attempts,
+    INSERT INTO @s@.jobq_jobs AS j (id, queue, kind, payload, key, status, attempts, max_attempts,
                                 enqueued_at, run_at, extra, priority)
-    VALUES (nextval('jobq_job_ids'), jobq_enqueue.queue, jobq_enqueue.kind,
+    VALUES (nextval('@s@.jobq_job_ids'), jobq_enqueue.queue, jobq_enqueue.kind,
             coalesce(jobq_enqueue.payload, '\x'), the_key, 'pending', 0, tries, now(), due,
             CASE WHEN meta = '{}' THEN '{}'::jsonb ELSE jsonb_build_object('metadata', meta) END,
             prio)
@@ -224,7 +265,7 @@ BEGIN
         RETURN new_id;
     END IF;
     -- A retained job holds the key: that job is the one.
-    SELECT j.id INTO new_id FROM jobq_jobs AS j
+    SELECT j.id INTO new_id FROM @s@.jobq_jobs AS j
         WHERE j.queue = jobq_enqueue.queue AND j.key = the_key;
     IF new_id IS NULL THEN
         RAISE EXCEPTION 'jobq_enqueue: the job that held key "%" was deleted meanwhile; try again', the_key
@@ -232,14 +273,11 @@ BEGIN
     END IF;
     RETURN new_id;
 END
-$body$;
-
-DO $do$
-BEGIN
-    EXECUTE format('ALTER FUNCTION jobq_enqueue(text, text, bytea, text, timestamptz, interval, integer, integer, jsonb) '
-                   'SET search_path = %I, pg_temp', current_schema());
+$body$
+$create$, '@s@', quote_ident(current_schema()));
 END
 $do$;
+
 
 REVOKE ALL ON FUNCTION jobq_enqueue(text, text, bytea, text, timestamptz, interval, integer, integer, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION jobq_check_name(text, text) FROM PUBLIC;
@@ -251,7 +289,7 @@ BEGIN
             CREATE ROLE jobq_producer NOLOGIN;
         EXCEPTION
             WHEN insufficient_privilege THEN
-                RAISE NOTICE 'jobq: no CREATEROLE, so no role jobq_producer; grant EXECUTE on jobq_enqueue by hand';
+                RAISE WARNING 'jobq: no CREATEROLE, so no role jobq_producer; grant EXECUTE on jobq_enqueue by hand';
             -- Roles are the cluster's: another database's migration made it
             -- meanwhile.
             WHEN duplicate_object OR unique_violation THEN
@@ -264,7 +302,7 @@ BEGIN
         BEGIN
             EXECUTE format('GRANT USAGE ON SCHEMA %I TO jobq_producer', current_schema());
         EXCEPTION WHEN insufficient_privilege THEN
-            RAISE NOTICE 'jobq: cannot grant USAGE on schema % to jobq_producer', current_schema();
+            RAISE WARNING 'jobq: cannot grant USAGE on schema % to jobq_producer', current_schema();
         END;
     END IF;
 END
