@@ -26,4 +26,5 @@ mod token_in_clear;
 mod traces;
 mod worker;
 mod worker_kinds;
+mod worker_results;
 mod worker_signals;

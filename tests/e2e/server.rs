@@ -789,6 +789,7 @@ async fn bad_input_gets_a_clear_code_and_changes_nothing() {
         (
             "malformed lease",
             raw.ack(pb::AckRequest {
+                result: Vec::new(),
                 job_id: job.id.clone(),
                 lease_id: "x".into(),
             })
@@ -840,6 +841,7 @@ async fn bad_input_gets_a_clear_code_and_changes_nothing() {
     assert_eq!(missing.code(), Code::NotFound);
     let not_running = raw
         .ack(pb::AckRequest {
+            result: Vec::new(),
             job_id: job.id.clone(),
             lease_id: "1".into(),
         })

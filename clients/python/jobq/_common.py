@@ -4,6 +4,7 @@ channel options, request builders, errors and the retry backoff."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import random
 from datetime import datetime, timedelta, timezone
@@ -49,6 +50,19 @@ STATUS_NAMES: Dict[int, str] = {
     v.number: v.name.replace("JOB_STATUS_", "")
     for v in pb.JobStatus.DESCRIPTOR.values
 }
+
+
+def result_bytes(value: object) -> bytes:
+    """A handler's return value as the job's result: None is none, bytes
+    as they are, a str as UTF-8, anything else as JSON (a TypeError when
+    it is not JSON-serializable)."""
+    if value is None:
+        return b""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(value).encode()
 
 
 def duration(value: Optional[Seconds]) -> Optional[duration_pb2.Duration]:

@@ -35,7 +35,7 @@ R = TypeVar("R")
 
 #: An async handler: returns to ack, raises to fail (Fatal: for good;
 #: Retry(after=…): after that delay).
-AsyncHandler = Callable[[AsyncJobContext], Awaitable[None]]
+AsyncHandler = Callable[[AsyncJobContext], Awaitable[object]]
 
 __all__ = ["AsyncClient", "AsyncWorker", "AsyncHandler", "AsyncJobContext"]
 
@@ -142,11 +142,12 @@ class AsyncClient:
         resp = await self._unary(self.stub.Dequeue, req, timeout)
         return LeasedJob.from_pb(resp.leased) if resp.HasField("leased") else None
 
-    async def ack(self, job_id: str, lease_id: str, *,
+    async def ack(self, job_id: str, lease_id: str, *, result: bytes = b"",
                   timeout: Optional[float] = None) -> Job:
         try:
-            resp = await self._unary(self.stub.Ack,
-                                     pb.AckRequest(job_id=job_id, lease_id=lease_id), timeout)
+            resp = await self._unary(
+                self.stub.Ack, pb.AckRequest(job_id=job_id, lease_id=lease_id, result=result),
+                timeout)
         except JobqError as e:
             _raise_if_lost(e)
             raise
@@ -463,7 +464,7 @@ class AsyncWorker:
                     # run again on every retry, so the job fails for good.
                     return Fatal(f"the handler for {ctx.kind!r} is not async: use jobq.Worker "
                                  "for sync handlers")
-                await result
+                value = await result
         except asyncio.CancelledError as e:
             if told[0] or ctx.is_cancelled():
                 raise  # cancelled on purpose: the lease is gone, or the worker
@@ -476,6 +477,10 @@ class AsyncWorker:
         # Rust worker fails a handler that panicked).
         except BaseException as e:  # noqa: BLE001
             return e
+        try:
+            ctx._result = c.result_bytes(value)
+        except (TypeError, ValueError) as e:
+            return Fatal(f"the handler's result is not JSON-serializable: {e}")
         return None
 
     async def _settle(self, ctx: AsyncJobContext, error: Optional[BaseException]) -> None:
@@ -492,7 +497,8 @@ class AsyncWorker:
             timeout = max(1.0, min(self.client.timeout, ctx.lease_deadline() - time.time()))
             try:
                 if error is None:
-                    await self.client.ack(ctx.id, ctx.lease_id, timeout=timeout)
+                    await self.client.ack(ctx.id, ctx.lease_id, result=ctx._result,
+                                          timeout=timeout)
                 else:
                     await self.client.fail(ctx.id, ctx.lease_id, c.error_text(error),
                                            retry_delay=retry_delay, snooze=snooze,
@@ -504,6 +510,11 @@ class AsyncWorker:
                 self._book.remove(ctx)
                 return
             except JobqError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT and error is None:
+                    log.warning("job %s: the server refused the result (%s); failing the job",
+                                ctx.id, e)
+                    error, first = Fatal(f"the server refused the result: {e}"), True
+                    continue
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT and (retry_delay is not None
                                                                 or snooze is not None):
                     log.warning("job %s: the server refused the retry delay (%s); failing "

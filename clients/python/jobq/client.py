@@ -183,11 +183,15 @@ class Client:
         resp = self._unary(self.stub.Dequeue, req, timeout)
         return LeasedJob.from_pb(resp.leased) if resp.HasField("leased") else None
 
-    def ack(self, job_id: str, lease_id: str, *, timeout: Optional[float] = None) -> Job:
-        """RUNNING -> DONE. Raises JobLost when the lease is no longer ours."""
+    def ack(self, job_id: str, lease_id: str, *, result: bytes = b"",
+            timeout: Optional[float] = None) -> Job:
+        """RUNNING -> DONE, storing ``result`` with the job (``get_job``
+        reads it back; at most the server's --max-result-bytes). Raises
+        JobLost when the lease is no longer ours."""
         try:
             return Job.from_pb(self._unary(
-                self.stub.Ack, pb.AckRequest(job_id=job_id, lease_id=lease_id), timeout).job)
+                self.stub.Ack, pb.AckRequest(job_id=job_id, lease_id=lease_id, result=result),
+                timeout).job)
         except JobqError as e:
             _raise_if_lost(e)
             raise

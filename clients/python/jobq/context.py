@@ -48,6 +48,8 @@ class BaseJobContext:
         self._lock = threading.Lock()
         self._is_cancelled = False
         self._on_cancel: List[Callable[[], object]] = []
+        # What the handler returned, encoded: sent with the ack.
+        self._result = b""
 
     @property
     def id(self) -> str:

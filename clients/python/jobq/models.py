@@ -116,6 +116,9 @@ class Job:
     #: What the producer attached (trace context, request ids).
     metadata: Dict[str, str] = field(default_factory=dict)
     priority: int = 0
+    #: What the worker's ack stored (a DONE job's output); ``get_job``
+    #: alone reads it, else None.
+    result: Optional[bytes] = None
 
     @classmethod
     def from_pb(cls, j: pb.Job) -> "Job":
@@ -128,7 +131,12 @@ class Job:
             last_error=j.last_error or None,
             history=tuple(Attempt.from_pb(a) for a in j.history),
             metadata=dict(j.metadata), priority=j.priority,
+            result=j.result or None,
         )
+
+    def result_json(self) -> Any:
+        """The result decoded as JSON; None when the job has no result."""
+        return None if self.result is None else json.loads(self.result)
 
     def json(self) -> Any:
         """The payload decoded as JSON (``Fatal`` if it is not JSON)."""

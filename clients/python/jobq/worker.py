@@ -28,7 +28,7 @@ log = logging.getLogger("jobq")
 
 #: A sync handler: returns to ack, raises to fail (Fatal: for good;
 #: Retry(after=…): retried after that delay).
-Handler = Callable[[JobContext], None]
+Handler = Callable[[JobContext], object]
 #: Queue names, in priority order. A list or tuple: a bare str is refused.
 Queues = Union[List[str], Tuple[str, ...]]
 
@@ -301,6 +301,10 @@ class Worker:
             if inspect.iscoroutine(result):
                 result.close()
             return TypeError(f"the handler for {ctx.kind!r} is async: use jobq.aio.AsyncWorker")
+        try:
+            ctx._result = c.result_bytes(result)
+        except (TypeError, ValueError) as e:
+            return Fatal(f"the handler's result is not JSON-serializable: {e}")
         return None
 
     def _settle(self, ctx: JobContext, error: Optional[BaseException]) -> None:
@@ -325,7 +329,7 @@ class Worker:
             timeout = max(1.0, min(self.client.timeout, left))
             try:
                 if error is None:
-                    self.client.ack(ctx.id, ctx.lease_id, timeout=timeout)
+                    self.client.ack(ctx.id, ctx.lease_id, result=ctx._result, timeout=timeout)
                     log.info("job %s: acked", ctx.id)
                 else:
                     self.client.fail(ctx.id, ctx.lease_id, c.error_text(error),
@@ -341,6 +345,13 @@ class Worker:
                 return
             except grpc.RpcError as e:
                 code = code_of(e)
+                if code == grpc.StatusCode.INVALID_ARGUMENT and error is None:
+                    # The result is over the server's --max-result-bytes: no
+                    # retry makes it smaller, so the job fails for good.
+                    log.warning("job %s: the server refused the result (%s); failing the job",
+                                ctx.id, e)
+                    error, first = Fatal(f"the server refused the result: {e}"), True
+                    continue
                 if code == grpc.StatusCode.INVALID_ARGUMENT and (retry_delay is not None
                                                              or snooze is not None):
                     # As the Rust worker: a delay the server refuses (over

@@ -1,6 +1,7 @@
 """What a handler can say and see, against a real `jobq serve`:
 `raise Retry(after=…)` picks the retry delay (sync and asyncio),
-`raise Snooze(after=…)` puts the job back without spending an attempt, and an
+`raise Snooze(after=…)` puts the job back without spending an attempt, what
+a handler returns is the job's result, and an
 AsyncWorker handler's `ctx.cancelled` is an asyncio.Event it can await,
 set with the operator's reason when its job is cancelled.
 
@@ -100,6 +101,52 @@ def snooze_spends_no_attempt(tmp: str, client: Client, addr: str) -> None:
         pass
 
 
+def a_returned_value_is_the_result(tmp: str, client: Client, addr: str) -> None:
+    """What a handler returns is stored by its ack as the job's result (a
+    dict as JSON, bytes as they are), for sync and asyncio handlers alike;
+    a result over the server's --max-result-bytes (1 MiB) fails the job for
+    good, saying why."""
+    def handler(ctx: JobContext) -> object:
+        if ctx.key == "huge":
+            return b"x" * (1024 * 1024 + 1)
+        if ctx.key == "bytes":
+            return b"\x00\xff"
+        return {"order": ctx.key, "message_id": "<4711@mail.example>"}
+
+    receipt, _ = client.enqueue("results", "k", key="order-4711")
+    raw, _ = client.enqueue("results", "k", key="bytes")
+    huge, _ = client.enqueue("results", "k", key="huge", max_attempts=5)
+    with Running(Worker(client, ["results"], handler, lease=10)):
+        wait_for(lambda: all(client.get_job(j.id).status in (Status.DONE, Status.FAILED)
+                             for j in (receipt, raw, huge)), 20, "all three settled")
+    assert client.get_job(receipt.id).result_json() == {
+        "order": "order-4711", "message_id": "<4711@mail.example>"}
+    assert client.get_job(raw.id).result == b"\x00\xff"
+    failed = client.get_job(huge.id)
+    assert failed.status == Status.FAILED and failed.attempts == 1, failed
+    assert "the server refused the result" in (failed.last_error or ""), failed.last_error
+    assert failed.result is None
+
+    async def main() -> None:
+        async with AsyncClient("http://" + addr) as aio:
+            async def handler(ctx: AsyncJobContext) -> object:
+                await asyncio.sleep(0)
+                return "sent"
+
+            job, _ = await aio.enqueue("results-aio", "k")
+            worker = AsyncWorker(aio, ["results-aio"], handler, lease=10)
+            running = asyncio.create_task(worker.run(handle_signals=False))
+            deadline = time.monotonic() + 20
+            while (await aio.get_job(job.id)).status != Status.DONE:
+                assert time.monotonic() < deadline, "the asyncio job was not acked"
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            assert (await aio.get_job(job.id)).result == b"sent"
+
+    asyncio.run(main())
+
+
 def async_retry_and_cancel(tmp: str, client: Client, addr: str) -> None:
     """On AsyncWorker: Retry(after=) works the same, and a cancelled job's
     handler, awaiting ctx.cancelled (an asyncio.Event), is told with the
@@ -157,4 +204,5 @@ def async_retry_and_cancel(tmp: str, client: Client, addr: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(run_tests("python-handler", [retry_after_delay, snooze_spends_no_attempt,
+                                               a_returned_value_is_the_result,
                                                async_retry_and_cancel]))

@@ -266,11 +266,18 @@ export class Client<Kinds extends KindMap = AnyKinds> {
     return resp.leased;
   }
 
-  /** RUNNING -> DONE. ABORTED when the lease is no longer the caller's. */
-  async ack(jobId: string, leaseId: string, options: { timeoutMs?: number } = {}): Promise<Job> {
-    const resp = await this.call(() =>
-      this.raw.ack({ jobId, leaseId }, { timeoutMs: options.timeoutMs ?? this.timeoutMs }),
-    );
+  /**
+   * RUNNING -> DONE, storing `result` with the job (getJob reads it back;
+   * at most the server's --max-result-bytes, else INVALID_ARGUMENT and no
+   * ack). ABORTED when the lease is no longer the caller's.
+   */
+  async ack(
+    jobId: string,
+    leaseId: string,
+    options: { result?: Uint8Array; timeoutMs?: number } = {},
+  ): Promise<Job> {
+    const req = { jobId, leaseId, result: options.result ?? new Uint8Array() };
+    const resp = await this.call(() => this.raw.ack(req, { timeoutMs: options.timeoutMs ?? this.timeoutMs }));
     return resp.job!;
   }
 

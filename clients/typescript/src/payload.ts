@@ -9,6 +9,17 @@ export type AnyKinds = Record<string, unknown>;
 const encoder = new TextEncoder();
 
 /**
+ * The bytes a handler's result is stored as: a Uint8Array as is, a string
+ * as its UTF-8 text, `undefined` or `null` as none (empty), anything else
+ * as its JSON text.
+ */
+export function encodeResult(value: unknown): Uint8Array {
+  if (value === undefined || value === null) return new Uint8Array();
+  if (typeof value === "string") return encoder.encode(value);
+  return encodePayload(value);
+}
+
+/**
  * The bytes a payload is sent as: a Uint8Array (a Buffer too) as is,
  * `undefined` as empty, anything else as its JSON text (UTF-8).
  */

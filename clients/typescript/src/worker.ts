@@ -8,7 +8,7 @@ import { type Client, checkQueues } from "./client.js";
 import { JobContext } from "./context.js";
 import { errorText, HandlerError, isRefusedForGood, isTransient, JobqError } from "./errors.js";
 import type { LeasedJob, LeaseEvent } from "./gen/jobq/v1/jobq_pb.js";
-import type { AnyKinds, KindMap } from "./payload.js";
+import { type AnyKinds, encodeResult, type KindMap } from "./payload.js";
 import { Backoff, sleep } from "./time.js";
 import { inJobSpan } from "./trace.js";
 
@@ -19,8 +19,13 @@ const ABORT_GRACE_MS = 1000;
 /** How often the worker looks at lease deadlines and whether a heartbeat is due. */
 const TICK_MS = 50;
 
-/** A handler: resolves to ack, throws to fail (a HandlerError says how). */
-export type Handler<T = unknown> = (ctx: JobContext<T>) => Promise<void> | void;
+/**
+ * A handler: resolves to ack, throws to fail (a HandlerError says how). What
+ * it resolves to is the job's result, stored by the ack (see
+ * `encodeResult`): bytes as they are, a string as text, anything else as
+ * JSON; `undefined` is none.
+ */
+export type Handler<T = unknown> = (ctx: JobContext<T>) => Promise<unknown> | unknown;
 
 /** One handler per kind; a job of a kind with no handler fails retryably. */
 export type Handlers<Kinds extends KindMap = AnyKinds> = {
@@ -354,11 +359,14 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
       this.book.remove(ctx);
       return;
     }
-    await this.settle(ctx, outcome.error);
+    await this.settle(ctx, outcome.error, outcome.result);
   }
 
-  /** Runs the handler; `error` is what it threw (undefined: ack). */
-  private async execute(ctx: JobContext): Promise<{ error: unknown }> {
+  /**
+   * Runs the handler; `error` is what it threw (undefined: ack), `result`
+   * what it resolved to, encoded.
+   */
+  private async execute(ctx: JobContext): Promise<{ error: unknown; result?: Uint8Array }> {
     const map = typeof this.handlers === "function" ? undefined : (this.handlers as Record<string, Handler<unknown>>);
     const handler =
       map === undefined ? (this.handlers as Handler<unknown>) : Object.hasOwn(map, ctx.kind) ? map[ctx.kind] : undefined;
@@ -368,13 +376,18 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
       return { error: HandlerError.retry(`no handler for kind ${JSON.stringify(ctx.kind)}`) };
     }
     const span = { id: ctx.id, queue: ctx.queue, kind: ctx.kind, attempt: ctx.attempt, metadata: ctx.job.metadata };
+    let value: unknown;
     try {
       await inJobSpan(span, async () => {
-        await handler(ctx);
+        value = await handler(ctx);
       });
-      return { error: undefined };
     } catch (err) {
       return { error: err ?? new Error("the handler threw a nullish value") };
+    }
+    try {
+      return { error: undefined, result: encodeResult(value) };
+    } catch (err) {
+      return { error: HandlerError.fatal(`the handler's result has no JSON form: ${errorText(err)}`) };
     }
   }
 
@@ -385,7 +398,7 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
    * declared in `held` on a reconnect) until the server answers: ABORTED
    * (lease lost) is final. A hard stop ends the retries.
    */
-  private async settle(ctx: JobContext, error: unknown): Promise<void> {
+  private async settle(ctx: JobContext, error: unknown, result?: Uint8Array): Promise<void> {
     const backoff = new Backoff();
     const verb = error === undefined ? "ack" : "fail";
     const text = error === undefined ? "" : errorText(error);
@@ -405,7 +418,7 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
       const timeoutMs = Math.max(1000, Math.min(this.client.timeoutMs, ctx.leaseDeadline() - Date.now()));
       try {
         if (error === undefined) {
-          await this.client.ack(ctx.id, ctx.leaseId, { timeoutMs });
+          await this.client.ack(ctx.id, ctx.leaseId, { result, timeoutMs });
           this.book.remove(ctx);
           this.log.info(`job ${ctx.id}: acked`);
         } else {
@@ -422,6 +435,13 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
           this.book.remove(ctx);
           this.log.info(`job ${ctx.id}: acked (an earlier try had reached the server)`);
           return;
+        }
+        if (error === undefined && e.code === "INVALID_ARGUMENT") {
+          // The result is over the server's --max-result-bytes: no retry
+          // makes it smaller, so the job fails for good, saying why.
+          this.log.warn(`job ${ctx.id}: the server refused the result (${e.serverMessage}); failing the job`);
+          error = HandlerError.fatal(`the server refused the result: ${e.serverMessage}`);
+          return this.settle(ctx, error);
         }
         if (error !== undefined && e.code === "INVALID_ARGUMENT" && (retryDelayMs !== undefined || snoozeMs !== undefined)) {
           this.log.warn(

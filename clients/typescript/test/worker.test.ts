@@ -120,6 +120,38 @@ test("snooze: a snoozed job is PENDING again after its delay, its attempt not co
   await client.cancelJob(job.id, "test over");
 });
 
+test("result: what a handler resolves to is stored by its ack; one over --max-result-bytes fails the job", async () => {
+  const { job: json } = await client.enqueue("results", "k", {}, { key: "json" });
+  const { job: text } = await client.enqueue("results", "k", {}, { key: "text" });
+  const { job: huge } = await client.enqueue("results", "k", {}, { key: "huge", maxAttempts: 5 });
+  await running(
+    {
+      queues: ["results"],
+      handlers: {
+        k: async (ctx) => {
+          if (ctx.key === "huge") return new Uint8Array(1024 * 1024 + 1);
+          if (ctx.key === "text") return "sent";
+          return { order: "order-4711", messageId: "<4711@mail.example>" };
+        },
+      },
+      leaseMs: 10_000,
+    },
+    () =>
+      waitFor(
+        async () => (await status(json.id)) === JobStatus.DONE && (await status(text.id)) === JobStatus.DONE && (await status(huge.id)) === JobStatus.FAILED,
+        20_000,
+        "two jobs DONE, the huge one FAILED",
+      ),
+  );
+  const decoded = JSON.parse(new TextDecoder().decode((await client.getJob(json.id)).result));
+  assert.deepEqual(decoded, { order: "order-4711", messageId: "<4711@mail.example>" });
+  assert.equal(new TextDecoder().decode((await client.getJob(text.id)).result), "sent");
+  const failed = await client.getJob(huge.id);
+  assert.equal(failed.attempts, 1);
+  assert.match(failed.lastError, /the server refused the result/);
+  assert.equal(failed.result.length, 0);
+});
+
 test("fatal: a fatal HandlerError, or a payload that is not JSON, fails the job for good", async () => {
   const { job } = await client.enqueue("fatal", "k", {}, { maxAttempts: 5, key: "fatal" });
   const { job: garbled } = await client.enqueue("fatal", "k", new TextEncoder().encode("not json"), { maxAttempts: 5 });

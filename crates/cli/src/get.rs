@@ -56,6 +56,9 @@ fn fields(job: &pb::Job) -> Table {
     for (name, value) in rows {
         t.row([name.to_owned(), value]);
     }
+    if !job.result.is_empty() {
+        t.row(["result".to_owned(), payload_display(&job.result)]);
+    }
     let mut metadata: Vec<_> = job.metadata.iter().collect();
     metadata.sort();
     for (key, value) in metadata {

@@ -219,7 +219,8 @@ fn hex(bytes: &[u8]) -> String {
 /// A job as a JSON object: readable status and outcome names, RFC 3339
 /// times (`null` when unset), `key`/`worker_id`/`last_error` as `null` when
 /// empty. The payload is `payload` (a string) when it is UTF-8, otherwise
-/// `payload_hex`.
+/// `payload_hex`; a DONE job's result (GetJob only) is `result` or
+/// `result_hex` alike, and absent when there is none.
 pub fn job_json(job: &pb::Job) -> Value {
     let empty_null = |s: &str| {
         if s.is_empty() {
@@ -263,6 +264,12 @@ pub fn job_json(job: &pb::Job) -> Value {
     match payload_text(&job.payload) {
         Some(text) => v["payload"] = Value::String(text.to_owned()),
         None => v["payload_hex"] = Value::String(hex(&job.payload)),
+    }
+    if !job.result.is_empty() {
+        match payload_text(&job.result) {
+            Some(text) => v["result"] = Value::String(text.to_owned()),
+            None => v["result_hex"] = Value::String(hex(&job.result)),
+        }
     }
     v
 }

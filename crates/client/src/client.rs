@@ -214,9 +214,25 @@ impl Client {
         job_id: impl Into<String>,
         lease_id: impl Into<String>,
     ) -> Result<pb::Job> {
+        self.ack_with_result(job_id, lease_id, Vec::new()).await
+    }
+
+    /// [`ack`](Self::ack) that stores `result` with the job (empty: none),
+    /// read back as [`Job::result`](crate::Job::result).
+    ///
+    /// # Errors
+    /// As [`ack`](Self::ack); `INVALID_ARGUMENT` (and no ack) when the
+    /// result is over the server's `--max-result-bytes`.
+    pub async fn ack_with_result(
+        &self,
+        job_id: impl Into<String>,
+        lease_id: impl Into<String>,
+        result: impl Into<Vec<u8>>,
+    ) -> Result<pb::Job> {
         let req = pb::AckRequest {
             job_id: job_id.into(),
             lease_id: lease_id.into(),
+            result: result.into(),
         };
         let resp = self
             .inner

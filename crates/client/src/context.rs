@@ -27,6 +27,8 @@ struct Inner {
     deadline: Deadline,
     cancel: CancellationToken,
     draining: CancellationToken,
+    /// What the handler set as the job's result, sent with its ack.
+    result: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl JobContext {
@@ -46,6 +48,7 @@ impl JobContext {
                 deadline,
                 cancel,
                 draining,
+                result: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -103,6 +106,40 @@ impl JobContext {
                 std::any::type_name::<T>()
             ))
         })
+    }
+
+    /// Sets the job's result: stored with the job by its ack (if the
+    /// handler returns `Ok`), and read back by
+    /// [`Client::job`](crate::Client::job) as
+    /// [`Job::result`](crate::Job::result). The last call wins. A result
+    /// over the server's `--max-result-bytes` is refused, and the job is
+    /// failed instead, for good, with the server's reason.
+    pub fn set_result(&self, result: impl Into<Vec<u8>>) {
+        *self.inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(result.into());
+    }
+
+    /// [`set_result`](Self::set_result) with `value` as JSON.
+    ///
+    /// # Errors
+    /// A fatal [`HandlerError`] when `value` cannot be serialized.
+    pub fn set_result_json<T: serde::Serialize + ?Sized>(
+        &self,
+        value: &T,
+    ) -> std::result::Result<(), HandlerError> {
+        let bytes = serde_json::to_vec(value)
+            .map_err(|err| HandlerError::fatal(format!("result is not serializable: {err}")))?;
+        self.set_result(bytes);
+        Ok(())
+    }
+
+    /// The result the handler set, if any.
+    pub(crate) fn result(&self) -> Vec<u8> {
+        self.inner
+            .result
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default()
     }
 
     /// What the producer attached at enqueue (trace context, request ids).

@@ -182,7 +182,7 @@ async fn wind_down<F: std::future::Future>(shared: &Shared, run: F) -> Option<F:
 /// grace, the job stays in the book (heartbeated, declared in `held` on a
 /// reconnect), and a lease that was lost meanwhile is refused (ABORTED),
 /// which is final. Retries stop when the worker stops hard.
-async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
+async fn settle(shared: &Shared, ctx: &JobContext, mut outcome: HandlerResult) {
     let client = &shared.cfg.client;
     let mut backoff = Backoff::default();
     let mut first = true;
@@ -208,7 +208,10 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
         shared.book().settling(ctx.id(), ctx.lease_id());
         let call = async {
             match &outcome {
-                Ok(()) => client.ack(ctx.id(), ctx.lease_id()).await.map(drop),
+                Ok(()) => client
+                    .ack_with_result(ctx.id(), ctx.lease_id(), ctx.result())
+                    .await
+                    .map(drop),
                 Err(err) => client
                     .fail(
                         ctx.id(),
@@ -257,6 +260,14 @@ async fn settle(shared: &Shared, ctx: &JobContext, outcome: HandlerResult) {
                 info!("acked (an earlier try had reached the server)");
                 shared.cfg.metrics.job(label(shared, ctx), Outcome::Acked);
                 return;
+            }
+            // The result is over the server's --max-result-bytes: no retry
+            // makes it smaller, so the job fails for good, saying why.
+            (Err(err), Ok(())) if err.code() == Some(tonic::Code::InvalidArgument) => {
+                warn!(cause = %err, "the server refused the job's result; failing the job");
+                let refused = HandlerError::fatal(format!("the server refused the result: {err}"));
+                options = Some(refused.fail_options());
+                outcome = Err(refused);
             }
             (Err(err), Err(_))
                 if err.code() == Some(tonic::Code::InvalidArgument)

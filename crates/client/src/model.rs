@@ -275,9 +275,20 @@ pub struct Job {
     pub history: Vec<Attempt>,
     /// What the producer attached at enqueue (trace context, request ids).
     pub metadata: HashMap<String, String>,
+    /// What the worker stored with its ack (a DONE job's output). Only
+    /// [`Client::job`](crate::Client::job) reads it; lists leave it out.
+    pub result: Option<Vec<u8>>,
 }
 
 impl Job {
+    /// The result decoded from JSON (`None`: the job has none).
+    ///
+    /// # Errors
+    /// When the result is not a `T`.
+    pub fn result_json<T: serde::de::DeserializeOwned>(&self) -> Option<serde_json::Result<T>> {
+        self.result.as_deref().map(serde_json::from_slice)
+    }
+
     /// The payload decoded from JSON.
     ///
     /// # Errors
@@ -312,6 +323,7 @@ impl Job {
             last_error: self.last_error.unwrap_or_default(),
             history: self.history.into_iter().map(Attempt::into_proto).collect(),
             metadata: self.metadata,
+            result: self.result.unwrap_or_default(),
             ..Default::default()
         }
     }
@@ -338,6 +350,7 @@ impl From<pb::Job> for Job {
             last_error: non_empty(j.last_error),
             history: j.history.into_iter().map(Attempt::from).collect(),
             metadata: j.metadata,
+            result: Some(j.result).filter(|r| !r.is_empty()),
         }
     }
 }

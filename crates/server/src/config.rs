@@ -157,6 +157,10 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_METADATA_BYTES", default_value_t = 8 * 1024)]
     pub max_metadata_bytes: usize,
 
+    /// Largest result an Ack may store with its job (read back by GetJob).
+    #[arg(long, env = "JOBQ_MAX_RESULT_BYTES", default_value_t = 1024 * 1024)]
+    pub max_result_bytes: usize,
+
     /// Longest enqueue `delay`, Fail `retry_delay` or Fail `snooze`.
     #[arg(long, env = "JOBQ_MAX_DELAY", default_value = "365days", value_parser = humantime::parse_duration)]
     pub max_delay: Duration,
@@ -573,19 +577,22 @@ impl Config {
                 self.default_max_attempts, self.max_attempts_limit
             ));
         }
-        // A job travels whole in one reply (Dequeue, Lease, GetJob): one
-        // that --max-message-bytes cannot carry would be accepted, taken
-        // and never delivered, spending its attempts.
+        // A job travels whole in one reply (Dequeue, Lease, GetJob with
+        // its result): one that --max-message-bytes cannot carry would be
+        // accepted, taken and never delivered, spending its attempts, or
+        // acked and never read.
         let needed = self
             .max_payload
             .saturating_add(self.max_metadata_bytes)
+            .saturating_add(self.max_result_bytes)
             .saturating_add(REPLY_HEADROOM);
         if needed > self.max_message_bytes {
             return Err(format!(
-                "--max-message-bytes {} cannot carry a job with --max-payload {} and --max-metadata-bytes {} (it needs {needed}: {} more for the job's other fields and history); such a job could be accepted and never delivered",
+                "--max-message-bytes {} cannot carry a job with --max-payload {}, --max-metadata-bytes {} and --max-result-bytes {} (it needs {needed}: {} more for the job's other fields and history); such a job could be accepted and never delivered",
                 self.max_message_bytes,
                 self.max_payload,
                 self.max_metadata_bytes,
+                self.max_result_bytes,
                 REPLY_HEADROOM
             ));
         }

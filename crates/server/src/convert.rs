@@ -95,6 +95,7 @@ impl From<Job> for pb::Job {
             last_error: job.last_error.unwrap_or_default(),
             history: job.history.into_iter().map(pb::Attempt::from).collect(),
             metadata: job.metadata.into_iter().collect(),
+            result: job.result.unwrap_or_default(),
         }
     }
 }
@@ -105,6 +106,7 @@ impl From<Job> for pb::Job {
 /// durable; GetJob has the whole job.
 pub fn receipt(mut job: Job) -> pb::Job {
     job.payload = Vec::new();
+    job.result = None;
     let keep = job.history.len().saturating_sub(1);
     job.history.drain(..keep);
     job.into()
@@ -191,6 +193,7 @@ mod tests {
             finished_at: None,
             last_error: Some("lease expired".into()),
             history: vec![],
+            result: None,
             metadata: [(
                 "traceparent".into(),
                 "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),

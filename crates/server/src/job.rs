@@ -233,6 +233,12 @@ pub struct Job {
     pub history: Vec<Attempt>,
     /// What the producer attached: trace context, request ids, tags.
     pub metadata: Metadata,
+    /// What the worker's ack stored, DONE jobs only. Kept apart from the
+    /// job's record (a sled tree, a PostgreSQL table of its own), so only
+    /// a get reads it; `None` wherever it was not read (lists, takes, the
+    /// loads of a change), and never part of a record's encoding.
+    #[serde(skip)]
+    pub result: Option<Vec<u8>>,
 }
 
 /// The lowest priority a job may have.

@@ -52,6 +52,8 @@ pub enum Event {
     Ack {
         /// The lease presented.
         lease_id: LeaseId,
+        /// The job's output, stored apart by the store in the ack's commit.
+        result: Option<Vec<u8>>,
     },
     /// The lease holder reports a failure.
     Fail {
@@ -222,6 +224,7 @@ pub fn create(id: JobId, new: NewJob, now: SystemTime) -> Job {
         last_error: None,
         history: Vec::new(),
         metadata: new.metadata,
+        result: None,
     }
 }
 
@@ -269,9 +272,10 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             job.status = Status::Running;
             Ok(job)
         }
-        Event::Ack { lease_id } => {
+        Event::Ack { lease_id, result } => {
             held_lease(&job, lease_id, "ack")?;
             end_attempt(&mut job, Outcome::Acked, None, now);
+            job.result = result;
             job.status = Status::Done;
             job.finished_at = Some(now);
             // The last attempt ended well; the errors of earlier ones stay

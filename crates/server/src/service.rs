@@ -172,12 +172,12 @@ impl<S: Store> JobQueue for JobQueueService<S> {
     #[instrument(skip_all, fields(job.id = %req.get_ref().job_id), err(level = "debug"))]
     async fn ack(&self, req: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
         let who = self.auth.who(&req)?;
-        let (id, lease) = validate::ack(req.into_inner())?;
+        let (id, lease, result) = validate::ack(req.into_inner(), &self.config)?;
         self.hub.reported(lease, who.caller());
         auth::authorize(&*self.store, &who, Access::Leases(&[(id, lease)])).await?;
         // The stream's slot is freed by the store's lease-ended event, not
         // here: this future is dropped if the client cancels the call.
-        let job = self.store.ack(id, lease, self.now()).await?;
+        let job = self.store.ack_with(id, lease, result, self.now()).await?;
         Ok(Response::new(pb::AckResponse {
             job: Some(convert::receipt(job)),
         }))

@@ -348,8 +348,20 @@ pub fn stream_token(value: &str) -> Result<&str> {
 }
 
 /// An Ack: which job, under which lease.
-pub fn ack(req: pb::AckRequest) -> Result<(JobId, LeaseId)> {
-    Ok((job_id("job_id", &req.job_id)?, lease_id(&req.lease_id)?))
+/// An ack: the job, its lease, and the result to store (none if empty),
+/// at most `--max-result-bytes`.
+pub fn ack(req: pb::AckRequest, config: &Config) -> Result<(JobId, LeaseId, Option<Vec<u8>>)> {
+    let id = job_id("job_id", &req.job_id)?;
+    let lease = lease_id(&req.lease_id)?;
+    if req.result.len() > config.max_result_bytes {
+        return Err(invalid(format!(
+            "result is {} bytes; the limit is {} (--max-result-bytes)",
+            req.result.len(),
+            config.max_result_bytes
+        )));
+    }
+    let result = (!req.result.is_empty()).then_some(req.result);
+    Ok((id, lease, result))
 }
 
 /// The one rule for the text a job keeps of why it ended badly, whoever

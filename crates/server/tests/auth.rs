@@ -170,7 +170,17 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
         ),
         Rpc::Ack => {
             let (job_id, lease_id) = leased(c, queue, taker).await;
-            code(c.ack(req(pb::AckRequest { job_id, lease_id }, token)).await)
+            code(
+                c.ack(req(
+                    pb::AckRequest {
+                        result: Vec::new(),
+                        job_id,
+                        lease_id,
+                    },
+                    token,
+                ))
+                .await,
+            )
         }
         Rpc::Fail => {
             let (job_id, lease_id) = leased(c, queue, taker).await;
@@ -420,6 +430,7 @@ async fn a_lease_belongs_to_the_token_that_took_it() {
     // Another token with the same role and queues knows the ids: still no.
     let other = Some("consumer2");
     let ack = pb::AckRequest {
+        result: Vec::new(),
         job_id: job_id.clone(),
         lease_id: lease_id.clone(),
     };
@@ -657,6 +668,7 @@ async fn a_refusal_for_another_queues_job_does_not_name_the_queue() {
     let refused = c
         .ack(req(
             pb::AckRequest {
+                result: Vec::new(),
                 job_id: job,
                 lease_id: lease,
             },
@@ -768,6 +780,7 @@ async fn a_job_or_schedule_of_a_queue_the_token_cannot_read_looks_missing() {
                 "Ack as consumer" => answer(
                     c.ack(req(
                         pb::AckRequest {
+                            result: Vec::new(),
                             job_id: id.clone(),
                             lease_id: lease_id.clone(),
                         },
@@ -891,6 +904,7 @@ async fn a_job_or_schedule_of_a_queue_the_token_cannot_read_looks_missing() {
     let done = c
         .ack(req(
             pb::AckRequest {
+                result: Vec::new(),
                 job_id: running,
                 lease_id,
             },

@@ -61,6 +61,7 @@ async fn next_leased(stream: &mut Streaming<pb::LeaseEvent>) -> pb::LeasedJob {
 async fn ack(c: &mut Cli, leased: &pb::LeasedJob) {
     c.ack(req(
         pb::AckRequest {
+            result: Vec::new(),
             job_id: leased.job.as_ref().unwrap().id.clone(),
             lease_id: leased.lease_id.clone(),
         },

@@ -107,6 +107,7 @@ async fn a_dropped_stream_frees_its_quota_slot_before_the_disconnect_grace() {
     // The lease was kept: its ack lands.
     c.ack(req(
         pb::AckRequest {
+            result: Vec::new(),
             job_id: held.job_id,
             lease_id: held.lease_id,
         },
@@ -324,4 +325,63 @@ async fn undecodable_requests_are_invalid_argument() {
         .unwrap()
         .into_inner();
     assert!(stats.queues.is_empty(), "nothing was enqueued");
+}
+
+#[tokio::test]
+async fn a_result_over_max_result_bytes_is_refused_and_the_job_stays_running() {
+    let server = TestServer::with(|c| c.max_result_bytes = 1024).await;
+    let mut c = server.client().await;
+    c.enqueue(req(
+        pb::EnqueueRequest {
+            queue: "in.results".into(),
+            kind: "k".into(),
+            ..Default::default()
+        },
+        Some("producer"),
+    ))
+    .await
+    .unwrap();
+    let leased = c
+        .dequeue(req(
+            pb::DequeueRequest {
+                queues: vec!["in.results".into()],
+                worker_id: "w".into(),
+                ..Default::default()
+            },
+            Some("consumer"),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .leased
+        .expect("a job");
+    let job_id = leased.job.as_ref().unwrap().id.clone();
+    let ack = |result: Vec<u8>| {
+        req(
+            pb::AckRequest {
+                job_id: job_id.clone(),
+                lease_id: leased.lease_id.clone(),
+                result,
+            },
+            Some("consumer"),
+        )
+    };
+    let refused = c.ack(ack(vec![1; 1025])).await;
+    assert_eq!(code(refused), Code::InvalidArgument);
+    let get = |c: &mut common::Cli| {
+        let job_id = job_id.clone();
+        let mut c = c.clone();
+        async move {
+            c.get_job(req(pb::GetJobRequest { id: job_id }, Some("admin")))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let still = get(&mut c).await;
+    assert_eq!(still.status, pb::JobStatus::Running as i32, "not acked");
+    c.ack(ack(vec![2; 1024])).await.expect("at the limit");
+    let done = get(&mut c).await;
+    assert_eq!(done.status, pb::JobStatus::Done as i32);
+    assert_eq!(done.result, vec![2; 1024]);
 }

@@ -123,6 +123,7 @@ async fn a_server_that_cannot_heartbeat_takes_nothing_until_it_can() {
     }
     c.ack(req(
         pb::AckRequest {
+            result: Vec::new(),
             job_id: first.job.as_ref().unwrap().id.clone(),
             lease_id: first.lease_id.clone(),
         },

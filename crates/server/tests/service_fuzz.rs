@@ -1102,6 +1102,7 @@ impl Harness {
                 let r = self
                     .svc
                     .ack(Request::new(pb::AckRequest {
+                        result: Vec::new(),
                         job_id: lr.job_id,
                         lease_id: lr.lease_id,
                     }))
@@ -1377,6 +1378,7 @@ impl Harness {
                                         let r = self
                                             .svc
                                             .ack(Request::new(pb::AckRequest {
+                                                result: Vec::new(),
                                                 job_id: l.job.map(|j| j.id).unwrap_or_default(),
                                                 lease_id: l.lease_id,
                                             }))
@@ -1850,7 +1852,15 @@ async fn run_auth_case(calls: &[(HeaderGen, AuthCall)]) -> Checked {
                 let other = taker
                     .get(&(job_id.clone(), lease_id.clone()))
                     .is_some_and(|&narrow| Some(narrow) != header.token());
-                let r = match intercepted(&auth, header, pb::AckRequest { job_id, lease_id }) {
+                let r = match intercepted(
+                    &auth,
+                    header,
+                    pb::AckRequest {
+                        result: Vec::new(),
+                        job_id,
+                        lease_id,
+                    },
+                ) {
                     Ok(req) => h.svc.ack(req).await,
                     Err(s) => Err(s),
                 };

@@ -105,6 +105,7 @@ fn lease_ref(leased: &pb::LeasedJob) -> pb::LeaseRef {
 
 async fn ack(c: &mut Cli, leased: &pb::LeasedJob) -> Result<(), tonic::Status> {
     let request = pb::AckRequest {
+        result: Vec::new(),
         job_id: leased.job.as_ref().unwrap().id.clone(),
         lease_id: leased.lease_id.clone(),
     };

@@ -74,6 +74,7 @@ fn in_status(status: Status) -> Job {
             running,
             Event::Ack {
                 lease_id: LeaseId(7),
+                result: None,
             },
             t(2),
         )
@@ -132,6 +133,7 @@ fn the_transition_table() {
             Running,
             Event::Ack {
                 lease_id: LeaseId(7),
+                result: None,
             },
             Ok(Done),
         ),
@@ -139,6 +141,7 @@ fn the_transition_table() {
             Running,
             Event::Ack {
                 lease_id: LeaseId(6),
+                result: None,
             },
             Err("stale"),
         ),
@@ -146,6 +149,7 @@ fn the_transition_table() {
             Pending,
             Event::Ack {
                 lease_id: LeaseId(7),
+                result: None,
             },
             Err("stale"),
         ),
@@ -153,6 +157,7 @@ fn the_transition_table() {
             Done,
             Event::Ack {
                 lease_id: LeaseId(7),
+                result: None,
             },
             Err("not allowed"),
         ),
@@ -160,6 +165,7 @@ fn the_transition_table() {
             Done,
             Event::Ack {
                 lease_id: LeaseId(6),
+                result: None,
             },
             Err("stale"),
         ),
@@ -167,6 +173,7 @@ fn the_transition_table() {
             Failed,
             Event::Ack {
                 lease_id: LeaseId(7),
+                result: None,
             },
             Err("stale"),
         ),
@@ -354,6 +361,7 @@ fn ack_makes_it_done_and_a_second_ack_is_rejected() {
         in_status(Status::Running),
         Event::Ack {
             lease_id: LeaseId(7),
+            result: None,
         },
         t(3),
     )
@@ -366,7 +374,8 @@ fn ack_makes_it_done_and_a_second_ack_is_rejected() {
         apply(
             job,
             Event::Ack {
-                lease_id: LeaseId(7)
+                lease_id: LeaseId(7),
+                result: None
             },
             t(4)
         ),
@@ -383,6 +392,7 @@ fn an_ack_after_a_failed_attempt_clears_last_error_and_the_history_keeps_it() {
         job,
         Event::Ack {
             lease_id: LeaseId(8),
+            result: None,
         },
         t(1_001),
     )
@@ -529,6 +539,7 @@ fn a_stale_lease_cannot_complete_a_job_leased_again() {
     for event in [
         Event::Ack {
             lease_id: LeaseId(7),
+            result: None,
         },
         fail(7),
         Event::Extend {
@@ -545,7 +556,8 @@ fn a_stale_lease_cannot_complete_a_job_leased_again() {
         apply(
             again,
             Event::Ack {
-                lease_id: LeaseId(8)
+                lease_id: LeaseId(8),
+                result: None
             },
             t(33)
         )
@@ -731,6 +743,7 @@ fn cancel_of_a_running_job_revokes_its_attempt_and_fences_its_lease() {
     for late in [
         Event::Ack {
             lease_id: LeaseId(7),
+            result: None,
         },
         fail(7),
         Event::Extend {

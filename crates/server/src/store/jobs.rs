@@ -471,8 +471,15 @@ impl<B: Backend> Store for Jobs<B> {
             .await
     }
 
-    async fn ack(&self, id: JobId, lease_id: LeaseId, now: SystemTime) -> Result<Job> {
-        self.one_committed(id, Event::Ack { lease_id }, now).await
+    async fn ack_with(
+        &self,
+        id: JobId,
+        lease_id: LeaseId,
+        result: Option<Vec<u8>>,
+        now: SystemTime,
+    ) -> Result<Job> {
+        self.one_committed(id, Event::Ack { lease_id, result }, now)
+            .await
     }
 
     async fn fail(&self, id: JobId, report: FailReport, now: SystemTime) -> Result<Job> {

@@ -187,6 +187,18 @@ pub trait Store: Send + Sync + 'static {
         id: JobId,
         lease_id: LeaseId,
         now: SystemTime,
+    ) -> impl Future<Output = Result<Job>> + Send {
+        self.ack_with(id, lease_id, None, now)
+    }
+
+    /// [`Store::ack`] that also stores the job's output, in the same
+    /// commit, as `Job::result` (read back by [`Store::get`] only).
+    fn ack_with(
+        &self,
+        id: JobId,
+        lease_id: LeaseId,
+        result: Option<Vec<u8>>,
+        now: SystemTime,
     ) -> impl Future<Output = Result<Job>> + Send;
 
     /// RUNNING -> PENDING (backoff) or FAILED. Durable on return.

@@ -26,7 +26,11 @@ const SHOWN_PAYLOAD: usize = 64 * 1024;
 /// pretty only while that stays small. Pretty-printing indents every
 /// element: 1 MiB of deeply nested JSON became a 130 MB page.
 fn payload(job: &Job) -> String {
-    let all = &job.payload;
+    readable(&job.payload, job)
+}
+
+/// [`payload`]'s rules for any bytes of the job (its payload, its result).
+fn readable(all: &[u8], job: &Job) -> String {
     if all.len() <= SHOWN_PAYLOAD {
         if let Ok(value) = serde_json::from_slice::<serde_json::Value>(all) {
             if let Ok(pretty) = serde_json::to_string_pretty(&value) {
@@ -145,6 +149,10 @@ pub async fn page<S: Store>(
         }
         h2 { "Payload" }
         pre #payload { (payload(&job)) }
+        @if let Some(result) = &job.result {
+            h2 { "Result" }
+            pre #result { (readable(result, &job)) }
+        }
     };
     Ok(layout::page(&format!("Job {}", job.id), body))
 }

@@ -186,6 +186,55 @@ async fn a_snooze_puts_the_job_back_without_spending_an_attempt() {
 }
 
 #[tokio::test]
+async fn an_acks_result_is_kept_with_its_job_until_the_job_is_deleted() {
+    let dir = guard().await;
+    let (with, without, purged) = {
+        let store = reopen(&dir).await;
+        let with = enqueue(&store, "q", Some("order-4711"), 0, at(0)).await;
+        let without = enqueue(&store, "q", None, 0, at(1)).await;
+        let purged = enqueue(&store, "q", None, 0, at(2)).await;
+        let leased = take(&store, "q", at(3)).await.expect("due");
+        assert_eq!(leased.job.id, with.id);
+        // A stale ack's result is refused with it: nothing is stored.
+        assert_eq!(
+            code(
+                store
+                    .ack_with(with.id, LeaseId(leased.lease_id.0 ^ 1), Some(b"stale".to_vec()), at(4))
+                    .await
+            ),
+            Code::Aborted
+        );
+        let done = store
+            .ack_with(with.id, leased.lease_id, Some(br#"{"sent":true}"#.to_vec()), at(5))
+            .await
+            .expect("ack");
+        assert_eq!(done.status, Status::Done);
+        let other = take(&store, "q", at(6)).await.expect("due");
+        store.ack(other.job.id, other.lease_id, at(7)).await.expect("ack");
+        let third = take(&store, "q", at(8)).await.expect("due");
+        store
+            .ack_with(third.job.id, third.lease_id, Some(b"gone soon".to_vec()), at(9))
+            .await
+            .expect("ack");
+        // Lists leave results out; a get reads them.
+        let page = store.list(ListFilter::default()).await.expect("list");
+        assert!(page.jobs.iter().all(|j| j.result.is_none()));
+        (with.id, without.id, purged.id)
+    };
+    // Durable with the ack, across a restart.
+    let store = reopen(&dir).await;
+    let got = store.get(with).await.expect("get");
+    assert_eq!(got.result.as_deref(), Some(&br#"{"sent":true}"#[..]));
+    assert_eq!(store.get(without).await.expect("get").result, None);
+    assert_eq!(store.get(purged).await.expect("get").result.as_deref(), Some(&b"gone soon"[..]));
+    // Deleted with its job, by a delete or a purge.
+    store.delete(with).await.expect("delete");
+    assert!(matches!(store.get(with).await, Err(jobq_server::Error::NotFound(_))));
+    assert_eq!(store.purge(at(100), at(100)).await.expect("purge"), 2);
+    assert!(matches!(store.get(purged).await, Err(jobq_server::Error::NotFound(_))));
+}
+
+#[tokio::test]
 async fn the_last_attempt_fails_for_good() {
     let (_dir, store) = fresh().await;
     let job = enqueue(&store, "default", None, 0, at(0)).await;
@@ -1339,7 +1388,14 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
             let got = store.ack(id, lease_id, t).await;
             same(
                 got,
-                model.apply(id, Event::Ack { lease_id }, t).map(receipt),
+                model.apply(
+                    id,
+                    Event::Ack {
+                        lease_id,
+                        result: None,
+                    },
+                    t,
+                ).map(receipt),
                 "ack",
             );
         }

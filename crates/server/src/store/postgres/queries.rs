@@ -58,23 +58,34 @@ async fn with_history(
 /// One job, with its payload or (for checks) without.
 pub async fn get(pg: &Pg, id: JobId, payload: bool) -> Result<Job> {
     let client = pg.client().await?;
-    let columns = if payload {
-        COLUMNS
+    // A get reads the result too (after the job's columns); a peek neither
+    // it nor the payload.
+    let sql = if payload {
+        format!(
+            "SELECT {COLUMNS}, (SELECT r.result FROM jobq_results r WHERE r.job_id = jobq_jobs.id) \
+             FROM jobq_jobs WHERE id = $1"
+        )
     } else {
-        row::CHANGE_COLUMNS.as_str()
+        format!(
+            "SELECT {} FROM jobq_jobs WHERE id = $1",
+            row::CHANGE_COLUMNS.as_str()
+        )
     };
-    let stmt = client
-        .prepare_cached(&format!("SELECT {columns} FROM jobq_jobs WHERE id = $1"))
-        .await
-        .map_err(PgError::from)?;
+    let stmt = client.prepare_cached(&sql).await.map_err(PgError::from)?;
     let rows = client
         .query(&stmt, &[&row::to_db(id.0)])
         .await
         .map_err(PgError::from)?;
     let jobs = rows
         .iter()
-        .map(row::job_of)
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|r| {
+            let mut job = row::job_of(r)?;
+            if payload && job.status == Status::Done {
+                job.result = r.try_get(row::RESULT_AFTER_COLUMNS)?;
+            }
+            Ok(job)
+        })
+        .collect::<Result<Vec<_>, PgError>>()?;
     with_history(&client, jobs)
         .await?
         .pop()

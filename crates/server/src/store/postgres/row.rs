@@ -20,6 +20,9 @@ pub const COLUMNS: &str = "id, queue, kind, payload, key, status, attempts, max_
      enqueued_at, run_at, lease_id, lease_worker, lease_taken_at, lease_expires_at, \
      lease_duration_ns, finished_at, last_error, extra, priority";
 
+/// The index of a column selected right after [`COLUMNS`].
+pub const RESULT_AFTER_COLUMNS: usize = 19;
+
 /// [`COLUMNS`] with an empty payload in the payload's place, for loads that
 /// change or check a job: the payload never changes after enqueue, so only
 /// a take (and get, list) reads it, and no UPDATE writes it.
@@ -302,6 +305,7 @@ pub fn job_of(row: &Row) -> Result<Job, PgError> {
         last_error: row.try_get(16)?,
         history: Vec::new(),
         metadata,
+        result: None,
     })
 }
 

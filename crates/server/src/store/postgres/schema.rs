@@ -25,6 +25,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (6, "key index", V6),
     (7, "job counts", V7),
     (8, "SQL enqueue", super::sql_enqueue::MIGRATION),
+    (9, "job results", V9),
 ];
 
 /// Version 1.
@@ -196,6 +197,16 @@ CREATE TRIGGER jobq_count_moves AFTER UPDATE OF queue, status ON jobq_jobs
     EXECUTE FUNCTION jobq_count();
 INSERT INTO jobq_counts (queue, status, n)
     SELECT queue, status, count(*) FROM jobq_jobs GROUP BY queue, status;
+"#;
+
+/// Version 9: `jobq_results`, the result each DONE job's ack stored, one
+/// row per job that has one, apart from `jobq_jobs` so that no other
+/// change rewrites it and only GetJob reads it; deleted with its job.
+const V9: &str = r#"
+CREATE TABLE jobq_results (
+    job_id bigint PRIMARY KEY REFERENCES jobq_jobs (id) ON DELETE CASCADE,
+    result bytea NOT NULL
+);
 "#;
 
 /// Applies every migration the database lacks, under the advisory lock.

@@ -196,6 +196,26 @@ pub async fn write(tx: &ClientWrapper, me: &str, writes: &[Write]) -> Result<Vec
     let delete = tx
         .prepare_cached("DELETE FROM jobq_attempts WHERE job_id = $1 AND lease_id = ANY($2)")
         .await?;
+    // The results acks brought (an empty one is none), in the same
+    // transaction as the ack.
+    let results: Vec<(i64, &[u8])> = writes
+        .iter()
+        .filter_map(|w| {
+            let result = w.change.new.result.as_deref()?;
+            (!result.is_empty()).then(|| (row::to_db(w.change.new.id.0), result))
+        })
+        .collect();
+    let store_result = if results.is_empty() {
+        None
+    } else {
+        Some(
+            tx.prepare_cached(
+                "INSERT INTO jobq_results (job_id, result) VALUES ($1, $2) \
+                 ON CONFLICT (job_id) DO UPDATE SET result = EXCLUDED.result",
+            )
+            .await?,
+        )
+    };
 
     let rows: Vec<(JobRow, Option<i64>, &Option<String>)> = writes
         .iter()
@@ -256,11 +276,21 @@ pub async fn write(tx: &ClientWrapper, me: &str, writes: &[Write]) -> Result<Vec
         let upsert = &upsert;
         async move { tx.execute(upsert, &params).await }
     }));
+    let stored = try_join_all(results.iter().map(|(id, result)| {
+        let store_result = &store_result;
+        async move {
+            match store_result {
+                Some(stmt) => tx.execute(stmt, &[id, result]).await,
+                None => Ok(0),
+            }
+        }
+    }));
     let notify = notify(tx, &channels, &payloads);
-    let (updated, _, _, ()) = futures::try_join!(
+    let (updated, _, _, _, ()) = futures::try_join!(
         updates.map_err(PgError::from),
         deletes.map_err(PgError::from),
         upserts.map_err(PgError::from),
+        stored.map_err(PgError::from),
         notify
     )?;
     if let Some(pos) = updated.iter().position(|&n| n != 1) {

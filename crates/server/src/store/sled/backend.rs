@@ -113,6 +113,7 @@ impl Backend for Sled {
             if let Payload::Apart(_) = payload {
                 self.remove_payloads([id])?;
             }
+            self.remove_results([id])?;
             index.remove(&job);
             payload
         };
@@ -162,7 +163,9 @@ impl Backend for Sled {
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {
-        self.load_full(id).await
+        let mut job = self.load_full(id).await?;
+        self.fill_result(&mut job)?;
+        Ok(job)
     }
 
     async fn peek(&self, id: JobId) -> Result<Job> {

@@ -40,7 +40,8 @@
 //! newer one stopped cleanly rather than write changes those would miss.
 //!
 //! The parts: [`open`] (startup, the scan, saved indexes), [`write`] (the
-//! write path), [`payload`] (where payloads live), [`list`] (listing),
+//! write path), [`payload`] (where payloads live), [`result`] (where the
+//! results of DONE jobs live), [`list`] (listing),
 //! [`backend`] (the [`Backend`](super::Backend) impl), over [`record`] (the
 //! encoding), [`index`] (the in-memory indexes) and [`flusher`] (group
 //! commit).
@@ -54,6 +55,7 @@ mod open;
 mod payload;
 mod payload_files;
 mod record;
+mod result;
 mod schedules;
 mod write;
 
@@ -136,6 +138,8 @@ pub struct Sled {
     payloads: sled::Tree,
     /// Big payloads, each in a file ([`payload_files`]).
     files: PayloadFiles,
+    /// Results of DONE jobs by job id ([`result`]).
+    results: sled::Tree,
     /// Paused queues: the queue name as key, an empty value.
     paused_tree: sled::Tree,
     /// Schedules by name ([`schedules`]).

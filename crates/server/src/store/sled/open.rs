@@ -79,6 +79,7 @@ impl Sled {
                 "removed payload files of enqueues cut short by a crash"
             );
         }
+        let results = db.open_tree("results").map_err(SledError::from)?;
         let paused_tree = db.open_tree("paused").map_err(SledError::from)?;
         for record in paused_tree.iter() {
             let (key, _) = record.map_err(SledError::from)?;
@@ -102,6 +103,7 @@ impl Sled {
             jobs,
             payloads,
             files,
+            results,
             paused_tree,
             schedules_tree,
             schedule_payloads,

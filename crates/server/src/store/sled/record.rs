@@ -185,6 +185,7 @@ impl From<JobV2> for Job {
             last_error: j.last_error,
             history: j.history,
             metadata: j.metadata,
+            result: None,
         }
     }
 }
@@ -245,6 +246,7 @@ impl From<JobV1> for Job {
             last_error: j.last_error,
             history: j.history,
             metadata: Default::default(),
+            result: None,
         }
     }
 }

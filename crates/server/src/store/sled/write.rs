@@ -101,6 +101,9 @@ impl Sled {
             if *payload == Payload::Inline && placed != Payload::Inline {
                 self.put_payload(*id, &new.payload)?;
             }
+            if let Some(result) = &new.result {
+                self.put_result(*id, result)?;
+            }
             writes.push((record_key(*id), Some(encode(new, placed)?)));
         }
         self.write(writes)?;
@@ -356,6 +359,7 @@ impl Sled {
         }
         self.write(writes)?;
         self.remove_payloads(apart)?;
+        self.remove_results(gone.iter().map(|job| job.id))?;
         for job in &gone {
             index.remove(job);
         }

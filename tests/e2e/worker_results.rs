@@ -1,0 +1,72 @@
+//! Results through a real server: a Rust Worker's handler sets the job's
+//! result, the ack stores it, and a producer reads it back with the job; a
+//! result over the server's `--max-result-bytes` fails the job for good,
+//! saying why, rather than acking it without its result.
+
+use std::time::Duration;
+
+use jobq_client::{EnqueueOptions, HandlerError, JobContext, Status, Worker};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{until, TestServer};
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    order: String,
+    message_id: String,
+}
+
+#[tokio::test]
+async fn a_handlers_result_is_stored_by_its_ack_and_read_back_with_the_job() {
+    let server = TestServer::with(|c| c.max_result_bytes = 4096).await;
+    let c = server.client().await;
+    let (sent, _) = c
+        .enqueue("emails", "send-email", "order-4711", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let (huge, _) = c
+        .enqueue("emails", "send-huge", "order-4712", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let shutdown = CancellationToken::new();
+    let w = Worker::builder(server.url())
+        .queues(["emails"])
+        .shutdown(shutdown.clone())
+        .handler("send-email", |ctx: JobContext| async move {
+            let order = String::from_utf8_lossy(ctx.payload()).into_owned();
+            ctx.set_result_json(&Receipt {
+                order,
+                message_id: "<4711@mail.example>".into(),
+            })?;
+            Ok::<(), HandlerError>(())
+        })
+        .handler("send-huge", |ctx: JobContext| async move {
+            ctx.set_result(vec![b'x'; 4097]);
+            Ok::<(), HandlerError>(())
+        })
+        .build();
+    let run = tokio::spawn(w.run());
+    let (done, failed) = until(Duration::from_secs(20), "both jobs settled", || async {
+        let done = c.job(sent.id.clone()).await.expect("get");
+        let failed = c.job(huge.id.clone()).await.expect("get");
+        (done.status == Status::Done && failed.status == Status::Failed).then_some((done, failed))
+    })
+    .await;
+    let receipt: Receipt = done.result_json().expect("a result").expect("JSON");
+    assert_eq!(
+        receipt,
+        Receipt {
+            order: "order-4711".into(),
+            message_id: "<4711@mail.example>".into()
+        }
+    );
+    assert_eq!(failed.result, None);
+    let error = failed.last_error.unwrap_or_default();
+    assert!(
+        error.contains("the server refused the result") && error.contains("--max-result-bytes"),
+        "{error}"
+    );
+    shutdown.cancel();
+    run.await.expect("join").expect("worker");
+}
