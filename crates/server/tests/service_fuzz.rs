@@ -83,6 +83,7 @@ fn config(data: &std::path::Path) -> Config {
     // limit would make every snapshot of a debug build slow.
     c.max_payload = 16 * 1024;
     c.max_metadata_bytes = 256;
+    c.max_result_bytes = 1024;
     // One waiter: a live Lease stream makes a waiting Dequeue
     // RESOURCE_EXHAUSTED, which `quiesce` uses to see the stream's task end.
     c.max_waiters = 1;
@@ -317,6 +318,17 @@ fn payload() -> BoxedStrategy<Vec<u8>> {
         1 => Just(vec![0; max]),
         1 => Just(vec![7; max + 1]),
         1 => Just(vec![0; 4 * max]),
+    ]
+    .boxed()
+}
+
+fn result() -> BoxedStrategy<Vec<u8>> {
+    let max = LIMITS.max_result_bytes;
+    prop_oneof![
+        8 => Just(Vec::new()),
+        4 => prop::collection::vec(any::<u8>(), 1..64),
+        1 => Just(vec![1; max]),
+        1 => Just(vec![2; max + 1]),
     ]
     .boxed()
 }
@@ -584,7 +596,10 @@ enum Op {
         lease: Option<prost_types::Duration>,
         wait: Option<prost_types::Duration>,
     },
-    Ack(LeaseRefGen),
+    Ack {
+        target: LeaseRefGen,
+        result: Vec<u8>,
+    },
     Fail {
         target: LeaseRefGen,
         error: String,
@@ -718,7 +733,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (queues(), name(), duration(), wait()).prop_map(|(queues, worker, lease, wait)| Op::Dequeue { queues, worker, lease, wait }),
         5 => (prop::collection::vec(select(&QUEUES[..]).prop_map(String::from), 1..4), good_lease)
             .prop_map(|(qs, lease)| Op::Dequeue { queues: QueuesGen::List(qs), worker: "worker-1".into(), lease, wait: None }),
-        4 => lease_ref().prop_map(Op::Ack),
+        4 => (lease_ref(), result()).prop_map(|(target, result)| Op::Ack { target, result }),
         4 => (lease_ref(), error_text(), duration(), any::<bool>(), prop_oneof![3 => Just(None), 1 => duration()])
             .prop_map(|(target, error, retry_delay, fatal, snooze)| Op::Fail { target, error, retry_delay, fatal, snooze }),
         3 => (any::<usize>(), prop_oneof![Just(None), Just(secs(0, 0))], any::<bool>(), prop_oneof![3 => Just(None), 1 => Just(secs(0, 0))])
@@ -1097,14 +1112,16 @@ impl Harness {
                 }
                 ("Dequeue", TAKE, v, code)
             }
-            Op::Ack(target) => {
+            Op::Ack { target, result } => {
                 let (lr, v) = self.lease_ref(target);
+                let v = all([v, bad_if(result.len() > LIMITS.max_result_bytes)]);
+                let job_id = lr.job_id.clone();
                 let r = self
                     .svc
                     .ack(Request::new(pb::AckRequest {
-                        result: Vec::new(),
                         job_id: lr.job_id,
                         lease_id: lr.lease_id,
+                        result: result.clone(),
                     }))
                     .await;
                 let code = code_of(&r);
@@ -1114,6 +1131,15 @@ impl Harness {
                         .job
                         .ok_or_else(|| TestCaseError::fail("ack without a job"))?;
                     prop_assert_eq!(job.status, pb::JobStatus::Done as i32);
+                    prop_assert!(job.result.is_empty(), "an ack's reply echoes its result");
+                    // Stored as sent, read back by GetJob alone.
+                    let got = self
+                        .svc
+                        .get_job(Request::new(pb::GetJobRequest { id: job_id }))
+                        .await
+                        .map_err(|s| TestCaseError::fail(format!("get after ack: {s}")))?
+                        .into_inner();
+                    prop_assert_eq!(&got.result, result);
                 }
                 ("Ack", SETTLE, v, code)
             }
