@@ -267,7 +267,7 @@ async fn the_worker_counts_its_runs_by_outcome() {
     use jobq_client::{HandlerError, JobContext, Worker};
     let server = crate::harness::TestServer::start().await;
     let c = server.client().await;
-    for payload in ["ok", "ok", "bad"] {
+    for payload in ["ok", "ok", "bad", "later"] {
         c.enqueue("wm", "m", payload, EnqueueOptions::new())
             .await
             .expect("enqueue");
@@ -284,17 +284,25 @@ async fn the_worker_counts_its_runs_by_outcome() {
             if ctx.payload() == b"bad" {
                 return Err(HandlerError::fatal("bad input"));
             }
+            if ctx.payload() == b"later" {
+                return Err(HandlerError::snooze("busy", Duration::from_secs(3600)));
+            }
             Ok(())
         })
         .build();
     let run = tokio::spawn(worker.run());
-    until(Duration::from_secs(20), "2 DONE and 1 FAILED", || {
-        let c = c.clone();
-        async move {
-            let s = c.stats(Some("wm")).await.ok()?;
-            (s.first().map(|q| (q.done, q.failed)) == Some((2, 1))).then_some(())
-        }
-    })
+    until(
+        Duration::from_secs(20),
+        "2 DONE, 1 FAILED, 1 snoozed",
+        || {
+            let c = c.clone();
+            async move {
+                let s = c.stats(Some("wm")).await.ok()?;
+                (s.first().map(|q| (q.done, q.failed, q.pending, q.running)) == Some((2, 1, 1, 0)))
+                    .then_some(())
+            }
+        },
+    )
     .await;
     shutdown.cancel();
     run.await.expect("join").expect("worker");
@@ -310,11 +318,15 @@ async fn the_worker_counts_its_runs_by_outcome() {
         1.0
     );
     assert_eq!(
+        get(&s, r#"jobq_worker_jobs_total{kind="m",outcome="snoozed"}"#),
+        1.0
+    );
+    assert_eq!(
         get(
             &s,
             r#"jobq_worker_handler_duration_seconds_count{kind="m"}"#
         ),
-        3.0
+        4.0
     );
     assert!(
         !text.contains("jobq_worker_leases_lost_total{"),

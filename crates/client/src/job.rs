@@ -60,17 +60,21 @@ async fn give_back(shared: &Shared, ctx: &JobContext) {
         "given back: the worker's drain deadline passed",
         crate::FailOptions::snooze(std::time::Duration::ZERO),
     );
-    match tokio::time::timeout(GIVE_BACK_TIMEOUT, call).await {
-        Ok(Ok(_)) => info!("given back at the drain deadline; no attempt spent"),
+    let outcome = match tokio::time::timeout(GIVE_BACK_TIMEOUT, call).await {
+        Ok(Ok(_)) => {
+            info!("given back at the drain deadline; no attempt spent");
+            Outcome::GivenBack
+        }
         Ok(Err(err)) => {
             warn!(cause = %err, "could not give the job back; the server will reclaim it");
+            Outcome::Abandoned
         }
-        Err(_) => warn!("no answer to the give-back; the server will reclaim the job"),
-    }
-    shared
-        .cfg
-        .metrics
-        .job(label(shared, ctx), Outcome::Abandoned);
+        Err(_) => {
+            warn!("no answer to the give-back; the server will reclaim the job");
+            Outcome::Abandoned
+        }
+    };
+    shared.cfg.metrics.job(label(shared, ctx), outcome);
 }
 
 /// The `kind` label: a kind with its own handler, else `other`.
@@ -247,6 +251,8 @@ async fn settle(shared: &Shared, ctx: &JobContext, mut outcome: HandlerResult) {
                 warn!(error = %err, fatal = err.is_fatal(), "failed");
                 let outcome = if err.is_fatal() {
                     Outcome::Fatal
+                } else if options.as_ref().is_some_and(|o| o.snooze.is_some()) {
+                    Outcome::Snoozed
                 } else {
                     Outcome::Failed
                 };

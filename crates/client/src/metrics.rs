@@ -1,9 +1,11 @@
 //! The Worker's own Prometheus metrics, behind the `metrics` cargo feature:
 //!
 //! - `jobq_worker_jobs_total{kind,outcome}`: handler runs by how they ended
-//!   (`acked`, `failed`, `fatal`, `abandoned` when the lease was lost or the
-//!   drain deadline passed mid-run, `rejected` when the server refused the
-//!   ack or fail because the lease had moved on);
+//!   (`acked`, `failed`, `fatal`, `snoozed` when the handler asked for a
+//!   snooze, `given_back` when the drain deadline cut it off and the job
+//!   went back without spending an attempt, `abandoned` when the lease was
+//!   lost or the give-back did not get through, `rejected` when the server
+//!   refused the ack or fail because the lease had moved on);
 //! - `jobq_worker_handler_duration_seconds{kind}`: how long handlers ran;
 //! - `jobq_worker_leases_lost_total{reason}`: `heartbeat` (the server said
 //!   lost), `revoked` (on the stream), `deadline` (no heartbeat got through
@@ -19,6 +21,8 @@ pub(crate) enum Outcome {
     Acked,
     Failed,
     Fatal,
+    Snoozed,
+    GivenBack,
     Abandoned,
     Rejected,
 }
@@ -111,6 +115,8 @@ mod imp {
                     Outcome::Acked => "acked",
                     Outcome::Failed => "failed",
                     Outcome::Fatal => "fatal",
+                    Outcome::Snoozed => "snoozed",
+                    Outcome::GivenBack => "given_back",
                     Outcome::Abandoned => "abandoned",
                     Outcome::Rejected => "rejected",
                 };
