@@ -38,8 +38,16 @@ TOML
 : >"$work/fetch/src/lib.rs"
 export CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}
 (cd "$work/fetch" && cargo fetch --quiet)
-pristine=$(ls -d "$CARGO_HOME"/registry/src/*/sled-0.34.7 | head -n 1)
-[[ -f $pristine/Cargo.toml.orig ]] || { echo "no pristine sled 0.34.7 under $CARGO_HOME/registry/src" >&2; exit 1; }
+# The downloaded archive, not cargo's unpacked copy (which anything may have
+# edited since): its SHA-256 must be the registry index's, as the lock file
+# cargo just wrote records it.
+crate=$(ls "$CARGO_HOME"/registry/cache/*/sled-0.34.7.crate 2>/dev/null | head -n 1)
+[[ -n $crate ]] || { echo "no sled-0.34.7.crate under $CARGO_HOME/registry/cache" >&2; exit 1; }
+want=$(grep -A3 '^name = "sled"$' "$work/fetch/Cargo.lock" | sed -n 's/^checksum = "\(.*\)"$/\1/p')
+got=$(sha256sum "$crate" | cut -d' ' -f1)
+[[ -n $want && $got == "$want" ]] || { echo "$crate: SHA-256 $got, the registry says ${want:-nothing}" >&2; exit 1; }
+tar -xzf "$crate" -C "$work"
+pristine=$work/sled-0.34.7
 
 tree=$work/sled
 cp -r "$pristine" "$tree"
