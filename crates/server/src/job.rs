@@ -84,6 +84,22 @@ impl Status {
         Status::Done,
         Status::Failed,
     ];
+
+    /// The status's name as stored (PostgreSQL), notified and counted:
+    /// `pending`, … The one place these names are written.
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Running => "running",
+            Status::Done => "done",
+            Status::Failed => "failed",
+        }
+    }
+
+    /// The status a [`label`](Self::label) names.
+    pub fn from_label(label: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.label() == label)
+    }
 }
 
 impl fmt::Display for Status {

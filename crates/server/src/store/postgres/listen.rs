@@ -93,13 +93,7 @@ pub fn decode(payload: &str) -> Option<(&str, LeaseEnded)> {
         "none" | MOVED => None,
         word => Some(Outcome::from_label(word)?),
     };
-    let status = match parts.next()? {
-        "pending" => Status::Pending,
-        "running" => Status::Running,
-        "done" => Status::Done,
-        "failed" => Status::Failed,
-        _ => return None,
-    };
+    let status = Status::from_label(parts.next()?)?;
     let queue = parts.next()?.to_owned();
     Some((
         server,

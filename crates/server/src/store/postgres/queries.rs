@@ -295,12 +295,11 @@ pub async fn stats(
             });
         }
         let Some(s) = out.last_mut() else { continue };
-        match status.as_str() {
-            "pending" => s.pending = count,
-            "running" => s.running = count,
-            "done" => s.done = count,
-            "failed" => s.failed = count,
-            other => return Err(PgError::Schema(format!("unknown job status {other:?}"))),
+        match row::status_of(&status)? {
+            Status::Pending => s.pending = count,
+            Status::Running => s.running = count,
+            Status::Done => s.done = count,
+            Status::Failed => s.failed = count,
         }
     }
     let pending: Vec<&str> = out

@@ -54,22 +54,12 @@ struct Extra {
 
 /// A status as stored.
 pub fn status_text(status: Status) -> &'static str {
-    match status {
-        Status::Pending => "pending",
-        Status::Running => "running",
-        Status::Done => "done",
-        Status::Failed => "failed",
-    }
+    status.label()
 }
 
-fn status_of(text: &str) -> Result<Status, PgError> {
-    Ok(match text {
-        "pending" => Status::Pending,
-        "running" => Status::Running,
-        "done" => Status::Done,
-        "failed" => Status::Failed,
-        other => return Err(PgError::Schema(format!("unknown job status {other:?}"))),
-    })
+/// A status as stored, back.
+pub fn status_of(text: &str) -> Result<Status, PgError> {
+    Status::from_label(text).ok_or_else(|| PgError::Schema(format!("unknown job status {text:?}")))
 }
 
 fn outcome_text(outcome: Outcome) -> &'static str {
