@@ -28,7 +28,7 @@ COOKBOOK = os.path.join(ROOT, "docs", "src", "grpcurl.md")
 JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "jobq"))
 DEFAULT_ADDR = "127.0.0.1:50051"
 RPCS = ["Enqueue", "EnqueueBatch", "Dequeue", "Ack", "Fail", "Retry", "Lease",
-        "Heartbeat", "GetJob", "ListJobs", "Stats", "CancelJob", "PauseQueue",
+        "Heartbeat", "GetJob", "WatchJob", "ListJobs", "Stats", "CancelJob", "PauseQueue",
         "ResumeQueue", "DeleteJob", "PurgeJobs", "CreateSchedule", "ListSchedules",
         "DeleteSchedule"]
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits 64 + the gRPC status code
@@ -176,6 +176,13 @@ def check_get_job(cb, block, r):
     expect(job["id"] == cb.env["JOB_ID"] and job["status"] == "JOB_STATUS_DONE", job)
     outcomes = [a.get("outcome") for a in job["history"]]
     expect(outcomes == ["ATTEMPT_OUTCOME_ACKED"], outcomes)
+
+
+def check_watch_job(cb, block, r):
+    # Already DONE: its one final state, then the stream ends (grpcurl exits).
+    job = r.ok().json()
+    expect(job["id"] == cb.env["JOB_ID"] and job["status"] == "JOB_STATUS_DONE", job)
+    expect("payload" not in job, job)
 
 
 def check_list_by_key(cb, block, r):
@@ -334,6 +341,7 @@ STEPS = [
     ("jobq.v1.JobQueue/Heartbeat", check_heartbeat),
     ("jobq.v1.JobQueue/Ack", check_ack),
     ("jobq.v1.JobQueue/GetJob", check_get_job),
+    ("jobq.v1.JobQueue/WatchJob", check_watch_job),
     ("jobq.v1.JobQueue/ListJobs", check_list_by_key),
     ("jobq.v1.JobQueue/Dequeue", dequeue_check("order-4712")),
     ("jobq.v1.JobQueue/Fail", check_fail),

@@ -1272,3 +1272,85 @@ async fn a_connection_error_names_the_url_and_why() {
         bare.stderr
     );
 }
+
+#[tokio::test]
+async fn watch_prints_each_state_until_the_job_is_final() {
+    let server = TestServer::start().await;
+    let (url, client) = (server.url(), server.client().await);
+    let job = client
+        .submit("wq", "k", "order-4711", EnqueueOptions::new())
+        .await
+        .unwrap()
+        .job;
+    let id = job.id.to_string();
+    // Following a live job: PENDING now, then RUNNING and DONE as a
+    // worker takes and acks it.
+    let mut watching = command(&url, &["watch", &id, "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn jobq watch");
+    let mut lines = BufReader::new(watching.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(
+        &tokio::time::timeout(LIMIT, lines.next_line())
+            .await
+            .expect("a first state")
+            .unwrap()
+            .expect("a line"),
+    )
+    .unwrap();
+    assert_eq!(first["status"], "PENDING");
+    assert!(first.get("payload").is_none() || first["payload"] == "");
+    let leased = client
+        .dequeue(["wq"], "w", Some(Duration::from_secs(30)), None)
+        .await
+        .unwrap()
+        .expect("due");
+    let running: Value = serde_json::from_str(
+        &tokio::time::timeout(LIMIT, lines.next_line())
+            .await
+            .expect("RUNNING")
+            .unwrap()
+            .expect("a line"),
+    )
+    .unwrap();
+    assert_eq!(running["status"], "RUNNING");
+    assert_eq!(running["worker_id"], "w");
+    client
+        .ack_with_result(id.clone(), leased.lease_id.clone(), "sent")
+        .await
+        .unwrap();
+    let mut states = Vec::new();
+    while let Some(line) = tokio::time::timeout(LIMIT, lines.next_line())
+        .await
+        .expect("the next state")
+        .unwrap()
+    {
+        states.push(serde_json::from_str::<Value>(&line).unwrap());
+    }
+    let status = tokio::time::timeout(LIMIT, watching.wait())
+        .await
+        .expect("exit")
+        .unwrap();
+    assert!(status.success());
+    let statuses: Vec<&str> = states
+        .iter()
+        .map(|s| s["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["DONE"]);
+    assert_eq!(states[0]["result"], "sent");
+    // A cancelled job: its final state, and exit 1.
+    let other = client
+        .submit("wq", "k", "order-4712", EnqueueOptions::new())
+        .await
+        .unwrap()
+        .job;
+    client
+        .cancel(other.id.to_string(), "refunded")
+        .await
+        .unwrap();
+    let failed = jobq(&url, &["watch", other.id.as_ref()]).await;
+    assert_eq!(failed.code, 1, "{}", failed.stderr);
+    assert!(failed.stdout.contains("FAILED"), "{}", failed.stdout);
+    assert!(failed.stderr.contains("FAILED: job"), "{}", failed.stderr);
+}

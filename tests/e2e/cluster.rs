@@ -563,3 +563,29 @@ async fn three_servers_enqueue_each_tick_of_a_schedule_once() {
     assert_eq!(listed.len(), 1);
     assert!(listed[0].last_run_at.is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_server_2_sees_the_ack_made_through_server_1() {
+    let cluster = Cluster::start().await;
+    let (c1, c2) = (cluster.client(0).await, cluster.client(1).await);
+    let (job, _) = c1
+        .enqueue("q", "k", vec![], EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let waiting = {
+        let id = job.id.clone();
+        tokio::spawn(async move { c2.wait(id, Duration::from_secs(20)).await })
+    };
+    let mut stream = open(&c1, "w", 1).await;
+    let leased = next_leased(&mut stream).await;
+    let acked_at = Instant::now();
+    c1.ack_with_result(job_id(&leased), leased.lease_id.clone(), b"sent".to_vec())
+        .await
+        .expect("ack");
+    let done = waiting.await.expect("join").expect("DONE through server 2");
+    eprintln!(
+        "wait on server 2 returned {:?} after the ack through server 1",
+        acked_at.elapsed()
+    );
+    assert_eq!(done.result.as_deref(), Some(&b"sent"[..]));
+}

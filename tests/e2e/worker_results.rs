@@ -1,7 +1,7 @@
 //! Results through a real server: a Rust Worker's handler sets the job's
-//! result, the ack stores it, and a producer reads it back with the job; a
-//! result over the server's `--max-result-bytes` fails the job for good,
-//! saying why, rather than acking it without its result.
+//! result, the ack stores it, and a producer reads it back with the job, or
+//! waits for it; a result over the server's `--max-result-bytes` fails the
+//! job for good, saying why, rather than acking it without its result.
 
 use std::time::Duration;
 
@@ -67,6 +67,62 @@ async fn a_handlers_result_is_stored_by_its_ack_and_read_back_with_the_job() {
         error.contains("the server refused the result") && error.contains("--max-result-bytes"),
         "{error}"
     );
+    shutdown.cancel();
+    run.await.expect("join").expect("worker");
+}
+
+#[tokio::test]
+async fn wait_returns_the_done_job_says_failed_or_times_out() {
+    let server = TestServer::start().await;
+    let c = server.client().await;
+    let (sent, _) = c
+        .enqueue("waits", "send-email", "order-4711", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let (refunded, _) = c
+        .enqueue("waits", "send-email", "order-4712", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    let (never, _) = c
+        .enqueue("nobody-works-here", "k", "", EnqueueOptions::new())
+        .await
+        .expect("enqueue");
+    // Waiting before any worker runs: the wait follows the job.
+    let waiting = {
+        let c = c.clone();
+        let id = sent.id.clone();
+        tokio::spawn(async move { c.wait(id, Duration::from_secs(20)).await })
+    };
+    c.cancel(refunded.id.clone(), "order refunded")
+        .await
+        .expect("cancel");
+    let shutdown = CancellationToken::new();
+    let w = Worker::builder(server.url())
+        .queues(["waits"])
+        .shutdown(shutdown.clone())
+        .handler("send-email", |ctx: JobContext| async move {
+            ctx.set_result_json(&Receipt {
+                order: String::from_utf8_lossy(ctx.payload()).into_owned(),
+                message_id: "<4711@mail.example>".into(),
+            })?;
+            Ok::<(), HandlerError>(())
+        })
+        .build();
+    let run = tokio::spawn(w.run());
+    let done = waiting.await.expect("join").expect("DONE");
+    assert_eq!(done.status, Status::Done);
+    let receipt: Receipt = done.result_json().expect("a result").expect("JSON");
+    assert_eq!(receipt.order, "order-4711");
+    match c.wait(refunded.id.clone(), Duration::from_secs(5)).await {
+        Err(jobq_client::Error::JobFailed(job)) => {
+            assert_eq!(job.last_error.as_deref(), Some("cancelled: order refunded"));
+        }
+        other => panic!("expected JobFailed, got {other:?}"),
+    }
+    match c.wait(never.id.clone(), Duration::from_millis(300)).await {
+        Err(jobq_client::Error::WaitTimedOut { id, .. }) => assert_eq!(id, never.id),
+        other => panic!("expected WaitTimedOut, got {other:?}"),
+    }
     shutdown.cancel();
     run.await.expect("join").expect("worker");
 }

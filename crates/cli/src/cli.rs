@@ -8,7 +8,7 @@ use crate::logging::LogFormat;
 use crate::output::Out;
 use crate::{
     cancel, completions, delete, enqueue, get, list, migrate, pause, purge, retry, schedule, serve,
-    stats, token, work,
+    stats, token, watch, work,
 };
 
 /// jobq: a durable job queue with a gRPC API.
@@ -68,6 +68,9 @@ pub enum Command {
     Enqueue(enqueue::Args),
     /// Show one job with its attempt history.
     Get(get::Args),
+    /// Print each state of jobs as it changes, until every one is DONE or
+    /// FAILED (exit 1 if one ended FAILED).
+    Watch(watch::Args),
     /// List jobs by queue, status and key.
     List(list::Args),
     /// Bring FAILED jobs (dead letters) back to PENDING.
@@ -132,6 +135,7 @@ impl Cli {
             Command::Work(args) => work::run(&self.conn, args).await,
             Command::Enqueue(args) => enqueue::run(&self.conn.client().await?, out, args).await,
             Command::Get(args) => get::run(&self.conn.client().await?, out, args).await,
+            Command::Watch(args) => watch::run(&self.conn.client().await?, out, args).await,
             Command::List(args) => list::run(&self.conn.client().await?, out, args).await,
             Command::Retry(args) => retry::run(&self.conn.client().await?, out, args).await,
             Command::Cancel(args) => cancel::run(&self.conn.client().await?, out, args).await,

@@ -42,6 +42,7 @@ mod serve;
 mod shutdown;
 mod stats;
 mod token;
+mod watch;
 mod watchdog;
 mod work;
 

@@ -440,6 +440,31 @@ impl Client {
             .into_inner())
     }
 
+    /// Streams the states of jobs `ids` (see the `WatchJob` RPC): each
+    /// one's current state, then every change, until each is DONE or
+    /// FAILED.
+    ///
+    /// # Errors
+    /// `NOT_FOUND` for an unknown id, `INVALID_ARGUMENT` for none or too
+    /// many, `RESOURCE_EXHAUSTED` when the server has `--max-watchers`
+    /// streams open.
+    pub async fn watch_job<I, S>(&self, ids: I) -> Result<tonic::Streaming<pb::Job>>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let req = pb::WatchJobRequest {
+            ids: ids.into_iter().map(Into::into).collect(),
+        };
+        Ok(self
+            .inner
+            .clone()
+            .watch_job(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner())
+    }
+
     /// Lists one page of jobs matching `req`'s filters; pass the returned
     /// `next_page_token` back for the next page.
     pub async fn list_jobs(&self, req: pb::ListJobsRequest) -> Result<pb::ListJobsResponse> {

@@ -68,6 +68,20 @@ pub enum Error {
         /// The last failure, as text.
         last: String,
     },
+    /// [`Client::wait`](crate::Client::wait): the job ended FAILED (its
+    /// attempts ran out, a handler failed it for good, or it was
+    /// cancelled: then `last_error` is `cancelled: <reason>`).
+    #[error("job {} FAILED: {}", .0.id, .0.last_error.as_deref().unwrap_or("no error given"))]
+    JobFailed(Box<crate::Job>),
+    /// [`Client::wait`](crate::Client::wait): the job was not final when
+    /// the wait's time ran out.
+    #[error("job {id} was not finished after {:.1} s", .after.as_secs_f64())]
+    WaitTimedOut {
+        /// The job.
+        id: String,
+        /// How long the wait was.
+        after: std::time::Duration,
+    },
     /// A [`Worker`](crate::Worker) was configured in a way that cannot run
     /// (no queues, no handlers, zero capacity or lease).
     #[error("invalid worker configuration: {0}")]
@@ -86,6 +100,8 @@ impl std::fmt::Debug for Error {
             Error::Json(_) => "Json",
             Error::MissingField(_) => "MissingField",
             Error::Unreachable { .. } => "Unreachable",
+            Error::JobFailed(_) => "JobFailed",
+            Error::WaitTimedOut { .. } => "WaitTimedOut",
             Error::Config(_) => "Config",
         };
         write!(f, "{variant}({self})")

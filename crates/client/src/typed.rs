@@ -201,6 +201,73 @@ impl Client {
         Ok(self.get_job(id).await?.into())
     }
 
+    /// The states of jobs `ids` as they change (see
+    /// [`watch_job`](Self::watch_job)), typed; the stream ends once each
+    /// job is DONE or FAILED.
+    ///
+    /// # Errors
+    /// As [`watch_job`](Self::watch_job).
+    pub async fn watch<I, S>(&self, ids: I) -> Result<BoxStream<'static, Result<Job>>>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let stream = self.watch_job(ids).await?;
+        let client = self.clone();
+        Ok(stream
+            .map(move |item| item.map(Job::from).map_err(|s| client.error(s)))
+            .boxed())
+    }
+
+    /// Waits until job `id` is DONE and returns it, with its
+    /// [`result`](Job::result) (decode it with [`Job::result_json`]). Follows
+    /// the job over WatchJob, so it returns as soon as the ack is durable;
+    /// a stream cut by a server restart is opened again.
+    ///
+    /// # Errors
+    /// [`Error::JobFailed`](crate::Error::JobFailed) when the job ends
+    /// FAILED (a cancelled job too: its `last_error` is
+    /// `cancelled: <reason>`), [`Error::WaitTimedOut`](crate::Error::WaitTimedOut)
+    /// when `timeout` passes first, and the call's error for anything else
+    /// (`NOT_FOUND` for an unknown or deleted job).
+    pub async fn wait(&self, id: impl Into<String>, timeout: std::time::Duration) -> Result<Job> {
+        let id = id.into();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let timed_out = || crate::Error::WaitTimedOut {
+            id: id.clone(),
+            after: timeout,
+        };
+        let mut backoff = crate::backoff::Backoff::default();
+        loop {
+            let followed = async {
+                let mut states = self.watch([id.clone()]).await?;
+                while let Some(job) = states.next().await {
+                    let job = job?;
+                    match job.status {
+                        Status::Done => return Ok(Some(job)),
+                        Status::Failed => return Err(crate::Error::JobFailed(Box::new(job))),
+                        _ => {}
+                    }
+                }
+                Ok(None)
+            };
+            match tokio::time::timeout_at(deadline, followed).await {
+                Err(_) => return Err(timed_out()),
+                Ok(Ok(Some(job))) => return Ok(job),
+                // The stream ended without a final state: read again.
+                Ok(Ok(None)) => {}
+                Ok(Err(err)) if err.is_transient() => {
+                    let pause = backoff.next_delay();
+                    if tokio::time::Instant::now() + pause >= deadline {
+                        return Err(timed_out());
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                Ok(Err(err)) => return Err(err),
+            }
+        }
+    }
+
     /// Brings a FAILED job back to PENDING with its attempts reset.
     ///
     /// # Errors

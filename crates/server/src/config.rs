@@ -205,6 +205,22 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_CAPACITY", default_value_t = 1000)]
     pub max_capacity: u32,
 
+    /// Most WatchJob streams at once.
+    #[arg(long, env = "JOBQ_MAX_WATCHERS", default_value_t = 1000)]
+    pub max_watchers: usize,
+
+    /// Most jobs one WatchJob call may watch.
+    #[arg(long, env = "JOBQ_MAX_WATCH_IDS", default_value_t = 100)]
+    pub max_watch_ids: usize,
+
+    /// With several servers on PostgreSQL: how often a WatchJob stream
+    /// reads its unfinished jobs again, to see changes made through the
+    /// other servers (this server's own changes wake it at once). Each
+    /// read is one query per such job; 0s reads only on this server's
+    /// changes.
+    #[arg(long, env = "JOBQ_WATCH_POLL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub watch_poll: Duration,
+
     /// How long a dropped Lease stream's jobs stay leased before they are
     /// reclaimed (a heartbeat within the grace keeps them).
     #[arg(long, env = "JOBQ_DISCONNECT_GRACE", default_value = "0s", value_parser = humantime::parse_duration)]

@@ -58,6 +58,7 @@ pub mod store;
 pub mod tls;
 pub mod validate;
 pub mod waiter;
+pub mod watch;
 pub mod web;
 
 pub use config::Config;

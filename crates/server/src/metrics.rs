@@ -77,6 +77,7 @@ const METHODS: &[&str] = &[
     "Lease",
     "Heartbeat",
     "GetJob",
+    "WatchJob",
     "ListJobs",
     "Stats",
     "CancelJob",

@@ -20,6 +20,7 @@ use crate::{
     limits::StreamQuota,
     store::Store,
     validate, waiter,
+    watch::{WatchEvents, Watches},
 };
 
 /// The `jobq.v1.JobQueue` service over a store.
@@ -34,6 +35,8 @@ pub struct JobQueueService<S> {
     auth: Auth,
     /// Lease streams per token (`--max-streams-per-token`).
     quota: StreamQuota,
+    /// WatchJob streams.
+    watches: Arc<Watches>,
 }
 
 impl<S: Store> JobQueueService<S> {
@@ -47,6 +50,7 @@ impl<S: Store> JobQueueService<S> {
     ) -> Self {
         let waiters = Arc::new(Semaphore::new(config.max_waiters));
         let quota_max = config.max_streams_per_token;
+        let watches = Watches::new(&*store, config.max_watchers);
         JobQueueService {
             store,
             hub,
@@ -55,6 +59,7 @@ impl<S: Store> JobQueueService<S> {
             waiters,
             auth: Auth::off(),
             quota: StreamQuota::new(quota_max),
+            watches,
         }
     }
 
@@ -266,6 +271,8 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let id = validate::delete(req.into_inner())?;
         auth::authorize(&*self.store, &who, Access::Administer(id)).await?;
         self.store.delete(id).await?;
+        // Not a change the store publishes: its watchers learn it here.
+        self.watches.changed(id);
         Ok(Response::new(pb::DeleteJobResponse {}))
     }
 
@@ -283,6 +290,9 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             .purge_jobs(&purge.queue, purge.status, purge.finished_before)
             .await?;
         tracing::Span::current().record("deleted", deleted);
+        if deleted > 0 {
+            self.watches.recheck_all();
+        }
         Ok(Response::new(pb::PurgeJobsResponse { deleted }))
     }
 
@@ -437,6 +447,31 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let id = validate::job_id("id", &req.into_inner().id)?;
         auth::authorize(&*self.store, &who, Access::ReadJob(id)).await?;
         Ok(Response::new(self.store.get(id).await?.into()))
+    }
+
+    type WatchJobStream = WatchEvents;
+
+    #[instrument(skip_all, err(level = "debug"))]
+    async fn watch_job(
+        &self,
+        req: Request<pb::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let ids = validate::watch(req.into_inner(), &self.config)?;
+        for id in &ids {
+            auth::authorize(&*self.store, &who, Access::ReadJob(*id)).await?;
+        }
+        let place = self.watches.place()?;
+        let poll = (self.store.shared() && !self.config.watch_poll.is_zero())
+            .then_some(self.config.watch_poll);
+        Ok(Response::new(self.watches.watch(
+            Arc::clone(&self.store),
+            ids,
+            poll,
+            place,
+            self.shutdown.clone(),
+        )))
     }
 
     #[instrument(skip_all, err(level = "debug"))]

@@ -61,6 +61,27 @@ pub fn name(field: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// The jobs of a WatchJob call: 1 to `--max-watch-ids` ids, each once.
+pub fn watch(req: pb::WatchJobRequest, config: &Config) -> Result<Vec<JobId>> {
+    if req.ids.is_empty() {
+        return Err(invalid("ids must name at least one job"));
+    }
+    let mut ids = Vec::with_capacity(req.ids.len().min(config.max_watch_ids));
+    for id in &req.ids {
+        let id = job_id("ids", id)?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+        if ids.len() > config.max_watch_ids {
+            return Err(invalid(format!(
+                "ids name more than {} jobs (--max-watch-ids)",
+                config.max_watch_ids
+            )));
+        }
+    }
+    Ok(ids)
+}
+
 /// A job id in its decimal wire form.
 pub fn job_id(field: &str, value: &str) -> Result<JobId> {
     value.parse().map_err(|e| invalid(format!("{field}: {e}")))

@@ -1,0 +1,68 @@
+//! `jobq watch ID...`: each state of the jobs as it changes, until every
+//! one is DONE or FAILED (the WatchJob RPC).
+
+use futures::StreamExt;
+use jobq_client::{pb, Client};
+
+use crate::output::{
+    job_json, or_dash, outcome_name, payload_display, status_name, timestamp_text, Out,
+};
+
+/// Options of `jobq watch`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The jobs' ids.
+    #[arg(required = true, value_name = "ID")]
+    ids: Vec<String>,
+}
+
+/// Runs `jobq watch`: one line per state (with --json, the job as JSON,
+/// one per line, without its payload). Exits 0 once every job is final,
+/// 1 if one of them ended FAILED.
+pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
+    let mut states = client.watch(args.ids).await?;
+    let mut failed = Vec::new();
+    while let Some(job) = states.next().await {
+        let job = job?.into_proto();
+        if job.status == pb::JobStatus::Failed as i32 {
+            failed.push(job.id.clone());
+        }
+        if out.json {
+            out.json(&job_json(&job))?;
+        } else {
+            out.line(line(&job))?;
+        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("FAILED: job {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// `<time> <id> <STATUS> attempts N/M [<last outcome>: <error>] [result …]`.
+fn line(job: &pb::Job) -> String {
+    let when = job
+        .history
+        .last()
+        .and_then(|a| a.ended_at.as_ref().or(a.started_at.as_ref()))
+        .or(job.enqueued_at.as_ref());
+    let mut text = format!(
+        "{} {} {} attempts {}/{}",
+        timestamp_text(when),
+        job.id,
+        status_name(job.status),
+        job.attempts,
+        job.max_attempts
+    );
+    if let Some(last) = job.history.last().filter(|a| a.ended_at.is_some()) {
+        text.push_str(&format!(
+            " last {}: {}",
+            outcome_name(last.outcome),
+            or_dash(&last.error)
+        ));
+    }
+    if !job.result.is_empty() {
+        text.push_str(&format!(" result {}", payload_display(&job.result)));
+    }
+    text
+}
