@@ -26,10 +26,10 @@ from jobq._common import (DEFAULT_SERVER, MAX_HEARTBEAT_LEASES, MAX_RECEIVE_BYTE
 from jobq.client import Client
 from jobq.context import AsyncJobContext, BaseJobContext, JobContext
 from jobq.errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
-                         FailedPrecondition, Fatal, Internal, InvalidArgument, JobLost,
-                         JobqError, NotFound, OutOfRange, PermissionDenied, ResourceExhausted,
-                         Retry, Snooze, Unauthenticated, Unavailable, Unimplemented,
-                         Unknown)
+                         FailedPrecondition, Fatal, Internal, InvalidArgument, JobFailed,
+                         JobLost, JobqError, NotFound, OutOfRange, PermissionDenied,
+                         ResourceExhausted, Retry, Snooze, Unauthenticated, Unavailable,
+                         Unimplemented, Unknown, WaitTimeout)
 from jobq.models import (Attempt, EnqueueResult, Enqueued, Job, LeasedJob, NewJob, Outcome,
                          QueueStats, Schedule, Status)
 from jobq.v1 import jobq_pb2 as pb
@@ -44,7 +44,7 @@ __all__ = [
     "JobqError", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
     "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted",
     "OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated",
-    "JobLost",
+    "JobLost", "JobFailed", "WaitTimeout",
     "Seconds", "STATUS_NAMES", "DEFAULT_SERVER", "MAX_HEARTBEAT_LEASES", "MAX_RECEIVE_BYTES",
     "pb", "pb_grpc",
 ]

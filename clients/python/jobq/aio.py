@@ -21,8 +21,9 @@ from jobq._book import Book
 from jobq._common import Seconds, StatusLike
 from jobq._trace import call_headers, job_span
 from jobq.context import AsyncJobContext
-from jobq.errors import Fatal, JobLost, JobqError, Retry, Snooze, code_of, from_rpc_error
-from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats,
+from jobq.errors import (DeadlineExceeded, Fatal, JobFailed, JobLost, JobqError, Retry, Snooze,
+                         WaitTimeout, code_of, from_rpc_error)
+from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats, Status,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -226,6 +227,40 @@ class AsyncClient:
 
     async def get_job(self, job_id: str) -> Job:
         return Job.from_pb(await self._unary(self.stub.GetJob, pb.GetJobRequest(id=job_id)))
+
+    async def watch_job(self, *job_ids: str,
+                        timeout: Optional[float] = None) -> AsyncIterator[Job]:
+        """As ``Client.watch_job``: the jobs' states as they change, until
+        every one is DONE or FAILED."""
+        call = self.stub.WatchJob(pb.WatchJobRequest(ids=list(job_ids)), timeout=timeout,
+                                  metadata=self._md, wait_for_ready=self.wait_for_ready)
+        try:
+            async for j in call:
+                yield Job.from_pb(j)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def wait(self, job_id: str, timeout: float) -> Job:
+        """As ``Client.wait``: the DONE job; ``JobFailed`` or ``WaitTimeout``."""
+        deadline = time.monotonic() + timeout
+        backoff = c.Backoff()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(job_id, timeout)
+            try:
+                async for job in self.watch_job(job_id, timeout=left):
+                    if job.status == Status.DONE:
+                        return job
+                    if job.status == Status.FAILED:
+                        raise JobFailed(job)
+            except DeadlineExceeded:
+                raise WaitTimeout(job_id, timeout) from None
+            except JobqError as e:
+                if e.code() not in c.TRANSIENT_CODES:
+                    raise
+                await asyncio.sleep(min(backoff.next_delay(),
+                                        max(0.0, deadline - time.monotonic())))
 
     async def list_jobs(
         self, queue: str = "", status: StatusLike = 0, key: str = "",

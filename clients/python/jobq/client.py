@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
                     TypeVar, Union)
@@ -11,8 +12,9 @@ import grpc
 from jobq import _common as c
 from jobq import _trace
 from jobq._common import Seconds, StatusLike
-from jobq.errors import JobLost, JobqError, from_rpc_error
-from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats,
+from jobq.errors import (DeadlineExceeded, JobFailed, JobLost, JobqError, WaitTimeout,
+                         from_rpc_error)
+from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats, Status,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -314,6 +316,42 @@ class Client:
     def get_job(self, job_id: str) -> Job:
         """One job with its payload and attempt history; ``NotFound`` if unknown."""
         return Job.from_pb(self._unary(self.stub.GetJob, pb.GetJobRequest(id=job_id)))
+
+    def watch_job(self, *job_ids: str, timeout: Optional[float] = None) -> Iterator[Job]:
+        """The jobs' states as they change (the WatchJob stream): each one's
+        current state, then each change, without payloads, until every one
+        is DONE or FAILED. ``timeout`` bounds the whole stream (None: no
+        bound). Raises ``NotFound`` for an unknown or deleted job."""
+        try:
+            for j in self.stub.WatchJob(pb.WatchJobRequest(ids=list(job_ids)), timeout=timeout,
+                                        metadata=self._md, wait_for_ready=self.wait_for_ready):
+                yield Job.from_pb(j)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def wait(self, job_id: str, timeout: float) -> Job:
+        """Waits until the job is DONE and returns it, with its ``result``.
+        Raises ``JobFailed`` (with the job) when it ends FAILED, a cancel
+        included, and ``WaitTimeout`` when ``timeout`` seconds pass first. A
+        stream cut by a server restart is opened again."""
+        deadline = time.monotonic() + timeout
+        backoff = c.Backoff()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(job_id, timeout)
+            try:
+                for job in self.watch_job(job_id, timeout=left):
+                    if job.status == Status.DONE:
+                        return job
+                    if job.status == Status.FAILED:
+                        raise JobFailed(job)
+            except DeadlineExceeded:
+                raise WaitTimeout(job_id, timeout) from None
+            except JobqError as e:
+                if e.code() not in c.TRANSIENT_CODES:
+                    raise
+                time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
 
     def list_jobs(
         self, queue: str = "", status: StatusLike = 0, key: str = "",

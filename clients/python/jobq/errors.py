@@ -23,15 +23,19 @@ and the server retries it after its backoff.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Dict, Optional, Type, Union
+from typing import TYPE_CHECKING, Dict, Optional, Type, Union
 
 import grpc
+
+if TYPE_CHECKING:
+    from jobq.models import Job
 
 __all__ = [
     "JobqError", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
     "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition",
     "Aborted", "OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss",
-    "Unauthenticated", "JobLost", "Fatal", "Retry", "from_rpc_error",
+    "Unauthenticated", "JobLost", "Fatal", "Retry", "JobFailed", "WaitTimeout",
+    "from_rpc_error",
 ]
 
 
@@ -234,3 +238,21 @@ class Snooze(Exception):
             raise ValueError(f"Snooze(after=) must not be negative, not {after!r}")
         #: How long until the job is due again.
         self.after: timedelta = timedelta(seconds=secs)
+
+
+class JobFailed(Exception):
+    """``Client.wait``: the job ended FAILED (its attempts ran out, a
+    handler failed it for good, or it was cancelled: then ``last_error``
+    reads ``cancelled: <reason>``). ``job`` is the job as it ended."""
+
+    def __init__(self, job: "Job") -> None:
+        super().__init__(f"job {job.id} FAILED: {job.last_error or 'no error given'}")
+        self.job = job
+
+
+class WaitTimeout(TimeoutError):
+    """``Client.wait``: the job was not finished when the time ran out."""
+
+    def __init__(self, job_id: str, after: float) -> None:
+        super().__init__(f"job {job_id} was not finished after {after:.1f} s")
+        self.job_id = job_id

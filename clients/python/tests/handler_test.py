@@ -1,7 +1,7 @@
 """What a handler can say and see, against a real `jobq serve`:
 `raise Retry(after=…)` picks the retry delay (sync and asyncio),
 `raise Snooze(after=…)` puts the job back without spending an attempt, what
-a handler returns is the job's result, and an
+a handler returns is the job's result (which `wait` hands the producer), and an
 AsyncWorker handler's `ctx.cancelled` is an asyncio.Event it can await,
 set with the operator's reason when its job is cancelled.
 
@@ -18,7 +18,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Dict, List
 
 from harness import run_tests, wait_for
-from jobq import AsyncJobContext, Client, JobContext, Outcome, Retry, Snooze, Status, Worker
+from jobq import (AsyncJobContext, Client, JobContext, JobFailed, Outcome, Retry, Snooze, Status,
+                  WaitTimeout, Worker)
 from jobq.aio import AsyncClient, AsyncWorker
 
 
@@ -147,6 +148,50 @@ def a_returned_value_is_the_result(tmp: str, client: Client, addr: str) -> None:
     asyncio.run(main())
 
 
+def wait_and_watch(tmp: str, client: Client, addr: str) -> None:
+    """``wait`` returns the DONE job with its result, raises JobFailed for a
+    cancelled one and WaitTimeout when nothing works the queue;
+    ``watch_job`` yields each state up to the final one (sync and asyncio)."""
+    job, _ = client.enqueue("waits", "k", key="order-4711")
+    refunded, _ = client.enqueue("waits", "k", key="order-4712")
+    never, _ = client.enqueue("nobody-works-here", "k")
+    client.cancel_job(refunded.id, "order refunded")
+    states: List[Status] = []
+    watcher = threading.Thread(
+        target=lambda: states.extend(j.status for j in client.watch_job(job.id, timeout=20)),
+        daemon=True)
+    watcher.start()
+
+    def handler(ctx: JobContext) -> object:
+        return {"sent": ctx.key}
+
+    with Running(Worker(client, ["waits"], handler, lease=10)):
+        done = client.wait(job.id, timeout=20)
+    assert done.status == Status.DONE and done.result_json() == {"sent": "order-4711"}, done
+    watcher.join(20)
+    assert states[-1] == Status.DONE and states[0] in (Status.PENDING, Status.RUNNING), states
+    try:
+        client.wait(refunded.id, timeout=5)
+        raise AssertionError("a cancelled job was waited for as DONE")
+    except JobFailed as e:
+        assert e.job.last_error == "cancelled: order refunded", e.job
+    started = time.monotonic()
+    try:
+        client.wait(never.id, timeout=0.3)
+        raise AssertionError("a job nobody works came back")
+    except WaitTimeout:
+        assert time.monotonic() - started < 5
+
+    async def main() -> None:
+        async with AsyncClient("http://" + addr) as aio:
+            got = await aio.wait(job.id, timeout=5)
+            assert got.result_json() == {"sent": "order-4711"}, got
+            seen = [j.status async for j in aio.watch_job(job.id, refunded.id, timeout=5)]
+            assert sorted(seen) == sorted([Status.DONE, Status.FAILED]), seen
+
+    asyncio.run(main())
+
+
 def async_retry_and_cancel(tmp: str, client: Client, addr: str) -> None:
     """On AsyncWorker: Retry(after=) works the same, and a cancelled job's
     handler, awaiting ctx.cancelled (an asyncio.Event), is told with the
@@ -204,5 +249,5 @@ def async_retry_and_cancel(tmp: str, client: Client, addr: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(run_tests("python-handler", [retry_after_delay, snooze_spends_no_attempt,
-                                               a_returned_value_is_the_result,
+                                               a_returned_value_is_the_result, wait_and_watch,
                                                async_retry_and_cancel]))

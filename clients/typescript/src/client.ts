@@ -6,7 +6,7 @@ import { type Client as RawClient, createClient, type Interceptor } from "@conne
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 
 import { checkPlaintextToken, type Endpoint, parseServer, type Pem, resolveToken, tlsFiles } from "./config.js";
-import { isTransient, JobqError } from "./errors.js";
+import { isTransient, JobFailedError, JobqError, WaitTimeoutError } from "./errors.js";
 import {
   EnqueueRequestSchema,
   type EnqueueResult,
@@ -18,7 +18,7 @@ import {
   type Schedule,
 } from "./gen/jobq/v1/jobq_pb.js";
 import { type AnyKinds, encodePayload, type KindMap } from "./payload.js";
-import { duration, millis, sleep } from "./time.js";
+import { Backoff, duration, millis, sleep } from "./time.js";
 import { traceContext, withTraceContext } from "./trace.js";
 
 /** Most leases in one Heartbeat call: the server refuses more; heartbeat() splits. */
@@ -436,6 +436,46 @@ export class Client<Kinds extends KindMap = AnyKinds> {
   /** One job, with its payload and attempt history. */
   async getJob(id: string): Promise<Job> {
     return this.call(() => this.raw.getJob({ id }, { timeoutMs: this.timeoutMs }));
+  }
+
+  /**
+   * The jobs' states as they change (the WatchJob stream): each one's
+   * current state, then each change, without payloads, until every one is
+   * DONE or FAILED. Iterating throws JobqError (NOT_FOUND for an unknown
+   * or deleted job).
+   */
+  async *watchJob(ids: readonly string[], options: { signal?: AbortSignal; timeoutMs?: number } = {}): AsyncGenerator<Job> {
+    try {
+      for await (const job of this.raw.watchJob({ ids: [...ids] }, options)) yield job;
+    } catch (err) {
+      throw JobqError.from(err);
+    }
+  }
+
+  /**
+   * Waits until the job is DONE and returns it, with its `result`. Throws
+   * JobFailedError (with the job) when it ends FAILED, a cancel included,
+   * and WaitTimeoutError when `timeoutMs` passes first. A stream cut by a
+   * server restart is opened again.
+   */
+  async wait(jobId: string, timeoutMs: number): Promise<Job> {
+    const deadline = Date.now() + timeoutMs;
+    const backoff = new Backoff();
+    for (;;) {
+      const left = deadline - Date.now();
+      if (left <= 0) throw new WaitTimeoutError(jobId, timeoutMs);
+      try {
+        for await (const job of this.watchJob([jobId], { timeoutMs: left })) {
+          if (job.status === JobStatus.DONE) return job;
+          if (job.status === JobStatus.FAILED) throw new JobFailedError(job);
+        }
+      } catch (err) {
+        if (!(err instanceof JobqError)) throw err;
+        if (err.code === "DEADLINE_EXCEEDED") throw new WaitTimeoutError(jobId, timeoutMs);
+        if (!isTransient(err)) throw err;
+        await sleep(Math.min(backoff.nextDelay(), Math.max(0, deadline - Date.now())));
+      }
+    }
   }
 
   /** One page of jobs, in id order; pass nextPageToken back for the next. */

@@ -3,6 +3,7 @@
 // failed.
 
 import { ConnectError } from "@connectrpc/connect";
+import type { Job } from "./gen/jobq/v1/jobq_pb.js";
 
 /** gRPC status code names, by number (as grpcurl, the CLI and the Python client spell them). */
 const CODE_NAMES = [
@@ -60,6 +61,29 @@ export class JobqError extends Error {
     const ce = ConnectError.from(err);
     const name = CODE_NAMES[ce.code] ?? "UNKNOWN";
     return new JobqError(name, ce.rawMessage, { cause: err });
+  }
+}
+
+/**
+ * `Client.wait`: the job ended FAILED (its attempts ran out, a handler
+ * failed it for good, or it was cancelled: then `job.lastError` reads
+ * `cancelled: <reason>`).
+ */
+export class JobFailedError extends Error {
+  override readonly name = "JobFailedError";
+  constructor(readonly job: Job) {
+    super(`job ${job.id} FAILED: ${job.lastError || "no error given"}`);
+  }
+}
+
+/** `Client.wait`: the job was not finished when the time ran out. */
+export class WaitTimeoutError extends Error {
+  override readonly name = "WaitTimeoutError";
+  constructor(
+    readonly jobId: string,
+    readonly afterMs: number,
+  ) {
+    super(`job ${jobId} was not finished after ${(afterMs / 1000).toFixed(1)} s`);
   }
 }
 

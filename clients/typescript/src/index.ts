@@ -16,7 +16,15 @@ export {
 } from "./client.js";
 export { DEFAULT_SERVER, isLoopback, parseServer, type Endpoint, type Pem } from "./config.js";
 export { JobContext } from "./context.js";
-export { type CodeName, errorText, HandlerError, isTransient, JobqError } from "./errors.js";
+export {
+  type CodeName,
+  errorText,
+  HandlerError,
+  isTransient,
+  JobFailedError,
+  JobqError,
+  WaitTimeoutError,
+} from "./errors.js";
 export { type AnyKinds, encodePayload, type KindMap } from "./payload.js";
 export { date, millis } from "./time.js";
 export { defaultWorkerId, type Handler, type Handlers, type Logger, Worker, type WorkerOptions } from "./worker.js";

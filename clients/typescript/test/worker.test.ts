@@ -5,7 +5,17 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { Client, HandlerError, type JobContext, JobqError, JobStatus, Worker, type WorkerOptions } from "../src/index.js";
+import {
+  Client,
+  HandlerError,
+  JobFailedError,
+  type JobContext,
+  JobqError,
+  JobStatus,
+  WaitTimeoutError,
+  Worker,
+  type WorkerOptions,
+} from "../src/index.js";
 import { outcomes, removeDir, Server, tempDir, waitFor } from "./harness.js";
 
 type Kinds = { "send-email": { order: string }; k: unknown };
@@ -150,6 +160,32 @@ test("result: what a handler resolves to is stored by its ack; one over --max-re
   assert.equal(failed.attempts, 1);
   assert.match(failed.lastError, /the server refused the result/);
   assert.equal(failed.result.length, 0);
+});
+
+test("wait and watchJob: the DONE job with its result, JobFailedError, WaitTimeoutError", async () => {
+  const { job } = await client.enqueue("waits", "k", {}, { key: "order-4711" });
+  const { job: refunded } = await client.enqueue("waits", "k", {}, { key: "order-4712" });
+  const { job: never } = await client.enqueue("nobody-works-here", "k", {});
+  await client.cancelJob(refunded.id, "order refunded");
+  const watched = (async () => {
+    const seen: JobStatus[] = [];
+    for await (const j of client.watchJob([job.id], { timeoutMs: 20_000 })) seen.push(j.status);
+    return seen;
+  })();
+  const waited = client.wait(job.id, 20_000);
+  await running({ queues: ["waits"], handlers: { k: async (ctx) => ({ sent: ctx.key }) }, leaseMs: 10_000 }, async () => {
+    await waited;
+  });
+  const done = await waited;
+  assert.deepEqual(JSON.parse(new TextDecoder().decode(done.result)), { sent: "order-4711" });
+  const seen = await watched;
+  assert.equal(seen.at(-1), JobStatus.DONE, String(seen));
+  await assert.rejects(client.wait(refunded.id, 5_000), (err: unknown) => {
+    assert.ok(err instanceof JobFailedError);
+    assert.equal(err.job.lastError, "cancelled: order refunded");
+    return true;
+  });
+  await assert.rejects(client.wait(never.id, 300), WaitTimeoutError);
 });
 
 test("fatal: a fatal HandlerError, or a payload that is not JSON, fails the job for good", async () => {
