@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import random
 from datetime import datetime, timedelta, timezone
@@ -63,6 +64,19 @@ def result_bytes(value: object) -> bytes:
     if isinstance(value, str):
         return value.encode()
     return json.dumps(value).encode()
+
+
+def result_or_none(value: object, job_id: str) -> bytes:
+    """``result_bytes``, except that a value with no JSON form (a handler
+    that returns a response object by accident) is logged and the job acked
+    without a result: its work is done, and failing it would run it again."""
+    try:
+        return result_bytes(value)
+    except (TypeError, ValueError) as e:
+        logging.getLogger("jobq").warning(
+            "job %s: the handler's return value has no JSON form (%s); acking without a "
+            "result", job_id, e)
+        return b""
 
 
 def duration(value: Optional[Seconds]) -> Optional[duration_pb2.Duration]:

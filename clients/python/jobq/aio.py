@@ -259,8 +259,7 @@ class AsyncClient:
             except JobqError as e:
                 if e.code() not in c.TRANSIENT_CODES:
                     raise
-                await asyncio.sleep(min(backoff.next_delay(),
-                                        max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
 
     async def list_jobs(
         self, queue: str = "", status: StatusLike = 0, key: str = "",
@@ -512,10 +511,7 @@ class AsyncWorker:
         # Rust worker fails a handler that panicked).
         except BaseException as e:  # noqa: BLE001
             return e
-        try:
-            ctx._result = c.result_bytes(value)
-        except (TypeError, ValueError) as e:
-            return Fatal(f"the handler's result is not JSON-serializable: {e}")
+        ctx._result = c.result_or_none(value, ctx.id)
         return None
 
     async def _settle(self, ctx: AsyncJobContext, error: Optional[BaseException]) -> None:

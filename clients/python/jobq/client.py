@@ -351,7 +351,9 @@ class Client:
             except JobqError as e:
                 if e.code() not in c.TRANSIENT_CODES:
                     raise
-                time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+            # Cut, or ended without a final state: follow it again, after a
+            # pause.
+            time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
 
     def list_jobs(
         self, queue: str = "", status: StatusLike = 0, key: str = "",

@@ -301,10 +301,7 @@ class Worker:
             if inspect.iscoroutine(result):
                 result.close()
             return TypeError(f"the handler for {ctx.kind!r} is async: use jobq.aio.AsyncWorker")
-        try:
-            ctx._result = c.result_bytes(result)
-        except (TypeError, ValueError) as e:
-            return Fatal(f"the handler's result is not JSON-serializable: {e}")
+        ctx._result = c.result_or_none(result, ctx.id)
         return None
 
     def _settle(self, ctx: JobContext, error: Optional[BaseException]) -> None:

@@ -473,8 +473,9 @@ export class Client<Kinds extends KindMap = AnyKinds> {
         if (!(err instanceof JobqError)) throw err;
         if (err.code === "DEADLINE_EXCEEDED") throw new WaitTimeoutError(jobId, timeoutMs);
         if (!isTransient(err)) throw err;
-        await sleep(Math.min(backoff.nextDelay(), Math.max(0, deadline - Date.now())));
       }
+      // Cut, or ended without a final state: follow it again, after a pause.
+      await sleep(Math.min(backoff.nextDelay(), Math.max(0, deadline - Date.now())));
     }
   }
 

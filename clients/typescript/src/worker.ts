@@ -387,7 +387,10 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
     try {
       return { error: undefined, result: encodeResult(value) };
     } catch (err) {
-      return { error: HandlerError.fatal(`the handler's result has no JSON form: ${errorText(err)}`) };
+      // Its work is done: failing it would run it again. Acked without a
+      // result, and said.
+      this.log.warn(`job ${ctx.id}: the handler's return value has no JSON form (${errorText(err)}); acking without a result`);
+      return { error: undefined };
     }
   }
 

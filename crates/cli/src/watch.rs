@@ -20,12 +20,24 @@ pub struct Args {
 /// one per line, without its payload). Exits 0 once every job is final,
 /// 1 if one of them ended FAILED.
 pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
+    // As the server writes ids (`042` is job 42).
+    let mut open: std::collections::BTreeSet<String> = args
+        .ids
+        .iter()
+        .map(|id| {
+            id.parse::<u64>()
+                .map_or_else(|_| id.clone(), |n| n.to_string())
+        })
+        .collect();
     let mut states = client.watch(args.ids).await?;
     let mut failed = Vec::new();
     while let Some(job) = states.next().await {
         let job = job?.into_proto();
         if job.status == pb::JobStatus::Failed as i32 {
             failed.push(job.id.clone());
+        }
+        if job.status == pb::JobStatus::Failed as i32 || job.status == pb::JobStatus::Done as i32 {
+            open.remove(&job.id);
         }
         if out.json {
             out.json(&job_json(&job))?;
@@ -35,6 +47,10 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     }
     if !failed.is_empty() {
         anyhow::bail!("FAILED: job {}", failed.join(", "));
+    }
+    if !open.is_empty() {
+        let open: Vec<_> = open.into_iter().collect();
+        anyhow::bail!("the stream ended before job {} was final", open.join(", "));
     }
     Ok(())
 }

@@ -254,16 +254,16 @@ impl Client {
             match tokio::time::timeout_at(deadline, followed).await {
                 Err(_) => return Err(timed_out()),
                 Ok(Ok(Some(job))) => return Ok(job),
-                // The stream ended without a final state: read again.
-                Ok(Ok(None)) => {}
-                Ok(Err(err)) if err.is_transient() => {
+                Ok(Err(err)) if !err.is_transient() => return Err(err),
+                // Cut (a server restart) or ended without a final state:
+                // follow it again, after a pause.
+                Ok(Ok(None) | Err(_)) => {
                     let pause = backoff.next_delay();
                     if tokio::time::Instant::now() + pause >= deadline {
                         return Err(timed_out());
                     }
                     tokio::time::sleep(pause).await;
                 }
-                Ok(Err(err)) => return Err(err),
             }
         }
     }

@@ -35,8 +35,10 @@ pub struct JobQueueService<S> {
     auth: Auth,
     /// Lease streams per token (`--max-streams-per-token`).
     quota: StreamQuota,
-    /// WatchJob streams.
+    /// WatchJob streams, and their places per token
+    /// (`--max-streams-per-token`, counted apart from Lease streams).
     watches: Arc<Watches>,
+    watch_quota: StreamQuota,
 }
 
 impl<S: Store> JobQueueService<S> {
@@ -60,6 +62,7 @@ impl<S: Store> JobQueueService<S> {
             auth: Auth::off(),
             quota: StreamQuota::new(quota_max),
             watches,
+            watch_quota: StreamQuota::new(quota_max),
         }
     }
 
@@ -462,6 +465,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         for id in &ids {
             auth::authorize(&*self.store, &who, Access::ReadJob(*id)).await?;
         }
+        let slot = self.watch_quota.acquire(&who)?;
         let place = self.watches.place()?;
         let poll = (self.store.shared() && !self.config.watch_poll.is_zero())
             .then_some(self.config.watch_poll);
@@ -469,7 +473,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             Arc::clone(&self.store),
             ids,
             poll,
-            place,
+            (place, slot),
             self.shutdown.clone(),
         )))
     }

@@ -2,19 +2,21 @@
 //! one.
 //!
 //! A watcher reads its jobs, sends each state it has not sent yet, and
-//! waits for the next change. Changes made through this server wake it at
+//! waits for the next change. States that follow each other faster than
+//! it reads may reach it as the latest one only; a lease's deadline moved
+//! by a heartbeat is not a change. Changes made through this server wake it at
 //! once: the store tells every [`Observer`] of each change it applies, and
 //! [`Watches`] wakes the watchers of the changed job. On a store shared by
 //! several servers, changes made through the others are seen by reading
 //! again every `--watch-poll` (one get per watched job that is not final
-//! yet). Deletes and purges are not changes the store publishes: the
+//! yet, payload left out). Deletes and purges are not changes the store publishes: the
 //! service wakes the watchers after them. A state is sent once it is durable (the store's flush), so a
 //! crash never takes back a state a watcher was sent. The stream ends
 //! after every watched job has been sent in a final state (DONE or
 //! FAILED); a job deleted meanwhile ends it with NOT_FOUND.
 //!
-//! Each stream holds one of `--max-watchers` places and at most
-//! `--max-watch-ids` jobs.
+//! Each stream holds one of `--max-watchers` places (and one of its
+//! token's `--max-streams-per-token`) and at most `--max-watch-ids` jobs.
 
 use std::{
     collections::HashMap,
@@ -23,7 +25,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard, Weak,
     },
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use jobq::pb;
@@ -34,7 +36,7 @@ use tracing::debug;
 
 use crate::{
     error::{Error, Result},
-    job::{JobId, Status},
+    job::{Job, JobId, LeaseId, Outcome, Status},
     store::{Fact, Store},
 };
 
@@ -88,7 +90,7 @@ impl Watches {
 
     /// Wakes every watcher to read its jobs again (jobs were purged).
     pub fn recheck_all(&self) {
-        if self.watched.load(Ordering::Relaxed) == 0 {
+        if self.watched.load(Ordering::SeqCst) == 0 {
             return;
         }
         for notify in self.by_job().values().flatten().filter_map(Weak::upgrade) {
@@ -100,7 +102,7 @@ impl Watches {
     /// it was deleted. Runs inside the store's call: a map lookup, and
     /// nothing at all while nobody watches.
     pub fn changed(&self, id: JobId) {
-        if self.watched.load(Ordering::Relaxed) == 0 {
+        if self.watched.load(Ordering::SeqCst) == 0 {
             return;
         }
         if let Some(watchers) = self.by_job().get(&id) {
@@ -124,14 +126,15 @@ impl Watches {
     }
 
     /// Starts watching `ids` (checked and authorized by the caller), with
-    /// the place from [`Watches::place`]; reads again every `poll` too
+    /// the place from [`Watches::place`] (and whatever else the stream
+    /// holds until it ends); reads again every `poll` too
     /// (`None`: only on this server's changes).
     pub fn watch<S: Store>(
         self: &Arc<Self>,
         store: Arc<S>,
         ids: Vec<JobId>,
         poll: Option<Duration>,
-        place: OwnedSemaphorePermit,
+        place: impl Send + 'static,
         shutdown: CancellationToken,
     ) -> WatchEvents {
         let (tx, rx) = mpsc::channel(BUFFER);
@@ -161,7 +164,7 @@ impl Registered {
                 by_job.entry(*id).or_default().push(Arc::downgrade(notify));
             }
         }
-        watches.watched.fetch_add(ids.len(), Ordering::Relaxed);
+        watches.watched.fetch_add(ids.len(), Ordering::SeqCst);
         Registered {
             watches,
             ids: ids.to_vec(),
@@ -183,14 +186,55 @@ impl Drop for Registered {
         }
         self.watches
             .watched
-            .fetch_sub(self.ids.len(), Ordering::Relaxed);
+            .fetch_sub(self.ids.len(), Ordering::SeqCst);
     }
 }
 
 /// A job as a watcher sends it: without its payload.
-fn state(mut job: crate::job::Job) -> pb::Job {
+fn state(mut job: Job) -> pb::Job {
     job.payload = Vec::new();
     job.into()
+}
+
+/// What a watcher compares to tell a change from the state it sent: the
+/// status, the attempts and how they ended, when it runs, its lease (a
+/// new take), its error and result; not the lease's deadline, which every
+/// heartbeat moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    status: Status,
+    attempts: u32,
+    history: usize,
+    last: Option<(Option<Outcome>, Option<SystemTime>)>,
+    run_at: SystemTime,
+    lease: Option<LeaseId>,
+    last_error: Option<String>,
+    result: bool,
+}
+
+impl Seen {
+    fn of(job: &Job) -> Seen {
+        Seen {
+            status: job.status,
+            attempts: job.attempts,
+            history: job.history.len(),
+            last: job.history.last().map(|a| (a.outcome, a.ended_at)),
+            run_at: job.run_at,
+            lease: job.lease_id(),
+            last_error: job.last_error.clone(),
+            result: job.result.is_some(),
+        }
+    }
+}
+
+/// Reads a watched job: without its payload, and with its result once it
+/// is DONE.
+async fn read<S: Store>(store: &S, id: JobId) -> Result<Job> {
+    let job = store.peek(id).await?;
+    if job.status == Status::Done {
+        return store.get(id).await;
+    }
+    Ok(job)
 }
 
 async fn run<S: Store>(
@@ -202,7 +246,8 @@ async fn run<S: Store>(
     shutdown: &CancellationToken,
 ) {
     let mut open = ids;
-    let mut sent: HashMap<JobId, pb::Job> = HashMap::new();
+    // What was sent of each job not final yet.
+    let mut sent: HashMap<JobId, Seen> = HashMap::new();
     let mut retry = RETRY_FIRST;
     loop {
         // Armed before the reads: a change made while they run wakes the
@@ -212,7 +257,7 @@ async fn run<S: Store>(
         let mut failed = false;
         let mut states = Vec::new();
         for id in &open {
-            match store.get(*id).await {
+            match read(store, *id).await {
                 Ok(job) => states.push(job),
                 Err(Error::NotFound(_)) => {
                     let _ = tx.send(Err(Error::NotFound(*id).into())).await;
@@ -238,15 +283,16 @@ async fn run<S: Store>(
             }
             for job in states {
                 let (id, done) = (job.id, matches!(job.status, Status::Done | Status::Failed));
-                let state = state(job);
-                if sent.get(&id) != Some(&state) {
-                    sent.insert(id, state.clone());
-                    if tx.send(Ok(state)).await.is_err() {
+                let seen = Seen::of(&job);
+                if sent.get(&id) != Some(&seen) {
+                    if tx.send(Ok(state(job))).await.is_err() {
                         return;
                     }
+                    sent.insert(id, seen);
                 }
                 if done {
                     open.retain(|o| *o != id);
+                    sent.remove(&id);
                 }
             }
             if open.is_empty() {

@@ -75,6 +75,20 @@ async fn a_watcher_sees_each_state_then_the_result_then_the_end() {
     let running = next(&mut states).await.expect("RUNNING");
     assert_eq!(running.status, pb::JobStatus::Running as i32);
     assert_eq!(running.worker_id, "w");
+    // A heartbeat moves the lease's deadline only: not a state to send.
+    c.heartbeat(req(
+        pb::HeartbeatRequest {
+            worker_id: "w".into(),
+            leases: vec![pb::LeaseRef {
+                job_id: id.clone(),
+                lease_id: leased.lease_id.clone(),
+            }],
+            ..Default::default()
+        },
+        Some("consumer"),
+    ))
+    .await
+    .unwrap();
     c.ack(req(
         pb::AckRequest {
             job_id: id.clone(),

@@ -1,10 +1,12 @@
 //! Where the result of a DONE job lives: the `results` tree, under the
 //! job's record key, apart from the record, so that no other change
-//! rewrites it and only a get reads it. It is written before the record
-//! that makes the job DONE (in the same commit round, so the ack's reply
-//! waits for both) and removed after the record goes: a crash in between
-//! leaves at most a result whose job is not DONE, which a get ignores and
-//! the job's deletion removes.
+//! rewrites it and only a get reads it. Every ack writes it (or removes
+//! it, for an ack without one) before the record that makes the job DONE,
+//! in the same commit round, so the ack's reply waits for both; it is
+//! removed after the record goes. A crash in between leaves at most a
+//! result whose job is not DONE: a get of such a job does not read it,
+//! the job's next ack replaces or removes it, and its deletion removes
+//! it.
 
 use super::{record_key, Sled, SledError};
 use crate::{
@@ -20,6 +22,19 @@ impl Sled {
             self.results
                 .insert(record_key(id), result)
                 .map_err(SledError::from)?;
+        }
+        Ok(())
+    }
+
+    /// Removes a result an earlier ack left, if there is one: a read, and
+    /// a write only when there is (a plain ack writes nothing here).
+    pub(super) fn clear_result(&self, id: JobId) -> Result<()> {
+        if self
+            .results
+            .contains_key(record_key(id))
+            .map_err(SledError::from)?
+        {
+            self.remove_results([id])?;
         }
         Ok(())
     }

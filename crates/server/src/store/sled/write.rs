@@ -90,7 +90,7 @@ impl Sled {
             return Ok(out);
         }
         let mut writes = Vec::with_capacity(changed.len());
-        for (id, (_, new, payload)) in &mut changed {
+        for (id, (first, new, payload)) in &mut changed {
             let placed = match *payload {
                 Payload::Apart(len) => Payload::Apart(len),
                 Payload::File(len) => Payload::File(len),
@@ -101,8 +101,14 @@ impl Sled {
             if *payload == Payload::Inline && placed != Payload::Inline {
                 self.put_payload(*id, &new.payload)?;
             }
-            if let Some(result) = &new.result {
-                self.put_result(*id, result)?;
+            // Made DONE by this call: its result, or none (which also
+            // clears a result an earlier ack left before a crash cut it
+            // short).
+            if first.status != Status::Done && new.status == Status::Done {
+                match &new.result {
+                    Some(result) => self.put_result(*id, result)?,
+                    None => self.clear_result(*id)?,
+                }
             }
             writes.push((record_key(*id), Some(encode(new, placed)?)));
         }
