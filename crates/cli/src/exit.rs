@@ -20,6 +20,12 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
     if is_broken_pipe(err) {
         return ExitCode::SUCCESS;
     }
+    // A call that got no reply names the server and the cause in one
+    // line; the status tonic made up for it says neither.
+    if let Some(no_reply) = no_reply(err) {
+        eprintln!("error: {no_reply}");
+        return ExitCode::FAILURE;
+    }
     match status_of(err) {
         Some(status) => eprintln!("error: {}", status_text(status)),
         None => eprintln!("error: {err:#}"),
@@ -38,6 +44,13 @@ pub fn client_error_text(err: &jobq_client::Error) -> String {
         jobq_client::Error::Status(status) => status_text(status),
         other => other.to_string(),
     }
+}
+
+/// The call inside `err` that got no reply, if one did.
+fn no_reply(err: &anyhow::Error) -> Option<&jobq_client::Error> {
+    err.chain()
+        .filter_map(|cause| cause.downcast_ref::<jobq_client::Error>())
+        .find(|e| matches!(e, jobq_client::Error::NoReply { .. }))
 }
 
 /// The gRPC status inside `err`, if a call failed with one.
@@ -81,6 +94,22 @@ mod tests {
             status_of(&err).map(status_text).as_deref(),
             Some("NOT_FOUND: job 9 not found")
         );
+    }
+
+    #[test]
+    fn a_call_without_a_reply_names_the_server() {
+        let err = anyhow::Error::from(jobq_client::Error::NoReply {
+            url: "http://10.0.0.7:50051".into(),
+            code: tonic::Code::Unavailable,
+            cause: "Connection refused (os error 111)".into(),
+            status: tonic::Status::unavailable("tcp connect error"),
+        });
+        let found = no_reply(&err).expect("the call without a reply");
+        assert_eq!(
+            found.to_string(),
+            "no reply from http://10.0.0.7:50051 (Unavailable): Connection refused (os error 111)"
+        );
+        assert_eq!(report(&err), ExitCode::FAILURE);
     }
 
     #[test]
