@@ -546,39 +546,58 @@ async fn a_failed_background_sync_stops_the_store_without_any_waiter() {
     assert!(store.fail_cause().is_some());
 }
 
+type Hub = Arc<jobq_server::leases::LeaseHub<SledStore>>;
+
+/// A sled store holding one PENDING job, and a Lease hub over it.
+async fn one_job_and_a_hub() -> (
+    TempDir,
+    Arc<SledStore>,
+    Hub,
+    tokio_util::sync::CancellationToken,
+    Job,
+) {
+    let dir = TempDir::new().unwrap();
+    let config = Arc::new(config(&dir));
+    let store = Arc::new(SledStore::open(&config).unwrap());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let hub = jobq_server::leases::LeaseHub::new(
+        Arc::clone(&store),
+        Arc::clone(&config),
+        shutdown.clone(),
+    );
+    let job = store
+        .enqueue(new_job(None), SystemTime::now())
+        .await
+        .unwrap()
+        .job;
+    (dir, store, hub, shutdown, job)
+}
+
+/// A stream of capacity 1 on the test queues, leasing for `lease`.
+fn stream_of_one(lease: Duration) -> jobq_server::validate::StreamSpec {
+    jobq_server::validate::StreamSpec {
+        take: jobq_server::validate::TakeSpec {
+            queues: queues(),
+            worker_id: "w".into(),
+            owner: None,
+            lease,
+        },
+        capacity: 1,
+        held: vec![],
+        caller: None,
+    }
+}
+
 /// A leased job waits in its stream's channel until the transport pulls it
 /// (a worker that does not read, a full HTTP/2 window). If its lease runs
 /// out there, the reaper gives it back without an attempt; the stale push
 /// must then never reach the worker: the job may be someone else's by then.
 #[tokio::test]
 async fn a_job_given_back_unpulled_is_never_sent_under_its_old_lease() {
-    use jobq_server::{
-        leases::LeaseHub,
-        validate::{StreamSpec, TakeSpec},
-    };
     use tokio_stream::StreamExt;
 
-    let dir = TempDir::new().unwrap();
-    let config = Arc::new(config(&dir));
-    let store = Arc::new(SledStore::open(&config).unwrap());
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
-    let job = store
-        .enqueue(new_job(None), SystemTime::now())
-        .await
-        .unwrap()
-        .job;
-    let spec = StreamSpec {
-        take: TakeSpec {
-            queues: queues(),
-            worker_id: "w".into(),
-            owner: None,
-            lease: Duration::from_millis(100),
-        },
-        capacity: 1,
-        held: vec![],
-        caller: None,
-    };
+    let (_dir, store, hub, shutdown, job) = one_job_and_a_hub().await;
+    let spec = stream_of_one(Duration::from_millis(100));
     // Opened, never read (yet).
     let (mut events, _token) = hub.open(spec, (), || None).expect("open");
     let first = loop {
@@ -625,33 +644,10 @@ async fn a_job_given_back_unpulled_is_never_sent_under_its_old_lease() {
 /// job comes back without an attempt.
 #[tokio::test]
 async fn a_server_whose_heartbeat_went_stale_never_sends_a_lease_it_buffered() {
-    use jobq_server::{
-        leases::LeaseHub,
-        validate::{StreamSpec, TakeSpec},
-    };
     use tokio_stream::StreamExt;
 
-    let dir = TempDir::new().unwrap();
-    let config = Arc::new(config(&dir));
-    let store = Arc::new(SledStore::open(&config).unwrap());
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let hub = LeaseHub::new(Arc::clone(&store), Arc::clone(&config), shutdown.clone());
-    let job = store
-        .enqueue(new_job(None), SystemTime::now())
-        .await
-        .unwrap()
-        .job;
-    let spec = StreamSpec {
-        take: TakeSpec {
-            queues: queues(),
-            worker_id: "w".into(),
-            owner: None,
-            lease: Duration::from_secs(30),
-        },
-        capacity: 1,
-        held: vec![],
-        caller: None,
-    };
+    let (_dir, store, hub, shutdown, job) = one_job_and_a_hub().await;
+    let spec = stream_of_one(Duration::from_secs(30));
     // Opened, not read: the job waits in the channel.
     let (mut events, _token) = hub.open(spec, (), || None).expect("open");
     while store.get(job.id).await.unwrap().lease_id().is_none() {

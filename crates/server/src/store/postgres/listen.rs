@@ -42,7 +42,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{AsyncMessage, NoTls};
 use tracing::{debug, warn};
 
-use super::row::status_text;
 use crate::{
     job::{JobId, LeaseId, Outcome, Status},
     store::{LeaseEnded, Remote},
@@ -76,7 +75,7 @@ pub fn encode(server: &str, e: &LeaseEnded) -> String {
         } else {
             outcome_word(e.outcome)
         },
-        status_text(e.status),
+        e.status.label(),
         e.queue
     )
 }

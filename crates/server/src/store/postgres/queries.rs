@@ -11,7 +11,7 @@ use tokio_postgres::types::ToSql;
 
 use super::{
     error::PgError,
-    row::{self, status_text, ATTEMPT_SELECT, COLUMNS},
+    row::{self, ATTEMPT_SELECT, COLUMNS},
     Clock, Pg,
 };
 use crate::{
@@ -120,7 +120,7 @@ pub fn list_where(filters: ListFilters) -> String {
         clauses.push(format!("queue = ${n}"));
     }
     if let Some(status) = filters.status {
-        clauses.push(format!("status = '{}'", status_text(status)));
+        clauses.push(format!("status = '{}'", status.label()));
     }
     if filters.key {
         n += 1;

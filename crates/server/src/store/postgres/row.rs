@@ -52,11 +52,6 @@ struct Extra {
     lease_owner: Option<String>,
 }
 
-/// A status as stored.
-pub fn status_text(status: Status) -> &'static str {
-    status.label()
-}
-
 /// A status as stored, back.
 pub fn status_of(text: &str) -> Result<Status, PgError> {
     Status::from_label(text).ok_or_else(|| PgError::Schema(format!("unknown job status {text:?}")))
@@ -153,7 +148,7 @@ impl JobRow {
             kind: job.kind.clone(),
             payload: Vec::new(),
             key: job.key.clone(),
-            status: status_text(job.status),
+            status: job.status.label(),
             attempts: i32::try_from(job.attempts).unwrap_or(i32::MAX),
             max_attempts: i32::try_from(job.max_attempts).unwrap_or(i32::MAX),
             enqueued_at: job.enqueued_at,
