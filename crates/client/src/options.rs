@@ -26,6 +26,7 @@ pub struct EnqueueOptions {
     delay: Option<Duration>,
     priority: i32,
     metadata: BTreeMap<String, String>,
+    group: Option<String>,
 }
 
 impl EnqueueOptions {
@@ -53,6 +54,20 @@ impl EnqueueOptions {
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
         self
+    }
+
+    /// Puts the job in a group (a tenant, a customer id; the key's name
+    /// rules): a queue policy's `group_max_running` limits how many jobs
+    /// of one group run at once, and with 1 they run one at a time, in
+    /// enqueue order.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// The group, if one is set.
+    pub fn get_group(&self) -> Option<&str> {
+        self.group.as_deref()
     }
 
     /// Sets the delivery priority, -100..=100 (default 0): among the due
@@ -111,6 +126,7 @@ impl EnqueueOptions {
             delay: self.delay.map(pb_duration),
             metadata,
             priority: self.priority,
+            group: self.group.unwrap_or_default(),
         }
     }
 }

@@ -193,6 +193,11 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_PAUSED_QUEUES", default_value_t = DEFAULT_MAX_PAUSED_QUEUES)]
     pub max_paused_queues: usize,
 
+    /// Most queues with a policy (SetQueuePolicy of one more is
+    /// RESOURCE_EXHAUSTED; changing or clearing a policy is always OK).
+    #[arg(long, env = "JOBQ_MAX_QUEUE_POLICIES", default_value_t = DEFAULT_MAX_QUEUE_POLICIES)]
+    pub max_queue_policies: usize,
+
     /// Longest long-poll `wait` a Dequeue may ask for.
     #[arg(long, env = "JOBQ_MAX_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub max_wait: Duration,
@@ -633,6 +638,10 @@ impl Config {
 /// `--max-paused-queues` unless set: a few per team is plenty, and each
 /// is an entry of every Stats reply.
 pub const DEFAULT_MAX_PAUSED_QUEUES: usize = 1000;
+
+/// `--max-queue-policies` unless set: like pauses, each is an entry of
+/// every Stats reply.
+pub const DEFAULT_MAX_QUEUE_POLICIES: usize = 1000;
 
 /// The longest lease, delay or backoff a flag may allow: 100 years.
 pub const MAX_LIMIT_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

@@ -9,6 +9,7 @@ use jobq::pb;
 
 use crate::{
     job::{Attempt, Job, Leased, Outcome, Status},
+    policy::QueuePolicy,
     schedule::{Schedule, Timetable},
     store::QueueStats,
 };
@@ -96,6 +97,7 @@ impl From<Job> for pb::Job {
             history: job.history.into_iter().map(pb::Attempt::from).collect(),
             metadata: job.metadata.into_iter().collect(),
             result: job.result.unwrap_or_default(),
+            group: job.group.unwrap_or_default(),
         }
     }
 }
@@ -158,6 +160,18 @@ impl From<QueueStats> for pb::QueueStats {
             failed: s.failed,
             oldest_pending_age: s.oldest_pending_age.map(duration),
             paused: s.paused,
+            policy: Some(s.policy.into()),
+            held_max_running: s.held_max_running,
+            held_group_max_running: s.held_group_max_running,
+        }
+    }
+}
+
+impl From<QueuePolicy> for pb::QueuePolicy {
+    fn from(p: QueuePolicy) -> Self {
+        pb::QueuePolicy {
+            max_running: p.max_running,
+            group_max_running: p.group_max_running,
         }
     }
 }
@@ -194,6 +208,7 @@ mod tests {
             last_error: Some("lease expired".into()),
             history: vec![],
             result: None,
+            group: Some("tenant-7".into()),
             metadata: [(
                 "traceparent".into(),
                 "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
@@ -205,6 +220,7 @@ mod tests {
         let job = wire.job.expect("job");
         assert_eq!(job.id, "7");
         assert_eq!(job.key, "order-4711");
+        assert_eq!(job.group, "tenant-7");
         assert_eq!(job.status, pb::JobStatus::Running as i32);
         assert_eq!(job.worker_id, "w1");
         assert_eq!(job.priority, 7);

@@ -249,6 +249,9 @@ pub struct Job {
     pub history: Vec<Attempt>,
     /// What the producer attached: trace context, request ids, tags.
     pub metadata: Metadata,
+    /// The partition within the queue (a tenant, a customer) that a queue
+    /// policy's `group_max_running` limits; `None`: no group.
+    pub group: Option<String>,
     /// What the worker's ack stored, DONE jobs only. Kept apart from the
     /// job's record (a sled tree, a PostgreSQL table of its own), so only
     /// a get reads it; `None` wherever it was not read (lists, takes, the
@@ -297,6 +300,8 @@ pub struct NewJob {
     pub priority: i32,
     /// What the producer attached (already size-checked).
     pub metadata: Metadata,
+    /// The job's group (already name-checked).
+    pub group: Option<String>,
 }
 
 /// A job leased to a worker: what Dequeue and the Lease stream hand out.

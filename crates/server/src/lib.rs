@@ -48,6 +48,7 @@ pub mod limits;
 pub mod liveness;
 pub mod machine;
 pub mod metrics;
+pub mod policy;
 pub mod reaper;
 pub mod rpc_timing;
 pub mod schedule;

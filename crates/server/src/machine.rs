@@ -224,6 +224,7 @@ pub fn create(id: JobId, new: NewJob, now: SystemTime) -> Job {
         last_error: None,
         history: Vec::new(),
         metadata: new.metadata,
+        group: new.group,
         result: None,
     }
 }

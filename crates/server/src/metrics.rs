@@ -83,6 +83,8 @@ const METHODS: &[&str] = &[
     "CancelJob",
     "PauseQueue",
     "ResumeQueue",
+    "SetQueuePolicy",
+    "GetQueuePolicy",
     "DeleteJob",
     "PurgeJobs",
     "CreateSchedule",

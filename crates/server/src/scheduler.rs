@@ -107,6 +107,7 @@ async fn enqueue<S: Store>(store: &S, schedule: &Schedule, at: SystemTime) -> cr
         delay: Duration::ZERO,
         priority: 0,
         metadata: Metadata::from([(SCHEDULE_METADATA.to_owned(), schedule.name.clone())]),
+        group: None,
     };
     match store.fire_schedule(schedule, at, new).await? {
         Some(enqueued) if enqueued.created => {

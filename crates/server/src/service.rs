@@ -264,6 +264,33 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         Ok(Response::new(pb::ResumeQueueResponse {}))
     }
 
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue), err(level = "debug"))]
+    async fn set_queue_policy(
+        &self,
+        req: Request<pb::SetQueuePolicyRequest>,
+    ) -> Result<Response<pb::SetQueuePolicyResponse>, Status> {
+        self.live()?;
+        let who = self.auth.who(&req)?;
+        let (queue, policy) = validate::set_policy(req.into_inner())?;
+        auth::authorize(&*self.store, &who, Access::AdministerQueue(&queue)).await?;
+        self.store.set_policy(&queue, policy).await?;
+        Ok(Response::new(pb::SetQueuePolicyResponse {}))
+    }
+
+    #[instrument(skip_all, fields(queue = %req.get_ref().queue), err(level = "debug"))]
+    async fn get_queue_policy(
+        &self,
+        req: Request<pb::GetQueuePolicyRequest>,
+    ) -> Result<Response<pb::GetQueuePolicyResponse>, Status> {
+        let who = self.auth.who(&req)?;
+        let queue = validate::queue(req.into_inner().queue)?;
+        auth::authorize(&*self.store, &who, Access::ReadQueue(Some(&queue))).await?;
+        let policy = self.store.policy(&queue).await?;
+        Ok(Response::new(pb::GetQueuePolicyResponse {
+            policy: Some(policy.into()),
+        }))
+    }
+
     #[instrument(skip_all, fields(job.id = %req.get_ref().id), err(level = "debug"))]
     async fn delete_job(
         &self,

@@ -190,6 +190,7 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
     }
     let delay = delay("delay", req.delay, config)?.unwrap_or_default();
     let metadata = metadata(req.metadata, config)?;
+    let group = optional_name("group", req.group)?;
     Ok(NewJob {
         queue: req.queue,
         kind: req.kind,
@@ -199,6 +200,7 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
         delay,
         priority: req.priority,
         metadata,
+        group,
     })
 }
 

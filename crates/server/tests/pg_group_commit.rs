@@ -36,6 +36,7 @@ fn job(key: Option<&str>) -> NewJob {
         delay: Duration::ZERO,
         priority: 0,
         metadata: Default::default(),
+        group: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn job(key: &str) -> NewJob {
         delay: Duration::ZERO,
         priority: 0,
         metadata: Default::default(),
+        group: None,
     }
 }
 

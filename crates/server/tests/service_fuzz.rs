@@ -90,6 +90,7 @@ fn config(data: &std::path::Path) -> Config {
     // Few, so that runs reach the cap: pausing a third queue is
     // RESOURCE_EXHAUSTED, pausing a paused one stays OK.
     c.max_paused_queues = 2;
+    c.max_queue_policies = 2;
     c
 }
 
@@ -475,6 +476,7 @@ struct EnqGen {
     delay: Option<prost_types::Duration>,
     metadata: std::collections::HashMap<String, String>,
     priority: i32,
+    group: String,
 }
 
 impl EnqGen {
@@ -483,6 +485,7 @@ impl EnqGen {
             name_v(&self.queue),
             name_v(&self.kind),
             opt_name_v(&self.key),
+            opt_name_v(&self.group),
             bad_if(self.payload.len() > LIMITS.max_payload),
             bad_if(self.max_attempts > LIMITS.max_attempts_limit),
             dur_v(&self.delay, DurKind::Delay),
@@ -506,6 +509,7 @@ impl EnqGen {
             delay: self.delay,
             metadata: self.metadata.clone(),
             priority: self.priority,
+            group: self.group.clone(),
         };
         (req, v)
     }
@@ -521,9 +525,10 @@ fn enq() -> BoxedStrategy<EnqGen> {
         duration(),
         metadata(),
         priority(),
+        opt_name(),
     )
         .prop_map(
-            |(queue, kind, payload, key, max_attempts, delay, metadata, priority)| EnqGen {
+            |(queue, kind, payload, key, max_attempts, delay, metadata, priority, group)| EnqGen {
                 queue,
                 kind,
                 payload,
@@ -532,6 +537,7 @@ fn enq() -> BoxedStrategy<EnqGen> {
                 delay,
                 metadata,
                 priority,
+                group,
             },
         )
         .boxed()
@@ -543,8 +549,9 @@ fn good_enq() -> BoxedStrategy<EnqGen> {
         select(&QUEUES[..]),
         prop_oneof![4 => Just(""), 1 => Just("order-1"), 1 => Just("order-2")],
         prop_oneof![3 => Just(0u32), 1 => Just(1u32), 1 => Just(2u32)],
+        prop_oneof![2 => Just(""), 1 => Just("tenant-1"), 1 => Just("tenant-2")],
     )
-        .prop_map(|(queue, key, max_attempts)| EnqGen {
+        .prop_map(|(queue, key, max_attempts, group)| EnqGen {
             queue: queue.into(),
             kind: "send-email".into(),
             payload: b"order-4711".to_vec(),
@@ -553,8 +560,20 @@ fn good_enq() -> BoxedStrategy<EnqGen> {
             delay: None,
             metadata: Default::default(),
             priority: 0,
+            group: group.into(),
         })
         .boxed()
+}
+
+/// A policy's limit: mostly none or small, sometimes out of range.
+fn limit() -> BoxedStrategy<u32> {
+    prop_oneof![
+        3 => Just(0u32),
+        3 => 1..=3u32,
+        1 => Just(jobq_server::policy::MOST_RUNNING),
+        1 => prop_oneof![Just(jobq_server::policy::MOST_RUNNING + 1), Just(u32::MAX)],
+    ]
+    .boxed()
 }
 
 /// Enqueue priority: mostly 0, often in range, sometimes out of it.
@@ -642,6 +661,11 @@ enum Op {
     },
     Pause(String),
     Resume(String),
+    SetPolicy {
+        queue: String,
+        max_running: u32,
+        group_max_running: u32,
+    },
     Delete(IdGen),
     Purge {
         queue: String,
@@ -754,6 +778,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (id(), error_text()).prop_map(|(id, reason)| Op::Cancel { id, reason }),
         2 => prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()].prop_map(Op::Pause),
         2 => prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()].prop_map(Op::Resume),
+        2 => (prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()], limit(), limit())
+            .prop_map(|(queue, max_running, group_max_running)| Op::SetPolicy { queue, max_running, group_max_running }),
         1 => id().prop_map(Op::Delete),
         1 => (prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()], status(), finished_before())
             .prop_map(|(queue, status, finished_before)| Op::Purge { queue, status, finished_before }),
@@ -814,6 +840,8 @@ struct Harness {
     leases: Vec<(String, String)>,
     /// The queues paused, as the replies said.
     paused: std::collections::BTreeSet<String>,
+    /// Queues with a policy, as the replies said.
+    policies: std::collections::BTreeSet<String>,
     _dir: TempDir,
 }
 
@@ -840,6 +868,7 @@ impl Harness {
             jobs: Vec::new(),
             leases: Vec::new(),
             paused: std::collections::BTreeSet::new(),
+            policies: std::collections::BTreeSet::new(),
             _dir: dir,
         }
     }
@@ -1492,6 +1521,63 @@ impl Harness {
                     self.paused.remove(queue);
                 }
                 ("ResumeQueue", READ, v, code)
+            }
+            Op::SetPolicy {
+                queue,
+                max_running,
+                group_max_running,
+            } => {
+                let most = jobq_server::policy::MOST_RUNNING;
+                let v = all([
+                    name_v(queue),
+                    bad_if(*max_running > most),
+                    bad_if(*group_max_running > most),
+                ]);
+                let req = pb::SetQueuePolicyRequest {
+                    queue: queue.clone(),
+                    policy: Some(pb::QueuePolicy {
+                        max_running: *max_running,
+                        group_max_running: *group_max_running,
+                    }),
+                };
+                let code = code_of(&self.svc.set_queue_policy(Request::new(req)).await);
+                let clears = *max_running == 0 && *group_max_running == 0;
+                if v == V::Valid {
+                    let full = self.policies.len() >= LIMITS.max_queue_policies;
+                    let expected = match clears || self.policies.contains(queue) || !full {
+                        true => Code::Ok,
+                        false => Code::ResourceExhausted,
+                    };
+                    prop_assert_eq!(
+                        code,
+                        expected,
+                        "policy of {:?} with {:?}",
+                        queue,
+                        &self.policies
+                    );
+                }
+                if code == Code::Ok {
+                    if clears {
+                        self.policies.remove(queue);
+                    } else {
+                        self.policies.insert(queue.clone());
+                    }
+                    let got = self
+                        .svc
+                        .get_queue_policy(Request::new(pb::GetQueuePolicyRequest {
+                            queue: queue.clone(),
+                        }))
+                        .await
+                        .map_err(|s| TestCaseError::fail(format!("GetQueuePolicy: {s}")))?
+                        .into_inner()
+                        .policy
+                        .unwrap_or_default();
+                    prop_assert_eq!(
+                        (got.max_running, got.group_max_running),
+                        (*max_running, *group_max_running)
+                    );
+                }
+                ("SetQueuePolicy", PAUSE, v, code)
             }
             Op::Delete(id) => {
                 let id = self.id(id);

@@ -63,6 +63,7 @@ fn new_job(payload: Vec<u8>) -> NewJob {
         delay: Duration::ZERO,
         priority: 0,
         metadata: Default::default(),
+        group: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn new_job(key: Option<&str>) -> NewJob {
         delay: Duration::ZERO,
         priority: 0,
         metadata: Default::default(),
+        group: None,
     }
 }
 

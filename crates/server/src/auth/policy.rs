@@ -103,8 +103,8 @@ pub enum Access<'a> {
     ListJobs(Option<&'a str>),
     /// Change one job as an operator (Retry, CancelJob, DeleteJob).
     Administer(JobId),
-    /// Change one queue as an operator (PauseQueue, ResumeQueue, PurgeJobs,
-    /// CreateSchedule on its queue).
+    /// Change one queue as an operator (PauseQueue, ResumeQueue,
+    /// SetQueuePolicy, PurgeJobs, CreateSchedule on its queue).
     AdministerQueue(&'a str),
     /// Delete one schedule: the admin role on its queue. One on a queue
     /// the token may not read is NOT_FOUND, as a name that names none.

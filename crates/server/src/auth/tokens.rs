@@ -23,11 +23,11 @@ pub enum Role {
     Produce,
     /// Dequeue, Lease, Ack, Fail, Heartbeat.
     Consume,
-    /// GetJob, ListJobs, Stats.
+    /// GetJob, WatchJob, ListJobs, Stats, GetQueuePolicy.
     Read,
     /// All of the above, plus Retry and every operator call (CancelJob,
-    /// PauseQueue, ResumeQueue, DeleteJob, PurgeJobs, CreateSchedule,
-    /// DeleteSchedule).
+    /// PauseQueue, ResumeQueue, SetQueuePolicy, DeleteJob, PurgeJobs,
+    /// CreateSchedule, DeleteSchedule).
     Admin,
 }
 

@@ -26,6 +26,7 @@ fn new_job(max_attempts: u32) -> Job {
         delay: Duration::ZERO,
         priority: 0,
         metadata: Default::default(),
+        group: None,
     };
     create(JobId(1), new, t(0))
 }

@@ -10,6 +10,7 @@ use crate::{
     error::Result,
     job::{Job, JobId, LeaseId, NewJob},
     machine::Event,
+    policy::QueuePolicy,
     schedule::Schedule,
 };
 
@@ -106,6 +107,26 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Every paused queue, sorted by name.
     fn paused(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
+
+    /// Records a queue's policy (an empty one clears it). A new policy
+    /// when `most` queues have one is
+    /// [`crate::Error::ResourceExhausted`] and changes nothing. From then
+    /// on [`Backend::take`] leases no job the policy forbids, counting
+    /// RUNNING jobs as committed by any server, and [`Backend::next_run_at`]
+    /// leaves held jobs out.
+    fn set_policy(
+        &self,
+        queue: &str,
+        policy: QueuePolicy,
+        most: usize,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every queue's policy, sorted by queue name.
+    fn policies(&self) -> impl Future<Output = Result<Vec<(String, QueuePolicy)>>> + Send;
+
+    /// Whether `queue` has a policy, as this server last knew it: a job
+    /// of it that stops RUNNING may free a slot, so it wakes waiters.
+    fn limited(&self, queue: &str) -> bool;
 
     /// The leases that expire at or before `at`.
     fn expiring(

@@ -18,11 +18,12 @@ use super::{
     Enqueued, Extended, FailReport, ListFilter, Page, QueueStats, Store,
 };
 use crate::{
-    config::DEFAULT_MAX_PAUSED_QUEUES,
+    config::{DEFAULT_MAX_PAUSED_QUEUES, DEFAULT_MAX_QUEUE_POLICIES},
     error::{Error, Result},
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
     liveness::Liveness,
     machine::{Backoff, Event},
+    policy::QueuePolicy,
     schedule::Schedule,
 };
 
@@ -68,6 +69,8 @@ pub struct Jobs<B> {
     early_wake: bool,
     /// Most paused queues (`--max-paused-queues`).
     max_paused: usize,
+    /// Most queues with a policy (`--max-queue-policies`).
+    max_policies: usize,
 }
 
 impl<B> Clone for Jobs<B> {
@@ -81,6 +84,7 @@ impl<B> Clone for Jobs<B> {
             schedule_gate: Arc::clone(&self.schedule_gate),
             early_wake: self.early_wake,
             max_paused: self.max_paused,
+            max_policies: self.max_policies,
         }
     }
 }
@@ -98,7 +102,16 @@ impl<B: Backend> Jobs<B> {
             schedule_gate: Arc::default(),
             early_wake: false,
             max_paused: DEFAULT_MAX_PAUSED_QUEUES,
+            max_policies: DEFAULT_MAX_QUEUE_POLICIES,
         }
+    }
+
+    /// At most `most` queues with a policy: setting one more is
+    /// [`Error::ResourceExhausted`] (`--max-queue-policies`).
+    #[must_use]
+    pub fn max_queue_policies(mut self, most: usize) -> Jobs<B> {
+        self.max_policies = most;
+        self
     }
 
     /// At most `most` queues paused at once: pausing one more is
@@ -349,8 +362,14 @@ impl<B: Backend> Jobs<B> {
         }
         let durable = self.backend.durable();
         for c in changes {
-            if c.new.status == Status::Pending && c.old != c.new && !made_due.contains(&c.new.queue)
-            {
+            if c.old == c.new || made_due.contains(&c.new.queue) {
+                continue;
+            }
+            // A job made PENDING may be due; in a queue with a policy, a
+            // job that stopped RUNNING freed a slot, and one that left
+            // PENDING may have been the head of a sequence.
+            let freed = c.old.status != c.new.status && self.backend.limited(&c.new.queue);
+            if c.new.status == Status::Pending || freed {
                 made_due.push(c.new.queue.clone());
             }
         }
@@ -529,6 +548,29 @@ impl<B: Backend> Store for Jobs<B> {
             vec![queue.to_owned()]
         };
         self.commit(&[], resumed).await
+    }
+
+    async fn set_policy(&self, queue: &str, policy: QueuePolicy) -> Result<()> {
+        self.check()?;
+        policy.check()?;
+        self.written(
+            self.backend
+                .set_policy(queue, policy, self.max_policies)
+                .await,
+        )?;
+        // Any change may let a held job go: wake the queue's waiters once
+        // it is durable (a tighter limit costs them one look).
+        self.commit(&[], vec![queue.to_owned()]).await
+    }
+
+    async fn policy(&self, queue: &str) -> Result<QueuePolicy> {
+        self.check()?;
+        let policies = self.backend.policies().await?;
+        Ok(policies
+            .into_iter()
+            .find(|(q, _)| q == queue)
+            .map(|(_, p)| p)
+            .unwrap_or_default())
     }
 
     async fn extend(
@@ -854,6 +896,8 @@ impl<B: Backend> Store for Jobs<B> {
         let mut stats = self.backend.stats(queue, now).await?;
         let paused = self.backend.paused().await?;
         rules::mark_paused(&mut stats, &paused, queue);
+        let policies = self.backend.policies().await?;
+        rules::mark_policies(&mut stats, &policies, queue);
         Ok(stats)
     }
 

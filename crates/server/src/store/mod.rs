@@ -32,6 +32,7 @@ use crate::{
     error::Result,
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
     liveness::Liveness,
+    policy::QueuePolicy,
     schedule::Schedule,
 };
 
@@ -121,6 +122,12 @@ pub struct QueueStats {
     pub oldest_pending_age: Option<Duration>,
     /// The queue is paused: nothing is taken from it.
     pub paused: bool,
+    /// The queue's policy (empty: none).
+    pub policy: QueuePolicy,
+    /// Due PENDING jobs held back because the queue runs `max_running`.
+    pub held_max_running: u64,
+    /// Due PENDING jobs held back by `group_max_running`.
+    pub held_group_max_running: u64,
 }
 
 /// The outcome of extending one lease in a heartbeat.
@@ -230,6 +237,19 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::Error::ResourceExhausted`]; pausing a paused queue is
     /// always OK.
     fn set_paused(&self, queue: &str, paused: bool) -> impl Future<Output = Result<()>> + Send;
+
+    /// Sets a queue's policy (an empty one clears it): a take never leases
+    /// a job its limits forbid. Loosening it wakes waiters. Durable on
+    /// return, and survives a restart. Setting one more policy than
+    /// `--max-queue-policies` is [`crate::Error::ResourceExhausted`].
+    fn set_policy(
+        &self,
+        queue: &str,
+        policy: QueuePolicy,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// A queue's policy (empty: none).
+    fn policy(&self, queue: &str) -> impl Future<Output = Result<QueuePolicy>> + Send;
 
     /// Extends each held lease; one result per lease, in order (an error
     /// means the lease is lost or unknown). Durable on return.

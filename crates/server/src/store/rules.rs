@@ -10,6 +10,7 @@ use super::QueueStats;
 use crate::{
     error::{Error, Result},
     job::{Job, JobId, LeaseId, NewJob, Status},
+    policy::QueuePolicy,
 };
 
 /// Checks that `now + d` is representable, so no store ever panics in
@@ -106,6 +107,30 @@ impl Retention {
     }
 }
 
+/// Sets [`QueueStats::policy`] from the policies (in any order), and lists
+/// a queue with a policy and no jobs too (when it matches `only`). `stats`
+/// ends sorted by queue.
+pub fn mark_policies(
+    stats: &mut Vec<QueueStats>,
+    policies: &[(String, QueuePolicy)],
+    only: Option<&str>,
+) {
+    for (queue, policy) in policies {
+        if only.is_some_and(|q| q != queue) {
+            continue;
+        }
+        match stats.iter_mut().find(|s| &s.queue == queue) {
+            Some(s) => s.policy = *policy,
+            None => stats.push(QueueStats {
+                queue: queue.clone(),
+                policy: *policy,
+                ..QueueStats::default()
+            }),
+        }
+    }
+    stats.sort_by(|a, b| a.queue.cmp(&b.queue));
+}
+
 /// Sets [`QueueStats::paused`] from the paused queues (in any order), and
 /// lists a paused queue that has no jobs too (when it matches `only`), so
 /// an operator sees every pause. `stats` ends sorted by queue.
@@ -179,6 +204,7 @@ mod tests {
             delay: Duration::ZERO,
             priority: 0,
             metadata: Default::default(),
+            group: None,
         }
     }
 

@@ -1,5 +1,5 @@
 //! Validation of the operator RPCs (CancelJob, PauseQueue, ResumeQueue,
-//! DeleteJob, PurgeJobs): same rules as the rest of [`super`], kept apart so
+//! SetQueuePolicy, DeleteJob, PurgeJobs): same rules as the rest of [`super`], kept apart so
 //! neither file grows past one concern.
 
 use std::time::SystemTime;
@@ -12,6 +12,7 @@ use crate::{
     error::{Error, Result},
     job::{JobId, Status},
     machine,
+    policy::QueuePolicy,
     store::rules::RUNNING_PURGE,
 };
 
@@ -61,6 +62,30 @@ pub fn pause_room(paused: usize, already: bool, most: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether `queue` may get a policy when `policies` queues have one and
+/// it has none (`already` false): at most `most` (`--max-queue-policies`).
+/// Changing or clearing a policy always may.
+pub fn policy_room(policies: usize, already: bool, most: usize) -> Result<()> {
+    if !already && policies >= most {
+        return Err(Error::ResourceExhausted(format!(
+            "there are {policies} queues with a policy; the limit is {most} (--max-queue-policies): clear one first"
+        )));
+    }
+    Ok(())
+}
+
+/// A SetQueuePolicy request: the queue and its policy, range-checked.
+pub fn set_policy(req: pb::SetQueuePolicyRequest) -> Result<(String, QueuePolicy)> {
+    name("queue", &req.queue)?;
+    let p = req.policy.unwrap_or_default();
+    let policy = QueuePolicy {
+        max_running: p.max_running,
+        group_max_running: p.group_max_running,
+    };
+    policy.check()?;
+    Ok((req.queue, policy))
 }
 
 /// A DeleteJob's job id.

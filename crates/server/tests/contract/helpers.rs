@@ -21,6 +21,7 @@ fn new_job(queue: &str, key: Option<&str>, delay_ms: u64) -> NewJob {
         delay: Duration::from_millis(delay_ms),
         priority: 0,
         metadata: Default::default(),
+        group: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn tick_job(schedule: &Schedule, tick_ms: u64) -> NewJob {
         delay: Duration::ZERO,
         priority: 0,
         metadata: Default::default(),
+        group: None,
     }
 }
 

@@ -15,6 +15,7 @@ use std::{
 use jobq_server::{
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
     machine::{self, Backoff, Event},
+    policy::QueuePolicy,
     schedule::Schedule,
     store::{Enqueued, FailReport, ListFilter, QueueStats, Store},
 };
@@ -1671,4 +1672,5 @@ proptest! {
 }
 
 include!("operator.rs");
+include!("policies.rs");
 include!("schedules.rs");

@@ -179,7 +179,7 @@ pub async fn reclaim_orphaned(pg: &Pg, now: SystemTime) -> Result<Vec<Change>, P
             })
             .collect();
         let (results, writes, _) = write::apply_all(loaded, events, db_now);
-        let due = write::write(&tx, &pg.me, &writes).await?;
+        let due = write::write(&tx, pg, &writes).await?;
         tx.commit().await?;
         pg.due(due);
         let before = changed.len();

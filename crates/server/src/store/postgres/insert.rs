@@ -50,7 +50,7 @@ pub async fn insert(
     let insert = tx
         .prepare_cached(&format!(
             "INSERT INTO jobq_jobs ({COLUMNS}) VALUES \
-             ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+             ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
              ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING"
         ))
         .await?;

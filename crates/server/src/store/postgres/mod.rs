@@ -31,6 +31,7 @@ mod clock;
 pub mod cluster;
 mod error;
 mod insert;
+mod limited;
 pub mod listen;
 mod operator;
 mod purge;
@@ -74,6 +75,7 @@ use crate::{
     error::Result,
     job::{JobId, LeaseId, NewJob},
     machine::Event,
+    policy::QueuePolicy,
 };
 
 /// The store over PostgreSQL: [`Jobs`] over [`Pg`].
@@ -306,6 +308,8 @@ pub struct Core {
     /// Wake-ups for the other servers, sent after the commit by the LISTEN
     /// task ([`listen`]).
     outbox: listen::Outbox,
+    /// Which queues have a policy, as this server last read it.
+    limits: limited::Limits,
 }
 
 impl std::ops::Deref for Pg {
@@ -358,7 +362,8 @@ impl Jobs<Pg> {
     pub async fn connect(config: &Config, options: PgOptions) -> Result<PgStore> {
         Ok(Jobs::new(Pg::connect(options).await?, config.backoff())
             .deliver_before_durable(config.deliver_before_fsync)
-            .max_paused_queues(config.max_paused_queues))
+            .max_paused_queues(config.max_paused_queues)
+            .max_queue_policies(config.max_queue_policies))
     }
 }
 
@@ -421,7 +426,9 @@ impl Pg {
             doubles: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             batched: AtomicU64::new(0),
+            limits: limited::Limits::default(),
         });
+        operator::policies(&core).await?;
         let batching = options.clock == Clock::Database && options.group_commit > 1;
         // Half the pool for transitions, a quarter for enqueues, the rest
         // for takes and reads.
@@ -536,7 +543,7 @@ impl Core {
                 "reclaims refused: another server had reclaimed the lease first (fenced, harmless)"
             );
         }
-        let due = match write::write(&tx, &self.me, &writes).await {
+        let due = match write::write(&tx, self, &writes).await {
             Ok(due) => due,
             Err(err) => {
                 tx.rollback().await;
@@ -611,6 +618,18 @@ impl Backend for Pg {
         Ok(operator::paused(self).await?)
     }
 
+    async fn set_policy(&self, queue: &str, policy: QueuePolicy, most: usize) -> Result<()> {
+        operator::set_policy(self, queue, policy, most).await
+    }
+
+    async fn policies(&self) -> Result<Vec<(String, QueuePolicy)>> {
+        Ok(operator::policies(self).await?)
+    }
+
+    fn limited(&self, queue: &str) -> bool {
+        self.limits.limited(queue)
+    }
+
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {
         Ok(queries::expiring(self, at).await?)
     }
@@ -673,7 +692,18 @@ impl Backend for Pg {
     }
 
     async fn next_run_at(&self, queues: &[String]) -> Result<Option<SystemTime>> {
-        Ok(queries::next_run_at(self, queues).await?)
+        let next = queries::next_run_at(self, queues).await?;
+        // A due job that a take just left is held by a policy: its slot
+        // freeing wakes the waiters (a wake-up); until then, and in case
+        // the server that freed it did not know of the policy yet, look
+        // again after a while rather than at once.
+        let now = SystemTime::now();
+        match next {
+            Some(at) if at <= now && queues.iter().any(|q| self.limits.limited(q)) => {
+                Ok(Some(now + limited::RECHECK))
+            }
+            next => Ok(next),
+        }
     }
 
     async fn next_lease_expiry(&self) -> Result<Option<SystemTime>> {
@@ -716,6 +746,8 @@ impl Backend for Pg {
                 remote.due();
             }
         }
+        // Policies set through other servers: their wake-ups and waits.
+        operator::policies(self).await?;
         // Other servers' leases do not re-arm this server's reaper; the
         // heartbeat does, so a lease whose server died is still reaped.
         if let Some(remote) = self.remote.get() {

@@ -1,13 +1,15 @@
-//! The operator's writes: delete one job, pause and resume a queue. Each
-//! is one short transaction; the rules stay in [`crate::machine`].
+//! The operator's writes: delete one job, pause and resume a queue, set a
+//! queue's policy. Each is one short transaction; the rules stay in
+//! [`crate::machine`].
 
 use std::collections::BTreeSet;
 
-use super::{error::PgError, listen, row, tx::Open, write, Pg};
+use super::{error::PgError, listen, row, tx::Open, write, Core, Pg};
 use crate::{
     error::{Error, Result},
     job::JobId,
     machine,
+    policy::QueuePolicy,
 };
 
 /// Deletes one job unless it is RUNNING, deciding on the row locked `FOR
@@ -131,4 +133,102 @@ pub async fn paused(pg: &Pg) -> Result<Vec<String>, PgError> {
         .map(|r| r.try_get(0))
         .collect::<Result<_, _>>()
         .map_err(PgError::from)
+}
+
+/// The one-key advisory lock that new policies take, so that each counts
+/// the others' against `--max-queue-policies`: "jqpp" in ASCII.
+pub const POLICY_CAP_LOCK: i64 = 0x6a71_7070;
+
+/// Sets (or, empty, clears) a queue's policy, and tells every server that
+/// its jobs may be due. Like a pause, it first waits for the takes of the
+/// queue in flight (its pause lock, exclusive): a take that starts after
+/// it returns reads the new policy.
+pub async fn set_policy(pg: &Pg, queue: &str, policy: QueuePolicy, most: usize) -> Result<()> {
+    let mut client = pg.client().await.map_err(Error::from)?;
+    let tx = client.transaction().await.map_err(PgError::from)?;
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '{}ms'; SELECT pg_advisory_xact_lock({PAUSE_LOCK}, {})",
+        PAUSE_LOCK_TIMEOUT.as_millis(),
+        pause_lock_key(queue)
+    ))
+    .await
+    .map_err(PgError::from)?;
+    if policy.is_empty() {
+        tx.execute("DELETE FROM jobq_policies WHERE queue = $1", &[&queue])
+            .await
+            .map_err(PgError::from)?;
+    } else {
+        let already = tx
+            .query_opt("SELECT 1 FROM jobq_policies WHERE queue = $1", &[&queue])
+            .await
+            .map_err(PgError::from)?
+            .is_some();
+        if !already {
+            tx.execute(
+                &format!("SELECT pg_advisory_xact_lock({POLICY_CAP_LOCK})"),
+                &[],
+            )
+            .await
+            .map_err(PgError::from)?;
+            let count: i64 = tx
+                .query_one("SELECT count(*) FROM jobq_policies", &[])
+                .await
+                .map_err(PgError::from)?
+                .get(0);
+            let count = usize::try_from(count).unwrap_or(usize::MAX);
+            crate::validate::policy_room(count, false, most)?;
+        }
+        let (max_running, group_max_running) = (
+            i32::try_from(policy.max_running).unwrap_or(i32::MAX),
+            i32::try_from(policy.group_max_running).unwrap_or(i32::MAX),
+        );
+        tx.execute(
+            "INSERT INTO jobq_policies (queue, max_running, group_max_running) \
+             VALUES ($1, $2, $3) ON CONFLICT (queue) DO UPDATE SET \
+             max_running = EXCLUDED.max_running, group_max_running = EXCLUDED.group_max_running",
+            &[&queue, &max_running, &group_max_running],
+        )
+        .await
+        .map_err(PgError::from)?;
+    }
+    tx.execute("SELECT pg_notify($1, $2)", &[&listen::DUE, &queue])
+        .await
+        .map_err(PgError::from)?;
+    tx.commit().await.map_err(PgError::from)?;
+    pg.limits.set(queue, policy);
+    Ok(())
+}
+
+/// Every queue's policy, sorted by bytes (as [`paused`]); also refreshes
+/// this server's copy ([`Core::limits`]).
+pub async fn policies(pg: &Core) -> Result<Vec<(String, QueuePolicy)>, PgError> {
+    let client = pg.client().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT queue, max_running, group_max_running FROM jobq_policies \
+             ORDER BY queue COLLATE \"C\"",
+        )
+        .await?;
+    let rows = client.query(&stmt, &[]).await?;
+    let all = rows
+        .iter()
+        .map(policy_of)
+        .collect::<Result<Vec<_>, PgError>>()?;
+    pg.limits.replace(&all);
+    Ok(all)
+}
+
+/// A row of `jobq_policies`: queue, max_running, group_max_running.
+pub fn policy_of(r: &tokio_postgres::Row) -> Result<(String, QueuePolicy), PgError> {
+    let limit = |i: usize| -> Result<u32, PgError> {
+        let v: i32 = r.try_get(i)?;
+        u32::try_from(v).map_err(|_| PgError::Schema(format!("negative limit {v}")))
+    };
+    Ok((
+        r.try_get(0)?,
+        QueuePolicy {
+            max_running: limit(1)?,
+            group_max_running: limit(2)?,
+        },
+    ))
 }

@@ -81,7 +81,7 @@ pub async fn get(pg: &Pg, id: JobId, payload: bool) -> Result<Job> {
         .map(|r| {
             let mut job = row::job_of(r)?;
             if payload && job.status == Status::Done {
-                job.result = r.try_get(row::RESULT_AFTER_COLUMNS)?;
+                job.result = r.try_get(row::AFTER_COLUMNS)?;
             }
             Ok(job)
         })
@@ -321,6 +321,11 @@ pub async fn stats(
                 s.oldest_pending_age =
                     (at <= now).then(|| now.duration_since(*at).unwrap_or(Duration::ZERO));
             }
+        }
+    }
+    for s in &mut out {
+        if let Some(policy) = pg.limits.get(&s.queue).filter(|_| s.pending > 0) {
+            super::limited::held(&client, s, policy).await?;
         }
     }
     if let (Some(queue), true) = (queue, out.is_empty()) {

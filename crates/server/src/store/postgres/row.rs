@@ -15,13 +15,13 @@ use tokio_postgres::{types::ToSql, Row};
 use super::error::PgError;
 use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Outcome, Status};
 
-/// The columns of a job, in the order of [`JobRow::params`] (`$1`…`$19`).
+/// The columns of a job, in the order of [`JobRow::params`] (`$1`…`$20`).
 pub const COLUMNS: &str = "id, queue, kind, payload, key, status, attempts, max_attempts, \
      enqueued_at, run_at, lease_id, lease_worker, lease_taken_at, lease_expires_at, \
-     lease_duration_ns, finished_at, last_error, extra, priority";
+     lease_duration_ns, finished_at, last_error, extra, priority, grp";
 
 /// The index of a column selected right after [`COLUMNS`].
-pub const RESULT_AFTER_COLUMNS: usize = 19;
+pub const AFTER_COLUMNS: usize = 20;
 
 /// [`COLUMNS`] with an empty payload in the payload's place, for loads that
 /// change or check a job: the payload never changes after enqueue, so only
@@ -127,6 +127,7 @@ pub struct JobRow {
     last_error: Option<String>,
     extra: serde_json::Value,
     priority: i32,
+    grp: Option<String>,
 }
 
 impl JobRow {
@@ -166,10 +167,11 @@ impl JobRow {
             })
             .unwrap_or(serde_json::Value::Null),
             priority: job.priority,
+            grp: job.group.clone(),
         }
     }
 
-    /// The values for `$1`…`$19` in [`COLUMNS`] order.
+    /// The values for `$1`…`$20` in [`COLUMNS`] order.
     pub fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
         vec![
             &self.id,
@@ -191,13 +193,16 @@ impl JobRow {
             &self.last_error,
             &self.extra,
             &self.priority,
+            &self.grp,
         ]
     }
 
     /// The values for `$1`…`$18` of an UPDATE with [`SET_COLUMNS`]: those of
-    /// [`JobRow::params`] but the payload (`$4` there).
+    /// [`JobRow::params`] but the payload (`$4` there) and the group (the
+    /// last), which never change after enqueue.
     pub fn update_params(&self) -> Vec<&(dyn ToSql + Sync)> {
         let mut params = self.params();
+        params.pop();
         params.remove(3);
         params
     }
@@ -290,6 +295,7 @@ pub fn job_of(row: &Row) -> Result<Job, PgError> {
         last_error: row.try_get(16)?,
         history: Vec::new(),
         metadata,
+        group: row.try_get(19)?,
         result: None,
     })
 }

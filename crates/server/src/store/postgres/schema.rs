@@ -26,6 +26,7 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (7, "job counts", V7),
     (8, "SQL enqueue", super::sql_enqueue::MIGRATION),
     (9, "job results", V9),
+    (10, "groups and queue policies", V10),
 ];
 
 /// Version 1.
@@ -207,6 +208,25 @@ CREATE TABLE jobq_results (
     job_id bigint PRIMARY KEY REFERENCES jobq_jobs (id) ON DELETE CASCADE,
     result bytea NOT NULL
 );
+"#;
+
+/// Version 10: a job's group (`grp`, NULL for none; never changed after
+/// the insert, so no UPDATE writes it) and `jobq_policies`, one row per
+/// queue with a policy (SetQueuePolicy), read by every take of its queue
+/// in the take's transaction. `jobq_jobs_groups` holds the grouped jobs
+/// that are PENDING or RUNNING only: a sequence's take finds whether an
+/// older job of the group is open with one probe. Adding a column with no
+/// default rewrites nothing; the index is built like version 5's (writes
+/// wait while it builds, over the grouped rows only, none before this).
+const V10: &str = r#"
+ALTER TABLE jobq_jobs ADD COLUMN grp text;
+CREATE TABLE jobq_policies (
+    queue             text PRIMARY KEY,
+    max_running       integer NOT NULL CHECK (max_running >= 0),
+    group_max_running integer NOT NULL CHECK (group_max_running >= 0)
+);
+CREATE INDEX jobq_jobs_groups ON jobq_jobs (queue, grp, id)
+    WHERE grp IS NOT NULL AND status IN ('pending', 'running');
 "#;
 
 /// Applies every migration the database lacks, under the advisory lock.

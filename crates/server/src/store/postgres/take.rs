@@ -20,10 +20,14 @@
 //! does not pick it however the statistics of DONE rows grow (the bench
 //! test `pg_dequeue_plan` checks both with EXPLAIN).
 
-use std::{collections::HashSet, sync::LazyLock, time::SystemTime};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::LazyLock,
+    time::SystemTime,
+};
 
-use super::{error::PgError, operator, queries, row::COLUMNS, tx::Open, write, Core};
-use crate::{machine::Event, store::Change};
+use super::{error::PgError, limited, operator, queries, row::COLUMNS, tx::Open, write, Core};
+use crate::{machine::Event, policy::QueuePolicy, store::Change};
 
 /// The dequeue statement for one queue (`$1`) at `$2` (or the database's
 /// `now()`), selecting `columns` of the job it locks.
@@ -58,10 +62,13 @@ static DEQUEUE_ROW: LazyLock<String> =
 
 /// [`DEQUEUE_ROW`] for the first queue of a take, which the same round
 /// trip as the take's checks also asks: nothing when that queue is paused
-/// (read after the pause locks, as the paused set is).
+/// or has a policy (read after the pause locks, as the paused set is; a
+/// queue with a policy is taken from under its policy lock,
+/// [`limited`]).
 static DEQUEUE_FIRST: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT * FROM ({}) d WHERE NOT EXISTS (SELECT 1 FROM jobq_paused WHERE queue = $1)",
+        "SELECT * FROM ({}) d WHERE NOT EXISTS (SELECT 1 FROM jobq_paused WHERE queue = $1) \
+         AND NOT EXISTS (SELECT 1 FROM jobq_policies WHERE queue = $1)",
         *DEQUEUE_ROW
     )
 });
@@ -160,6 +167,18 @@ async fn take_in(
             .collect::<Result<HashSet<String>, _>>()
             .map_err(PgError::from)
     };
+    let policies = async {
+        let stmt = tx
+            .prepare_cached(
+                "SELECT queue, max_running, group_max_running FROM jobq_policies \
+                 WHERE queue = ANY($1)",
+            )
+            .await?;
+        let rows = tx.query(&stmt, &[&queues]).await?;
+        rows.iter()
+            .map(operator::policy_of)
+            .collect::<Result<HashMap<String, QueuePolicy>, PgError>>()
+    };
     // A stream's take: only while this server's own heartbeat is fresh
     // (half of `--server-timeout`), read in this transaction, so that no
     // server the others may be about to judge dead hands out a lease they
@@ -191,12 +210,13 @@ async fn take_in(
         let rows = tx.query(&stmt, &[queue, &now_param, &wanted]).await?;
         Ok::<_, PgError>(Some(rows))
     };
-    let (_, _, now, _, paused, registered, first) = futures::try_join!(
+    let (_, _, now, _, paused, policies, registered, first) = futures::try_join!(
         tx.begin(),
         sync_off,
         db_now,
         locked,
         paused,
+        policies,
         registered,
         first
     )?;
@@ -204,15 +224,27 @@ async fn take_in(
         return Err(PgError::Unregistered);
     }
     let now_param = pg.now_param(now);
+    let open: Vec<&String> = queues.iter().filter(|q| !paused.contains(*q)).collect();
+    let limited: Vec<&String> = open
+        .iter()
+        .copied()
+        .filter(|q| policies.contains_key(*q))
+        .collect();
+    if !limited.is_empty() {
+        limited::lock(tx, &limited).await?;
+    }
     let mut first = first;
     let mut rows = Vec::new();
-    for queue in queues.iter().filter(|q| !paused.contains(*q)) {
+    for queue in open {
         let left = wanted - i64::try_from(rows.len()).unwrap_or(i64::MAX);
         if left <= 0 {
             break;
         }
-        let found = match first.take() {
-            Some(found) if Some(queue) == queues.first() => found,
+        let found = match (first.take(), policies.get(queue)) {
+            (_, Some(&policy)) => {
+                limited::dequeue(tx, queue, policy, now_param, left, &DEQUEUE_ROW).await?
+            }
+            (Some(found), None) if Some(queue) == queues.first() => found,
             _ => {
                 let stmt = tx.prepare_cached(&DEQUEUE_ROW).await?;
                 tx.query(&stmt, &[queue, &now_param, &left]).await?
@@ -237,7 +269,7 @@ async fn take_in(
         }
         queries::next_run_at_in(tx.client(), pg.clock, queues).await
     };
-    let (_, next) = futures::try_join!(write::write(tx, &pg.me, &writes), next)?;
+    let (_, next) = futures::try_join!(write::write(tx, pg, &writes), next)?;
     let changes = results
         .into_iter()
         .map(|r| {

@@ -109,6 +109,7 @@ pub fn job(queue: &str) -> NewJob {
         delay: Duration::ZERO,
         priority: 0,
         metadata: Default::default(),
+        group: None,
     }
 }
 

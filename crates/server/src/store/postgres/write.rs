@@ -27,6 +27,7 @@ use super::{
     error::PgError,
     listen,
     row::{self, AttemptRow, JobRow, ATTEMPT_COLUMNS, ATTEMPT_SELECT, SET_COLUMNS},
+    Core,
 };
 use crate::{
     error::{Error, Result},
@@ -60,7 +61,7 @@ pub async fn with_history(
     for row in &rows {
         loaded.push(Loaded {
             job: row::job_of(row)?,
-            server: row.try_get(19)?,
+            server: row.try_get(row::AFTER_COLUMNS)?,
         });
     }
     if loaded.is_empty() {
@@ -175,7 +176,12 @@ pub fn apply_all(
 /// queued (sent by PostgreSQL on commit; see the module docs). Statements
 /// are pipelined. Returns the queues the changes made due, for the
 /// notifier once committed.
-pub async fn write(tx: &ClientWrapper, me: &str, writes: &[Write]) -> Result<Vec<String>, PgError> {
+pub async fn write(
+    tx: &ClientWrapper,
+    pg: &Core,
+    writes: &[Write],
+) -> Result<Vec<String>, PgError> {
+    let me = pg.me.as_str();
     if writes.is_empty() {
         return Ok(Vec::new());
     }
@@ -252,7 +258,11 @@ pub async fn write(tx: &ClientWrapper, me: &str, writes: &[Write]) -> Result<Vec
             channels.push(listen::LEASE_ENDED);
             payloads.push(listen::encode(me, &ended));
         }
-        if new.status == Status::Pending && !due.contains(&new.queue) {
+        // As the store's own wake-ups (`Jobs::commit`): a job made PENDING,
+        // or in a queue with a policy, any change of status (a slot freed,
+        // a sequence's head gone).
+        let freed = old.status != new.status && pg.limits.limited(&new.queue);
+        if (new.status == Status::Pending || freed) && !due.contains(&new.queue) {
             due.push(new.queue.clone());
         }
     }

@@ -8,6 +8,7 @@ use crate::{
     error::Result,
     job::{Job, JobId, LeaseId, NewJob, Status},
     machine::{self, Event},
+    policy::QueuePolicy,
     schedule::Schedule,
     store::{rules::Retention, Backend, Change, Enqueued, ListFilter, Page, QueueStats, Remote},
 };
@@ -84,6 +85,33 @@ impl Backend for Sled {
 
     async fn paused(&self) -> Result<Vec<String>> {
         Ok(self.lock().paused())
+    }
+
+    async fn set_policy(&self, queue: &str, policy: QueuePolicy, most: usize) -> Result<()> {
+        let mut index = self.lock();
+        if policy.is_empty() {
+            self.policies_tree
+                .remove(queue.as_bytes())
+                .map_err(SledError::from)?;
+        } else {
+            let had = !index.policy(queue).is_empty();
+            crate::validate::policy_room(index.policies_len(), had, most)?;
+            let value = postcard::to_allocvec(&policy)
+                .map_err(|e| crate::Error::Corrupt(format!("cannot encode a policy: {e}")))?;
+            self.policies_tree
+                .insert(queue.as_bytes(), value)
+                .map_err(SledError::from)?;
+        }
+        index.set_policy(queue, policy);
+        Ok(())
+    }
+
+    async fn policies(&self) -> Result<Vec<(String, QueuePolicy)>> {
+        Ok(self.lock().policies())
+    }
+
+    fn limited(&self, queue: &str) -> bool {
+        !self.lock().policy(queue).is_empty()
     }
 
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {

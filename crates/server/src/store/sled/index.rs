@@ -28,11 +28,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     job::{Job, JobId, Status},
+    policy::QueuePolicy,
     store::QueueStats,
 };
 
+mod groups;
 mod packed;
 mod saved;
+
+use groups::{Diff, Entry, Groups, State};
 
 use packed::{get_varint, put_varint, Delta, PackedSet};
 
@@ -87,9 +91,22 @@ struct QueueIndex {
     /// Ids of the queue's jobs per status, indexed like [`Status::ALL`]:
     /// ListJobs by queue, and the queue's counts (a bitmap's length).
     by_status: [RoaringTreemap; 4],
+    /// The PENDING and RUNNING jobs that have a group; `pending` holds
+    /// only the grouped jobs the policy lets a take lease ([`groups`]).
+    groups: Groups,
 }
 
 impl QueueIndex {
+    /// Applies a change of the eligible grouped entries to `pending`.
+    fn apply(&mut self, diff: Diff) {
+        for (p, at, id) in diff.out {
+            pending_remove(&mut self.pending, p, (at, id));
+        }
+        for (p, at, id) in diff.into {
+            self.pending.entry(Reverse(p)).or_default().insert((at, id));
+        }
+    }
+
     /// The earliest `run_at` of the queue's PENDING jobs, any priority.
     fn earliest(&self) -> Option<SystemTime> {
         self.pending
@@ -115,6 +132,31 @@ pub(crate) struct Index {
     by_status: [RoaringTreemap; 4],
     /// Paused queues (persisted in the `paused` tree).
     paused: BTreeSet<String>,
+    /// Queue policies (persisted in the `policies` tree).
+    policies: HashMap<String, QueuePolicy>,
+}
+
+/// Removes `entry` from a queue's pending sets, and its set if empty.
+fn pending_remove(
+    pending: &mut BTreeMap<Reverse<i32>, PackedSet<(At, JobId)>>,
+    priority: i32,
+    entry: (At, JobId),
+) {
+    if let Some(set) = pending.get_mut(&Reverse(priority)) {
+        set.remove(&entry);
+        if set.is_empty() {
+            pending.remove(&Reverse(priority));
+        }
+    }
+}
+
+/// What a job adds to its group's counts: PENDING or RUNNING.
+fn grouped_state(job: &Job) -> Option<State> {
+    match job.status {
+        Status::Pending => Some(State::Pending((job.priority, At::of(job.run_at), job.id))),
+        Status::Running => Some(State::Running),
+        Status::Done | Status::Failed => None,
+    }
 }
 
 /// Up to `n` ids of `set` from `from` on, in order.
@@ -208,7 +250,9 @@ impl Index {
             leases: mut other_leases,
             by_status,
             paused,
+            policies,
         } = other;
+        self.policies.extend(policies);
         self.leases.append(&mut other_leases);
         for (mine, theirs) in self.by_status.iter_mut().zip(by_status) {
             *mine |= theirs;
@@ -223,6 +267,9 @@ impl Index {
             for (mine, theirs) in queue.by_status.iter_mut().zip(q.by_status) {
                 *mine |= theirs;
             }
+            // Both parts were indexed with no group limit: every grouped
+            // PENDING job is in their pending sets already.
+            queue.groups.merge(q.groups);
         }
     }
 
@@ -257,6 +304,7 @@ impl Index {
         };
         let queue = &self.queues[q];
         let empty = queue.pending.is_empty()
+            && queue.groups.is_empty()
             && queue.keys.is_empty()
             && queue.by_status.iter().all(RoaringTreemap::is_empty);
         if !empty {
@@ -285,14 +333,22 @@ impl Index {
             self.leases.insert((At::of(expires_at), job.id));
         }
         self.by_status[slot(job.status)].insert(job.id.0);
+        let k = self.group_limit(&job.queue);
         let queue = self.queue_mut(&job.queue);
         queue.by_status[slot(job.status)].insert(job.id.0);
-        if job.status == Status::Pending {
-            queue
-                .pending
-                .entry(Reverse(job.priority))
-                .or_default()
-                .insert((At::of(job.run_at), job.id));
+        match (job.group.as_deref(), grouped_state(job)) {
+            (Some(group), Some(state)) => {
+                let diff = queue.groups.change(group, state, true, k);
+                queue.apply(diff);
+            }
+            _ if job.status == Status::Pending => {
+                queue
+                    .pending
+                    .entry(Reverse(job.priority))
+                    .or_default()
+                    .insert((At::of(job.run_at), job.id));
+            }
+            _ => {}
         }
     }
 
@@ -304,16 +360,73 @@ impl Index {
             self.leases.remove(&(At::of(expires_at), job.id));
         }
         self.by_status[slot(job.status)].remove(job.id.0);
+        let k = self.group_limit(&job.queue);
         let queue = self.queue_mut(&job.queue);
         queue.by_status[slot(job.status)].remove(job.id.0);
-        if job.status == Status::Pending {
-            if let Some(set) = queue.pending.get_mut(&Reverse(job.priority)) {
-                set.remove(&(At::of(job.run_at), job.id));
-                if set.is_empty() {
-                    queue.pending.remove(&Reverse(job.priority));
-                }
+        match (job.group.as_deref(), grouped_state(job)) {
+            (Some(group), Some(state)) => {
+                let diff = queue.groups.change(group, state, false, k);
+                queue.apply(diff);
             }
+            _ if job.status == Status::Pending => {
+                pending_remove(
+                    &mut queue.pending,
+                    job.priority,
+                    (At::of(job.run_at), job.id),
+                );
+            }
+            _ => {}
         }
+    }
+
+    /// The queue's `group_max_running` (0: none).
+    fn group_limit(&self, queue: &str) -> u32 {
+        self.policies.get(queue).map_or(0, |p| p.group_max_running)
+    }
+
+    /// Sets (or, empty, clears) a queue's policy, and re-sorts its grouped
+    /// jobs into held and eligible.
+    pub(crate) fn set_policy(&mut self, queue: &str, policy: QueuePolicy) {
+        let old = self.group_limit(queue);
+        if policy.is_empty() {
+            self.policies.remove(queue);
+        } else {
+            self.policies.insert(queue.to_owned(), policy);
+        }
+        if let Some(&q) = self.by_name.get(queue) {
+            let index = &mut self.queues[q];
+            let diff = index.groups.relimit(old, policy.group_max_running);
+            index.apply(diff);
+        }
+    }
+
+    /// A queue's policy (empty: none).
+    pub(crate) fn policy(&self, queue: &str) -> QueuePolicy {
+        self.policies.get(queue).copied().unwrap_or_default()
+    }
+
+    /// Every policy, sorted by queue.
+    pub(crate) fn policies(&self) -> Vec<(String, QueuePolicy)> {
+        let mut all: Vec<_> = self.policies.iter().map(|(q, p)| (q.clone(), *p)).collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// How many queues have a policy.
+    pub(crate) fn policies_len(&self) -> usize {
+        self.policies.len()
+    }
+
+    /// Whether a take may lease a job of `queue` (its `max_running` has
+    /// room).
+    pub(crate) fn may_take(&self, queue: &str) -> bool {
+        let Some(policy) = self.policies.get(queue) else {
+            return true;
+        };
+        let running = self
+            .queue(queue)
+            .map_or(0, |q| q.by_status[slot(Status::Running)].len());
+        policy.room(running)
     }
 
     /// Up to `n` ids of jobs with `status`, from id `from` on, in id order.
@@ -411,7 +524,7 @@ impl Index {
     pub(crate) fn next_run_at(&self, queues: &[String]) -> Option<SystemTime> {
         queues
             .iter()
-            .filter(|q| !self.is_paused(q))
+            .filter(|q| !self.is_paused(q) && self.may_take(q))
             .filter_map(|q| self.queue(q)?.earliest())
             .min()
     }
@@ -435,18 +548,43 @@ impl Index {
     /// has jobs, sorted by name.
     pub(crate) fn stats(&self, queue: Option<&str>, now: SystemTime) -> Vec<QueueStats> {
         let one = |q: &QueueIndex| {
-            let oldest_pending_age = q
-                .earliest()
+            // Held jobs wait too: the grouped ones count, eligible or not.
+            let earliest = match (q.earliest(), q.groups.earliest()) {
+                (Some(a), Some(b)) => Some(a.min(b.time())),
+                (a, b) => a.or(b.map(At::time)),
+            };
+            let oldest_pending_age = earliest
                 .filter(|&run_at| run_at <= now)
                 .map(|run_at| now.duration_since(run_at).unwrap_or(Duration::ZERO));
+            let policy = self.policy(&q.name);
+            let running = q.by_status[1].len();
+            let grouped = q.groups.due_counts(policy.group_max_running, now);
+            let held_max_running = if policy.room(running) {
+                0
+            } else {
+                // Every due job the group limit does not hold: those in
+                // the pending sets, and the grouped ones that are not.
+                let due = At::of(now);
+                let in_sets: u64 = q
+                    .pending
+                    .values()
+                    .map(|set| set.iter().take_while(|&(at, _)| at <= due).count() as u64)
+                    .sum();
+                (in_sets + grouped.due)
+                    .saturating_sub(grouped.eligible)
+                    .saturating_sub(grouped.held)
+            };
             QueueStats {
                 queue: q.name.to_string(),
                 pending: q.by_status[0].len(),
-                running: q.by_status[1].len(),
+                running,
                 done: q.by_status[2].len(),
                 failed: q.by_status[3].len(),
                 oldest_pending_age,
                 paused: false,
+                policy: QueuePolicy::default(),
+                held_max_running,
+                held_group_max_running: grouped.held,
             }
         };
         match queue {
@@ -540,6 +678,7 @@ mod tests {
             delay: Duration::ZERO,
             priority,
             metadata: Default::default(),
+            group: None,
         };
         machine::create(
             JobId(id),

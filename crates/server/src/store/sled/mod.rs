@@ -142,6 +142,8 @@ pub struct Sled {
     results: sled::Tree,
     /// Paused queues: the queue name as key, an empty value.
     paused_tree: sled::Tree,
+    /// Queue policies: the queue name as key, the policy in postcard.
+    policies_tree: sled::Tree,
     /// Schedules by name ([`schedules`]).
     schedules_tree: sled::Tree,
     /// Their payloads, in chunks ([`schedules`]).
@@ -188,7 +190,8 @@ impl Jobs<Sled> {
     pub fn open(config: &Config) -> Result<SledStore> {
         Ok(Jobs::new(Sled::open(config)?, config.backoff())
             .deliver_before_durable(config.deliver_before_fsync)
-            .max_paused_queues(config.max_paused_queues))
+            .max_paused_queues(config.max_paused_queues)
+            .max_queue_policies(config.max_queue_policies))
     }
 
     /// How many group-commit rounds (flush + fsync) have run; for tests and

@@ -87,6 +87,15 @@ impl Sled {
                 .map_err(|_| Error::Corrupt(format!("undecodable paused queue {key:?}")))?;
             index.set_paused(&queue, true);
         }
+        let policies_tree = db.open_tree("policies").map_err(SledError::from)?;
+        for record in policies_tree.iter() {
+            let (key, value) = record.map_err(SledError::from)?;
+            let queue = String::from_utf8(key.to_vec())
+                .map_err(|_| Error::Corrupt(format!("undecodable policy queue {key:?}")))?;
+            let policy = postcard::from_bytes(&value)
+                .map_err(|e| Error::Corrupt(format!("undecodable policy of {queue:?}: {e}")))?;
+            index.set_policy(&queue, policy);
+        }
         let schedules_tree = db.open_tree("schedules").map_err(SledError::from)?;
         let schedule_payloads = db.open_tree("schedule_payloads").map_err(SledError::from)?;
         let orphans = schedules::collect(&schedules_tree, &schedule_payloads)?;
@@ -105,6 +114,7 @@ impl Sled {
             files,
             results,
             paused_tree,
+            policies_tree,
             schedules_tree,
             schedule_payloads,
             saved_file,

@@ -12,14 +12,16 @@
 //! - 1 (unversioned): before jobs had `metadata` and leases an `owner`;
 //! - 2 (unversioned): before jobs had a `priority`;
 //! - 3 (versioned): the current `Job`, payload inline;
-//! - 4 (versioned, [`VERSION`]): `(length apart, Job)`: 0 and the payload
+//! - 4 (versioned): `(length apart, Job)`: 0 and the payload
 //!   in the `Job` ([`Payload::Inline`]), or the payload's length and an
 //!   empty `Job::payload` ([`Payload::Apart`]);
-//! - 5 (versioned, [`FILE_VERSION`]): the same body, the payload's length
+//! - 5 (versioned): the same body, the payload's length
 //!   never 0 and its bytes in a file of their own ([`Payload::File`],
-//!   [`super::payload_files`]). A record of layout 4 stays 4 on its
-//!   changes, one of layout 5 stays 5; a build before layout 5 refuses
-//!   the record rather than hand the job out without its payload.
+//!   [`super::payload_files`]); a build before layout 5 refuses
+//!   the record rather than hand the job out without its payload;
+//! - 6 and 7 (versioned, [`VERSION`] and [`FILE_VERSION`]): layouts 4 and
+//!   5 with the job's `group`. Layouts 3 to 5 read as [`JobV4`], with no
+//!   group; a build before layout 6 refuses a record of 6 or 7.
 //!
 //! An unversioned record begins with the job's id as a postcard varint, and
 //! ids are never 0, so its first byte is never 0: a leading 0 marks a
@@ -45,10 +47,16 @@ const MARKER: u8 = 0;
 
 /// The layout [`encode`] writes for a payload inline or in the
 /// `payloads` tree.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 6;
 
 /// The layout [`encode`] writes for a payload in a file.
-pub const FILE_VERSION: u8 = 5;
+pub const FILE_VERSION: u8 = 7;
+
+/// Layout 4: [`VERSION`] before jobs had a group.
+const V4: u8 = 4;
+
+/// Layout 5: [`FILE_VERSION`] before jobs had a group.
+const V5: u8 = 5;
 
 /// The last layout with the payload inline.
 const INLINE_VERSION: u8 = 3;
@@ -109,7 +117,16 @@ pub fn decode(value: &[u8]) -> Result<(Job, Payload), postcard::Error> {
             (len, job) if len > 0 && job.payload.is_empty() => Ok((job, Payload::File(len))),
             _ => Err(postcard::Error::DeserializeBadEncoding),
         },
-        [MARKER, INLINE_VERSION, body @ ..] => Ok((whole::<Job>(body)?, Payload::Inline)),
+        [MARKER, V4, body @ ..] => match whole::<(u64, JobV4)>(body)? {
+            (0, job) => Ok((job.into(), Payload::Inline)),
+            (len, job) if job.payload.is_empty() => Ok((job.into(), Payload::Apart(len))),
+            _ => Err(postcard::Error::DeserializeBadEncoding),
+        },
+        [MARKER, V5, body @ ..] => match whole::<(u64, JobV4)>(body)? {
+            (len, job) if len > 0 && job.payload.is_empty() => Ok((job.into(), Payload::File(len))),
+            _ => Err(postcard::Error::DeserializeBadEncoding),
+        },
+        [MARKER, INLINE_VERSION, body @ ..] => Ok((whole::<JobV4>(body)?.into(), Payload::Inline)),
         [MARKER, ..] => Err(postcard::Error::DeserializeBadEncoding),
         _ => whole::<JobV2>(value)
             .map(Job::from)
@@ -124,6 +141,53 @@ fn whole<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, postcard::Error> 
     match postcard::take_from_bytes::<T>(bytes)? {
         (value, []) => Ok(value),
         _ => Err(postcard::Error::DeserializeBadEncoding),
+    }
+}
+
+/// The job before `group` (layouts 3 to 5).
+#[derive(Deserialize)]
+struct JobV4 {
+    id: JobId,
+    queue: String,
+    kind: String,
+    #[serde(with = "serde_bytes")]
+    payload: Vec<u8>,
+    key: Option<String>,
+    status: Status,
+    attempts: u32,
+    max_attempts: u32,
+    priority: i32,
+    enqueued_at: SystemTime,
+    run_at: SystemTime,
+    lease: Option<Lease>,
+    finished_at: Option<SystemTime>,
+    last_error: Option<String>,
+    history: Vec<Attempt>,
+    metadata: Metadata,
+}
+
+impl From<JobV4> for Job {
+    fn from(j: JobV4) -> Job {
+        Job {
+            id: j.id,
+            queue: j.queue,
+            kind: j.kind,
+            payload: j.payload,
+            key: j.key,
+            status: j.status,
+            attempts: j.attempts,
+            max_attempts: j.max_attempts,
+            priority: j.priority,
+            enqueued_at: j.enqueued_at,
+            run_at: j.run_at,
+            lease: j.lease,
+            finished_at: j.finished_at,
+            last_error: j.last_error,
+            history: j.history,
+            metadata: j.metadata,
+            group: None,
+            result: None,
+        }
     }
 }
 
@@ -185,6 +249,7 @@ impl From<JobV2> for Job {
             last_error: j.last_error,
             history: j.history,
             metadata: j.metadata,
+            group: None,
             result: None,
         }
     }
@@ -246,6 +311,7 @@ impl From<JobV1> for Job {
             last_error: j.last_error,
             history: j.history,
             metadata: Default::default(),
+            group: None,
             result: None,
         }
     }
@@ -442,11 +508,53 @@ mod tests {
         assert!(record.starts_with(&prefix));
     }
 
+    /// `job` (without a group) in the shape of layouts 3 to 5: the
+    /// current body less its last field, the group (`None` is one byte).
+    fn without_group(job: &Job, prefix: Vec<u8>) -> Vec<u8> {
+        assert_eq!(job.group, None);
+        let mut bytes = postcard::to_extend(job, prefix).expect("encode");
+        assert_eq!(bytes.pop(), Some(0), "the group is the last field");
+        bytes
+    }
+
     #[test]
     fn layout_3_records_read_with_their_payload_inline() {
         let job = current(true, 42);
-        let v3 = postcard::to_extend(&job, vec![MARKER, INLINE_VERSION]).expect("encode");
+        let v3 = without_group(&job, vec![MARKER, INLINE_VERSION]);
         assert_eq!(decode(&v3).expect("decode"), (job, Payload::Inline));
+    }
+
+    #[test]
+    fn records_from_before_groups_read_with_no_group() {
+        let job = current(true, 42);
+        let mut v4 = postcard::to_extend(&0u64, vec![MARKER, V4]).expect("encode");
+        v4.extend(without_group(&job, Vec::new()));
+        assert_eq!(decode(&v4).expect("decode"), (job.clone(), Payload::Inline));
+        let apart = Job {
+            payload: Vec::new(),
+            ..job
+        };
+        let mut v5 = postcard::to_extend(&600u64, vec![MARKER, V5]).expect("encode");
+        v5.extend(without_group(&apart, Vec::new()));
+        assert_eq!(
+            decode(&v5).expect("decode"),
+            (apart.clone(), Payload::File(600))
+        );
+        v5[1] = V4;
+        assert_eq!(
+            decode(&v5).expect("decode"),
+            (apart.clone(), Payload::Apart(600))
+        );
+        // And a grouped job round-trips in the current layout.
+        let mut grouped = Job {
+            group: Some("tenant-7".into()),
+            ..apart
+        };
+        let bytes = encode(&mut grouped, Payload::File(600)).expect("encode");
+        assert_eq!(
+            decode(&bytes).expect("decode"),
+            (grouped, Payload::File(600))
+        );
     }
 
     #[test]
@@ -477,7 +585,7 @@ mod tests {
         let mut future = bytes.clone();
         future[1] = FILE_VERSION + 1;
         assert!(decode(&future).is_err());
-        // In a file: layout 5, the same body.
+        // In a file: layout 7, the same body.
         let in_file = encode(&mut job, Payload::File(10_000)).expect("encode");
         assert_eq!(&in_file[..2], &[MARKER, FILE_VERSION]);
         assert_eq!(&in_file[2..], &bytes[2..]);

@@ -28,6 +28,7 @@ pub(super) fn new_job(payload: Vec<u8>) -> NewJob {
         delay: Duration::ZERO,
         priority: 0,
         metadata: Default::default(),
+        group: None,
     }
 }
 
@@ -51,12 +52,15 @@ async fn an_inline_payload_moves_apart_on_the_first_change() {
             delay: Duration::ZERO,
             priority: 0,
             metadata: Default::default(),
+            group: None,
         },
         now,
     );
     {
         let db = sled::open(dir.path()).unwrap();
-        let v3 = postcard::to_extend(&job, vec![0, 3]).unwrap();
+        let mut v3 = postcard::to_extend(&job, vec![0, 3]).unwrap();
+        // Layout 3 had no group, the last field (`None`: one byte).
+        assert_eq!(v3.pop(), Some(0));
         db.open_tree("jobs")
             .unwrap()
             .insert(record_key(job.id), v3)

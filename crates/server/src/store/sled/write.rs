@@ -228,7 +228,7 @@ impl Sled {
         let mut index = self.lock();
         let Some(id) = queues
             .iter()
-            .filter(|q| !index.is_paused(q))
+            .filter(|q| !index.is_paused(q) && index.may_take(q))
             .find_map(|q| index.first_due(q, now))
         else {
             return Ok(None);

@@ -7,7 +7,10 @@
 //! indexes in postcard: per queue its name, its PENDING `(run_at, id)`
 //! entries per priority, its keys and its per-status id bitmaps; the
 //! RUNNING jobs' lease expiries; and the overall per-status id bitmaps (all
-//! bitmaps in roaring's portable format).
+//! bitmaps in roaring's portable format). A queue's pending entries are
+//! those of its jobs without a group; its grouped jobs are saved per
+//! group (RUNNING count, PENDING entries), and are all eligible when read
+//! (no policy is in force until the store applies the saved policies).
 //! Paused queues are not in it: they have a tree of their own, read at
 //! every start. Whether the saved indexes still match the records is the
 //! sled backend's business: this module writes them and reads them back,
@@ -21,13 +24,13 @@ use std::{
 use roaring::RoaringTreemap;
 use serde::{Deserialize, Serialize};
 
-use super::{At, Index, PackedSet, QueueIndex};
+use super::{At, Entry, Groups, Index, PackedSet, QueueIndex};
 use crate::job::JobId;
 
 /// The layout [`Index::save`] writes; anything else is not read (a file
-/// of layout 1, without the queues' id bitmaps, makes the start read every
-/// record once, as after a crash).
-const VERSION: u8 = 2;
+/// of layout 1, without the queues' id bitmaps, or of layout 2, without
+/// groups, makes the start read every record once, as after a crash).
+const VERSION: u8 = 3;
 
 /// Version, token, CRC.
 const HEADER: usize = 1 + 8 + 4;
@@ -47,6 +50,9 @@ pub(crate) enum SavedError {
     Bitmap(#[from] std::io::Error),
 }
 
+/// One priority's pending entries.
+type PendingSet = (Reverse<i32>, PackedSet<(At, JobId)>);
+
 /// One queue, as written (borrowed from the index).
 #[derive(Serialize)]
 struct QueueOut<'a> {
@@ -54,6 +60,7 @@ struct QueueOut<'a> {
     pending: Vec<(i32, &'a PackedSet<(At, JobId)>)>,
     keys: &'a HashMap<Box<str>, JobId>,
     by_status: [Vec<u8>; 4],
+    groups: Vec<(&'a str, u64, Vec<Entry>)>,
 }
 
 /// One queue, as read.
@@ -64,6 +71,7 @@ struct QueueIn {
     pending: Vec<(i32, Vec<(At, JobId)>)>,
     keys: HashMap<Box<str>, JobId>,
     by_status: [Vec<u8>; 4],
+    groups: Vec<(String, u64, Vec<Entry>)>,
 }
 
 #[derive(Serialize)]
@@ -83,16 +91,42 @@ struct IndexIn {
 impl Index {
     /// The indexes, paused queues left out, as one value tied to `token`.
     pub(crate) fn save(&self, token: u64) -> Result<Vec<u8>, SavedError> {
+        // The pending sets of queues with groups, without the grouped jobs.
+        let ungrouped: Vec<Option<Vec<PendingSet>>> = self
+            .queues
+            .iter()
+            .map(|q| {
+                if q.groups.is_empty() {
+                    return None;
+                }
+                let grouped = q.groups.pending_ids();
+                let sets = q
+                    .pending
+                    .iter()
+                    .map(|(&p, set)| {
+                        let kept = set.iter().filter(|(_, id)| !grouped.contains(id));
+                        (p, kept.collect())
+                    })
+                    .collect();
+                Some(sets)
+            })
+            .collect();
         let out = IndexOut {
             queues: self
                 .queues
                 .iter()
-                .map(|q| {
+                .zip(&ungrouped)
+                .map(|(q, ungrouped)| {
+                    let pending = match ungrouped {
+                        Some(sets) => sets.iter().map(|(p, set)| (p.0, set)).collect(),
+                        None => q.pending.iter().map(|(p, set)| (p.0, set)).collect(),
+                    };
                     Ok(QueueOut {
                         name: &q.name,
-                        pending: q.pending.iter().map(|(p, set)| (p.0, set)).collect(),
+                        pending,
                         keys: &q.keys,
                         by_status: portable(&q.by_status)?,
+                        groups: q.groups.saved(),
                     })
                 })
                 .collect::<Result<_, SavedError>>()?,
@@ -137,7 +171,7 @@ impl Index {
         index.by_status = bitmaps(&saved.by_status)?;
         for q in saved.queues {
             index.by_name.insert(q.name.clone(), index.queues.len());
-            index.queues.push(QueueIndex {
+            let mut queue = QueueIndex {
                 name: q.name,
                 pending: q
                     .pending
@@ -146,7 +180,16 @@ impl Index {
                     .collect(),
                 keys: q.keys,
                 by_status: bitmaps(&q.by_status)?,
-            });
+                groups: Groups::from_saved(q.groups),
+            };
+            for (p, at, id) in queue.groups.eligible(0) {
+                queue
+                    .pending
+                    .entry(Reverse(p))
+                    .or_default()
+                    .insert((at, id));
+            }
+            index.queues.push(queue);
         }
         Ok(index)
     }
@@ -191,8 +234,13 @@ mod tests {
                 delay: Duration::from_secs(id % 5),
                 priority: (id % 3) as i32 - 1,
                 metadata: Default::default(),
+                group: (id % 2 == 0).then(|| format!("g{}", id % 5)),
             };
-            index.insert(&machine::create(JobId(id), new, at(1_000)));
+            let mut job = machine::create(JobId(id), new, at(1_000));
+            if id % 7 == 0 {
+                job.status = crate::job::Status::Running;
+            }
+            index.insert(&job);
         }
         let saved = index.save(7).unwrap();
         assert_eq!(Index::load(&saved, 7).unwrap(), index);
