@@ -29,8 +29,8 @@ JOBQ_BIN = os.environ.get("JOBQ_BIN", os.path.join(ROOT, "target", "debug", "job
 DEFAULT_ADDR = "127.0.0.1:50051"
 RPCS = ["Enqueue", "EnqueueBatch", "Dequeue", "Ack", "Fail", "Retry", "Lease",
         "Heartbeat", "GetJob", "WatchJob", "ListJobs", "Stats", "CancelJob", "PauseQueue",
-        "ResumeQueue", "DeleteJob", "PurgeJobs", "CreateSchedule", "ListSchedules",
-        "DeleteSchedule"]
+        "ResumeQueue", "SetQueuePolicy", "GetQueuePolicy", "DeleteJob", "PurgeJobs",
+        "CreateSchedule", "ListSchedules", "DeleteSchedule"]
 DEADLINE_EXCEEDED = 64 + 4  # grpcurl exits 64 + the gRPC status code
 
 
@@ -305,6 +305,33 @@ def check_priority(cb, block, r):
     return ["Dequeue -> the priority 10 job first"]
 
 
+def check_grouped_batch(cb, block, r):
+    results = r.ok().json()["results"]
+    expect([x["job"]["key"] for x in results] == ["import-1", "import-2"], results)
+    expect(all(x["job"].get("group") == "customer-42" and x.get("created") for x in results),
+           results)
+    # The cookbook says: the first Dequeue hands out import-1, the second
+    # nothing while it runs.
+    dequeue = ("grpcurl -plaintext -d '{\"queues\": [\"imports\"], \"worker_id\": "
+               "\"cli-worker\"}' 127.0.0.1:50051 jobq.v1.JobQueue/Dequeue")
+    first = cb.run(dequeue).ok().json()
+    expect(first["leased"]["job"]["key"] == "import-1", first)
+    second = cb.run(dequeue).ok().json()
+    expect(second == {}, f"the sequence handed out {second}")
+    return ["Dequeue -> import-1", "Dequeue again -> {} (held)"]
+
+
+def check_policy_stats(cb, block, r):
+    q = r.ok().json()["queues"][0]
+    expect(q["queue"] == "imports" and q.get("running") == "1" and q.get("pending") == "1", q)
+    expect(q.get("policy") == {"maxRunning": 10, "groupMaxRunning": 1}, q)
+    expect(q.get("heldGroupMaxRunning") == "1", q)
+
+
+def check_get_policy(cb, block, r):
+    expect(r.ok().json() == {"policy": {"maxRunning": 10, "groupMaxRunning": 1}}, r.out)
+
+
 def check_create_schedule(cb, block, r):
     s = r.ok().json()["schedule"]
     expect(s["name"] == "nightly-report" and s["timezone"] == "Europe/Berlin", s)
@@ -356,6 +383,10 @@ STEPS = [
     ("jobq.v1.JobQueue/DeleteJob", check_delete),
     ("jobq.v1.JobQueue/PurgeJobs", check_purge),
     ("jobq.v1.JobQueue/EnqueueBatch", check_priority),
+    ("jobq.v1.JobQueue/SetQueuePolicy", check_empty_reply),
+    ("jobq.v1.JobQueue/EnqueueBatch", check_grouped_batch),
+    ("jobq.v1.JobQueue/Stats", check_policy_stats),
+    ("jobq.v1.JobQueue/GetQueuePolicy", check_get_policy),
     ("jobq.v1.JobQueue/CreateSchedule", check_create_schedule),
     ("jobq.v1.JobQueue/ListSchedules", check_list_schedules),
     ("jobq.v1.JobQueue/DeleteSchedule", check_delete_schedule),

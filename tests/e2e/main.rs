@@ -22,6 +22,7 @@ mod schedules;
 mod secrets;
 mod security;
 mod server;
+mod shaping;
 mod token_in_clear;
 mod traces;
 mod worker;

@@ -253,7 +253,7 @@ class Backoff:
 def enqueue_request(
     queue: str, kind: str, payload: Union[bytes, str], key: Optional[str], max_attempts: int,
     delay: Optional[Seconds], metadata: Optional[Mapping[str, str]], priority: int = 0,
-    run_at: Optional[datetime] = None,
+    run_at: Optional[datetime] = None, group: Optional[str] = None,
 ) -> pb.EnqueueRequest:
     if isinstance(payload, str):
         payload = payload.encode()
@@ -266,7 +266,7 @@ def enqueue_request(
     req = pb.EnqueueRequest(
         queue=queue, kind=kind, payload=payload, key=key or "",
         max_attempts=max_attempts, delay=duration(delay),
-        metadata=_trace.with_trace_context(metadata),
+        metadata=_trace.with_trace_context(metadata), group=group or "",
     )
     if priority:
         # EnqueueRequest.priority (-100..=100, higher first) exists once the
@@ -283,7 +283,7 @@ def batch_request(jobs: Sequence[Union[NewJob, pb.EnqueueRequest]]) -> pb.Enqueu
     reqs = [
         j if isinstance(j, pb.EnqueueRequest) else enqueue_request(
             j.queue, j.kind, j.payload, j.key, j.max_attempts, j.delay, j.metadata,
-            j.priority, j.run_at)
+            j.priority, j.run_at, j.group)
         for j in jobs
     ]
     return pb.EnqueueBatchRequest(jobs=reqs)
@@ -335,6 +335,12 @@ def schedule_request(name: str, queue: str, kind: str, payload: Union[bytes, str
         payload = payload.encode()
     return pb.CreateScheduleRequest(name=name, queue=queue, kind=kind, payload=payload,
                                     cron=cron, timezone=timezone, max_attempts=max_attempts)
+
+
+def policy_request(queue: str, max_running: int, group_max_running: int
+                   ) -> pb.SetQueuePolicyRequest:
+    return pb.SetQueuePolicyRequest(queue=queue, policy=pb.QueuePolicy(
+        max_running=max_running, group_max_running=group_max_running))
 
 
 def stats_of(resp: pb.StatsResponse) -> Dict[str, QueueStats]:

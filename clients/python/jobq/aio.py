@@ -23,7 +23,8 @@ from jobq._trace import call_headers, job_span
 from jobq.context import AsyncJobContext
 from jobq.errors import (DeadlineExceeded, Fatal, JobFailed, JobLost, JobqError, Retry, Snooze,
                          WaitTimeout, code_of, from_rpc_error)
-from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats, Status,
+from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueuePolicy, QueueStats,
+                         Status,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -118,11 +119,11 @@ class AsyncClient:
         self, queue: str, kind: str, payload: Union[bytes, str] = b"", *,
         key: Optional[str] = None, max_attempts: int = 0, delay: Optional[Seconds] = None,
         run_at: Optional[datetime] = None, metadata: Optional[Mapping[str, str]] = None,
-        priority: int = 0,
+        priority: int = 0, group: Optional[str] = None,
     ) -> Enqueued:
         """As Client.enqueue: ``(job, created)``, with the same keywords."""
         req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
-                                priority, run_at)
+                                priority, run_at, group)
         resp = await self._unary(self.stub.Enqueue, req)
         return Enqueued(Job.from_pb(resp.job), resp.created)
 
@@ -201,6 +202,17 @@ class AsyncClient:
     async def paused(self, queue: str) -> bool:
         resp = await self._unary(self.stub.Stats, pb.StatsRequest(queue=queue))
         return any(q.paused for q in resp.queues if q.queue == queue)
+
+    async def set_queue_policy(self, queue: str, *, max_running: int = 0,
+                               group_max_running: int = 0) -> None:
+        """As Client.set_queue_policy."""
+        await self._unary(self.stub.SetQueuePolicy,
+                          c.policy_request(queue, max_running, group_max_running))
+
+    async def queue_policy(self, queue: str) -> QueuePolicy:
+        resp = await self._unary(self.stub.GetQueuePolicy,
+                                 pb.GetQueuePolicyRequest(queue=queue))
+        return QueuePolicy.from_pb(resp.policy)
 
     async def delete_job(self, job_id: str) -> None:
         await self._unary(self.stub.DeleteJob, pb.DeleteJobRequest(id=job_id))

@@ -14,7 +14,8 @@ from jobq import _trace
 from jobq._common import Seconds, StatusLike
 from jobq.errors import (DeadlineExceeded, JobFailed, JobLost, JobqError, WaitTimeout,
                          from_rpc_error)
-from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueueStats, Status,
+from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueuePolicy, QueueStats,
+                         Status,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -131,6 +132,7 @@ class Client:
         run_at: Optional[datetime] = None,
         metadata: Optional[Mapping[str, str]] = None,
         priority: int = 0,
+        group: Optional[str] = None,
     ) -> Enqueued:
         """Adds a job once it is durable; returns ``(job, created)`` (an
         ``Enqueued``: ``job, created = client.enqueue(…)``).
@@ -149,10 +151,12 @@ class Client:
           ``traceparent``/``tracestate`` are added, so the worker continues
           the trace.
         - ``priority``: -100..=100, higher first among due jobs (default 0).
+        - ``group``: a tenant or customer id; a queue policy's
+          ``group_max_running`` limits how many of one group run at once.
 
         Raises ``InvalidArgument`` for a bad name, payload or priority."""
         req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
-                                priority, run_at)
+                                priority, run_at, group)
         resp = self._unary(self.stub.Enqueue, req)
         return Enqueued(Job.from_pb(resp.job), resp.created)
 
@@ -277,6 +281,23 @@ class Client:
         """Whether ``queue`` is paused (QueueStats.paused)."""
         resp = self._unary(self.stub.Stats, pb.StatsRequest(queue=queue))
         return any(q.paused for q in resp.queues if q.queue == queue)
+
+    def set_queue_policy(self, queue: str, *, max_running: int = 0,
+                         group_max_running: int = 0) -> None:
+        """Limits how many of ``queue``'s jobs run at once, over every server
+        (``max_running``) and per group (``group_max_running``; 1 runs each
+        group's jobs one at a time, in enqueue order); 0 is no limit, and
+        all 0 clears the policy. A held job stays PENDING and keeps its
+        place. Persisted. ``InvalidArgument`` over 100000,
+        ``ResourceExhausted`` past the server's --max-queue-policies.
+        Needs the admin role."""
+        self._unary(self.stub.SetQueuePolicy,
+                    c.policy_request(queue, max_running, group_max_running))
+
+    def queue_policy(self, queue: str) -> QueuePolicy:
+        """The policy of ``queue`` (falsy when it has none)."""
+        resp = self._unary(self.stub.GetQueuePolicy, pb.GetQueuePolicyRequest(queue=queue))
+        return QueuePolicy.from_pb(resp.policy)
 
     def delete_job(self, job_id: str) -> None:
         """Deletes a PENDING, DONE or FAILED job for good (its key is free

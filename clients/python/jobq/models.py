@@ -119,6 +119,8 @@ class Job:
     #: What the worker's ack stored (a DONE job's output); ``get_job``
     #: alone reads it, else None.
     result: Optional[bytes] = None
+    #: The job's group (a tenant, a customer), or None.
+    group: Optional[str] = None
 
     @classmethod
     def from_pb(cls, j: pb.Job) -> "Job":
@@ -131,7 +133,7 @@ class Job:
             last_error=j.last_error or None,
             history=tuple(Attempt.from_pb(a) for a in j.history),
             metadata=dict(j.metadata), priority=j.priority,
-            result=j.result or None,
+            result=j.result or None, group=j.group or None,
         )
 
     def result_json(self) -> Any:
@@ -198,12 +200,20 @@ class QueueStats:
     oldest_pending_age: Optional[timedelta]
     #: Nothing is taken from the queue until it is resumed.
     paused: bool
+    #: The queue's policy (all zero: none).
+    policy: "QueuePolicy" = field(default_factory=lambda: QueuePolicy())
+    #: Due PENDING jobs held back because the queue runs max_running.
+    held_max_running: int = 0
+    #: Due PENDING jobs held back by group_max_running.
+    held_group_max_running: int = 0
 
     @classmethod
     def from_pb(cls, q: pb.QueueStats) -> "QueueStats":
         return cls(queue=q.queue, pending=q.pending, running=q.running, done=q.done,
                    failed=q.failed, oldest_pending_age=_span(q, "oldest_pending_age"),
-                   paused=q.paused)
+                   paused=q.paused, policy=QueuePolicy.from_pb(q.policy),
+                   held_max_running=q.held_max_running,
+                   held_group_max_running=q.held_group_max_running)
 
     def counts(self) -> Dict[str, int]:
         """{"pending": n, "running": n, "done": n, "failed": n}."""
@@ -212,6 +222,24 @@ class QueueStats:
 
     def __getitem__(self, name: str) -> int:
         return self.counts()[name]
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """How a queue's work is shaped (``set_queue_policy``); 0 means no
+    limit. ``group_max_running=1`` runs each group's jobs one at a time, in
+    enqueue order."""
+    #: RUNNING jobs of the queue at once, over every server.
+    max_running: int = 0
+    #: RUNNING jobs of one group (``enqueue(group=…)``) at once.
+    group_max_running: int = 0
+
+    @classmethod
+    def from_pb(cls, p: pb.QueuePolicy) -> "QueuePolicy":
+        return cls(max_running=p.max_running, group_max_running=p.group_max_running)
+
+    def __bool__(self) -> bool:
+        return bool(self.max_running or self.group_max_running)
 
 
 @dataclass(frozen=True)
@@ -257,3 +285,4 @@ class NewJob:
     run_at: Optional[datetime] = None
     metadata: Optional[Mapping[str, str]] = None
     priority: int = 0
+    group: Optional[str] = None

@@ -1,6 +1,7 @@
 """The typed surface of the Client against a real `jobq serve`: Job,
 Status and UTC datetimes instead of protobuf messages, QueueStats,
-enqueue_batch with NewJob keywords, the JobqError classes with the
+enqueue_batch with NewJob keywords, queue policies and groups, the
+JobqError classes with the
 server's message and code, and wait_for_ready.
 
     .venv/bin/python clients/python/tests/api_test.py
@@ -19,7 +20,7 @@ import grpc
 
 from harness import Server, run_tests
 from jobq import (Client, EnqueueResult, FailedPrecondition, InvalidArgument, Job, JobLost,
-                  JobqError, NewJob, NotFound, QueueStats, Status, Unavailable)
+                  JobqError, NewJob, NotFound, QueuePolicy, QueueStats, Status, Unavailable)
 from jobq._common import revoke_reason
 from jobq.aio import AsyncClient
 
@@ -105,6 +106,40 @@ def batch_with_keywords(tmp: str, client: Client, addr: str) -> None:
     assert client.stats("typed-batch")["typed-batch"].pending == 2
 
 
+def queue_policies(tmp: str, client: Client, addr: str) -> None:
+    """A group's jobs run one at a time: with group_max_running=1 a second
+    job of the group is held (PENDING, counted in stats) until the first
+    is acked; the policy reads back, and bad limits are refused."""
+    client.set_queue_policy("py-policy", max_running=10, group_max_running=1)
+    assert client.queue_policy("py-policy") == QueuePolicy(10, 1)
+    first, _ = client.enqueue("py-policy", "import", b"1", group="customer-42")
+    second, _ = client.enqueue("py-policy", "import", b"2", group="customer-42")
+    assert first.group == "customer-42", first
+    leased = client.dequeue(["py-policy"], "py-w")
+    assert leased is not None and leased.job.id == first.id, leased
+    assert client.dequeue(["py-policy"], "py-w") is None, "the second waits for the first"
+    stats = client.stats("py-policy")["py-policy"]
+    assert stats.policy == QueuePolicy(10, 1) and stats.held_group_max_running == 1, stats
+    client.ack(leased.job.id, leased.lease_id)
+    nxt = client.dequeue(["py-policy"], "py-w")
+    assert nxt is not None and nxt.job.id == second.id, nxt
+    try:
+        client.set_queue_policy("py-policy", max_running=100_001)
+        raise AssertionError("an out-of-range limit was accepted")
+    except InvalidArgument as e:
+        assert "max_running" in str(e), e
+    client.set_queue_policy("py-policy")
+    assert not client.queue_policy("py-policy")
+
+    async def from_asyncio() -> None:
+        async with AsyncClient(addr) as ac:
+            await ac.set_queue_policy("py-policy-aio", max_running=2)
+            assert await ac.queue_policy("py-policy-aio") == QueuePolicy(2, 0)
+            job, _ = await ac.enqueue("py-policy-aio", "k", group="g")
+            assert job.group == "g", job
+    asyncio.run(from_asyncio())
+
+
 def errors_by_status(tmp: str, client: Client, addr: str) -> None:
     try:
         client.get_job("999999999")
@@ -177,4 +212,4 @@ def wait_for_ready(tmp: str, client: Client, addr: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(run_tests("python-api", [typed_jobs, leased_and_acked, batch_with_keywords,
-                                      errors_by_status, wait_for_ready]))
+                                      queue_policies, errors_by_status, wait_for_ready]))

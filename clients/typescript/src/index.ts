@@ -12,6 +12,7 @@ export {
   type ListJobsOptions,
   MAX_HEARTBEAT_LEASES,
   type QueueCounts,
+  type QueuePolicyLimits,
   type StatusLike,
 } from "./client.js";
 export { DEFAULT_SERVER, isLoopback, parseServer, type Endpoint, type Pem } from "./config.js";

@@ -90,7 +90,13 @@ test("operator calls: cancel, pause and resume, delete, purge, list, stats, sche
   assert.equal(page.jobs.length, 2);
   assert.notEqual(page.nextPageToken, "");
   const stats = await client.stats("list");
-  assert.deepEqual({ ...stats["list"], oldestPendingAgeMs: undefined }, { pending: 5, running: 0, done: 0, failed: 0, paused: false, oldestPendingAgeMs: undefined });
+  assert.deepEqual(
+    { ...stats["list"], oldestPendingAgeMs: undefined },
+    {
+      pending: 5, running: 0, done: 0, failed: 0, paused: false, oldestPendingAgeMs: undefined,
+      policy: { maxRunning: 0, groupMaxRunning: 0 }, heldMaxRunning: 0, heldGroupMaxRunning: 0,
+    },
+  );
   assert.ok((stats["list"]!.oldestPendingAgeMs ?? -1) >= 0);
 
   const schedule = await client.createSchedule({ name: "nightly", queue: "reports", kind: "k", cron: "0 3 * * *", payload: { r: 1 }, timezone: "Europe/Berlin" });
@@ -101,6 +107,25 @@ test("operator calls: cancel, pause and resume, delete, purge, list, stats, sche
   await client.deleteSchedule("nightly");
   await assert.rejects(client.deleteSchedule("nightly"), rejectsWith("NOT_FOUND"));
   assert.deepEqual(outcomes(cancelled), []);
+});
+
+test("queue policies: a group's jobs one at a time, held jobs counted, bad limits refused", async () => {
+  await client.setQueuePolicy("ts-policy", { maxRunning: 10, groupMaxRunning: 1 });
+  assert.deepEqual(await client.queuePolicy("ts-policy"), { maxRunning: 10, groupMaxRunning: 1 });
+  const { job: first } = await client.enqueue("ts-policy", "import", "1", { group: "customer-42" });
+  const { job: second } = await client.enqueue("ts-policy", "import", "2", { group: "customer-42" });
+  assert.equal(first.group, "customer-42");
+  const leased = await client.dequeue(["ts-policy"], "ts-w");
+  assert.equal(leased?.job?.id, first.id);
+  assert.equal(await client.dequeue(["ts-policy"], "ts-w"), undefined, "the second waits for the first");
+  const stats = (await client.stats("ts-policy"))["ts-policy"]!;
+  assert.equal(stats.heldGroupMaxRunning, 1);
+  assert.deepEqual(stats.policy, { maxRunning: 10, groupMaxRunning: 1 });
+  await client.ack(leased!.job!.id, leased!.leaseId);
+  assert.equal((await client.dequeue(["ts-policy"], "ts-w"))?.job?.id, second.id);
+  await assert.rejects(client.setQueuePolicy("ts-policy", { maxRunning: 100_001 }), rejectsWith("INVALID_ARGUMENT"));
+  await client.setQueuePolicy("ts-policy", {});
+  assert.deepEqual(await client.queuePolicy("ts-policy"), { maxRunning: 0, groupMaxRunning: 0 });
 });
 
 test("a server that is not there is UNAVAILABLE", async () => {

@@ -7,8 +7,8 @@ use crate::conn::Conn;
 use crate::logging::LogFormat;
 use crate::output::Out;
 use crate::{
-    cancel, completions, delete, enqueue, get, list, migrate, pause, purge, retry, schedule, serve,
-    stats, token, watch, work,
+    cancel, completions, delete, enqueue, get, list, migrate, pause, policy, purge, retry,
+    schedule, serve, stats, token, watch, work,
 };
 
 /// jobq: a durable job queue with a gRPC API.
@@ -83,6 +83,9 @@ pub enum Command {
     Pause(pause::Args),
     /// Resume a paused queue.
     Resume(pause::Args),
+    /// Show or set a queue's policy: how many of its jobs run at once, over
+    /// every server and per group. Survives restarts.
+    Policy(policy::Args),
     /// Delete PENDING, DONE or FAILED jobs for good (cancel a RUNNING one
     /// first).
     Delete(delete::Args),
@@ -144,6 +147,7 @@ impl Cli {
             Command::Schedule(args) => schedule::run(&self.conn.client().await?, out, args).await,
             Command::Pause(args) => pause::run(&self.conn.client().await?, out, args, true).await,
             Command::Resume(args) => pause::run(&self.conn.client().await?, out, args, false).await,
+            Command::Policy(args) => policy::run(&self.conn.client().await?, out, args).await,
             Command::Stats(args) => stats::run(&self.conn, out, args).await,
             Command::Token(args) => token::run(out, args),
             Command::Bench(args) => jobq_bench::run(args).await,

@@ -76,6 +76,11 @@ pub struct Args {
     )]
     priority: i32,
 
+    /// The job's group (a tenant, a customer id): a queue policy's
+    /// --group-max-running limits how many of one group run at once.
+    #[arg(long)]
+    group: Option<String>,
+
     /// Attach metadata (repeatable): a request id, a tenant tag. Stored with
     /// the job and shown by `jobq get`.
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = key_value)]
@@ -83,12 +88,12 @@ pub struct Args {
 
     /// Enqueue every line of FILE ("-" for stdin), JSON objects with
     /// "queue", "kind" and optional "payload" (a string), "key",
-    /// "max_attempts", "delay" ("30s"), "priority". Sent with EnqueueBatch, 1000 per
-    /// call; prints one result per line.
+    /// "max_attempts", "delay" ("30s"), "priority", "group". Sent with
+    /// EnqueueBatch, 1000 per call; prints one result per line.
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "delay", "meta", "priority"]
+        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "delay", "meta", "priority", "group"]
     )]
     batch_file: Option<PathBuf>,
 }
@@ -120,6 +125,9 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
         opts = opts.delay(delay);
     }
     opts = opts.priority(args.priority);
+    if let Some(group) = args.group {
+        opts = opts.group(group);
+    }
     for (key, value) in args.meta {
         opts = opts.metadata(key, value);
     }
@@ -181,6 +189,8 @@ struct BatchLine {
     delay: Option<String>,
     #[serde(default)]
     priority: i32,
+    #[serde(default)]
+    group: Option<String>,
 }
 
 impl BatchLine {
@@ -191,6 +201,9 @@ impl BatchLine {
         }
         if let Some(n) = self.max_attempts {
             opts = opts.max_attempts(n);
+        }
+        if let Some(group) = self.group.filter(|g| !g.is_empty()) {
+            opts = opts.group(group);
         }
         if let Some(delay) = self.delay {
             let delay =

@@ -41,6 +41,7 @@ fn fields(job: &pb::Job) -> Table {
         ("status", status_name(job.status).to_owned()),
         ("attempts", format!("{}/{}", job.attempts, job.max_attempts)),
         ("priority", job.priority.to_string()),
+        ("group", or_dash(&job.group)),
         ("enqueued_at", timestamp_text(job.enqueued_at.as_ref())),
         ("run_at", timestamp_text(job.run_at.as_ref())),
         ("taken_at", timestamp_text(job.taken_at.as_ref())),

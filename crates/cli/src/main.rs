@@ -35,6 +35,7 @@ mod logging;
 mod migrate;
 mod output;
 mod pause;
+mod policy;
 mod purge;
 mod retry;
 mod schedule;

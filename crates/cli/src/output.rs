@@ -251,6 +251,7 @@ pub fn job_json(job: &pb::Job) -> Value {
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
         "priority": job.priority,
+        "group": empty_null(&job.group),
         "enqueued_at": timestamp_json(job.enqueued_at.as_ref()),
         "run_at": timestamp_json(job.run_at.as_ref()),
         "taken_at": timestamp_json(job.taken_at.as_ref()),

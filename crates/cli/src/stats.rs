@@ -88,6 +88,8 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
         "FAILED",
         "OLDEST_PENDING",
         "PAUSED",
+        "HELD",
+        "POLICY",
     ]);
     for q in &stats {
         t.row([
@@ -98,6 +100,8 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
             q.failed.to_string(),
             duration_text(std_duration(q.oldest_pending_age.as_ref())),
             if q.paused { "yes" } else { "no" }.to_owned(),
+            (q.held_max_running + q.held_group_max_running).to_string(),
+            crate::policy::describe(&q.policy.map(Into::into).unwrap_or_default()),
         ]);
     }
     out.table(&t)?;
@@ -106,7 +110,8 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
 
 /// `[{"queue", "pending", "running", "done", "failed",
 /// "oldest_pending_age_secs" (a number, or null when nothing is due),
-/// "paused"}]`.
+/// "paused", "policy": {"max_running", "group_max_running"},
+/// "held": {"max_running", "group_max_running"}}]`.
 fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
     stats
         .iter()
@@ -120,6 +125,14 @@ fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
                 "oldest_pending_age_secs":
                     std_duration(q.oldest_pending_age.as_ref()).map(|d| d.as_secs_f64()),
                 "paused": q.paused,
+                "policy": {
+                    "max_running": q.policy.map_or(0, |p| p.max_running),
+                    "group_max_running": q.policy.map_or(0, |p| p.group_max_running),
+                },
+                "held": {
+                    "max_running": q.held_max_running,
+                    "group_max_running": q.held_group_max_running,
+                },
             })
         })
         .collect()

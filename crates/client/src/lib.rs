@@ -105,7 +105,9 @@ pub use error::{Error, Result};
 pub use handler::{HandlerError, HandlerResult};
 pub use jobq::pb;
 pub use kind::JobKind;
-pub use model::{Attempt, Enqueued, Job, JobId, Outcome, QueueStats, Rejected, Schedule, Status};
+pub use model::{
+    Attempt, Enqueued, Job, JobId, Outcome, QueuePolicy, QueueStats, Rejected, Schedule, Status,
+};
 pub use options::{EnqueueOptions, FailOptions};
 /// The shutdown token [`WorkerBuilder::shutdown`] takes, re-exported so the
 /// tokio-util version always matches.

@@ -278,6 +278,8 @@ pub struct Job {
     /// What the worker stored with its ack (a DONE job's output). Only
     /// [`Client::job`](crate::Client::job) reads it; lists leave it out.
     pub result: Option<Vec<u8>>,
+    /// The group it was enqueued in (a tenant, a customer), if any.
+    pub group: Option<String>,
 }
 
 impl Job {
@@ -324,6 +326,7 @@ impl Job {
             history: self.history.into_iter().map(Attempt::into_proto).collect(),
             metadata: self.metadata,
             result: self.result.unwrap_or_default(),
+            group: self.group.unwrap_or_default(),
             ..Default::default()
         }
     }
@@ -351,6 +354,7 @@ impl From<pb::Job> for Job {
             history: j.history.into_iter().map(Attempt::from).collect(),
             metadata: j.metadata,
             result: Some(j.result).filter(|r| !r.is_empty()),
+            group: non_empty(j.group),
         }
     }
 }
@@ -415,6 +419,74 @@ pub struct QueueStats {
     pub oldest_pending_age: Option<Duration>,
     /// Whether the queue is paused.
     pub paused: bool,
+    /// The queue's policy (all zero: none).
+    pub policy: QueuePolicy,
+    /// Due PENDING jobs held back because the queue runs `max_running`.
+    pub held_max_running: u64,
+    /// Due PENDING jobs held back by `group_max_running`.
+    pub held_group_max_running: u64,
+}
+
+/// How a queue's work is shaped; zero means no limit
+/// ([`Client::set_queue_policy`](crate::Client::set_queue_policy)).
+///
+/// ```
+/// use jobq_client::QueuePolicy;
+///
+/// // At most 10 at once, and each customer's jobs one at a time, in order.
+/// let policy = QueuePolicy::new().max_running(10).group_max_running(1);
+/// assert_eq!(policy.max_running, 10);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueuePolicy {
+    /// RUNNING jobs of the queue at once, over every server.
+    pub max_running: u32,
+    /// RUNNING jobs of one group at once; 1 runs each group's jobs one at
+    /// a time, in enqueue order.
+    pub group_max_running: u32,
+}
+
+impl QueuePolicy {
+    /// No limits (setting it clears a queue's policy).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `max_running`.
+    pub fn max_running(mut self, n: u32) -> Self {
+        self.max_running = n;
+        self
+    }
+
+    /// Sets `group_max_running`.
+    pub fn group_max_running(mut self, n: u32) -> Self {
+        self.group_max_running = n;
+        self
+    }
+
+    /// Whether it limits nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl From<pb::QueuePolicy> for QueuePolicy {
+    fn from(p: pb::QueuePolicy) -> Self {
+        Self {
+            max_running: p.max_running,
+            group_max_running: p.group_max_running,
+        }
+    }
+}
+
+impl From<QueuePolicy> for pb::QueuePolicy {
+    fn from(p: QueuePolicy) -> Self {
+        pb::QueuePolicy {
+            max_running: p.max_running,
+            group_max_running: p.group_max_running,
+        }
+    }
 }
 
 impl From<pb::QueueStats> for QueueStats {
@@ -429,6 +501,9 @@ impl From<pb::QueueStats> for QueueStats {
                 .oldest_pending_age
                 .and_then(|d| Duration::try_from(d).ok()),
             paused: s.paused,
+            policy: s.policy.map(Into::into).unwrap_or_default(),
+            held_max_running: s.held_max_running,
+            held_group_max_running: s.held_group_max_running,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The operator's calls on [`Client`]: cancel, pause and resume, delete and
-//! purge, schedules. Each needs a token with the `admin` role on the job's
+//! The operator's calls on [`Client`]: cancel, pause and resume, queue
+//! policies, delete and purge, schedules. Each needs a token with the `admin` role on the job's
 //! (or schedule's) queue; listing schedules needs `read`.
 
 use std::time::SystemTime;
@@ -52,6 +52,49 @@ impl Client {
             .await
             .map_err(|s| self.error(s))?;
         Ok(())
+    }
+
+    /// Sets how `queue`'s work is shaped: at most `max_running` of its
+    /// jobs run at once over every server, and at most `group_max_running`
+    /// of one group (1: each group's jobs one at a time, in enqueue
+    /// order). A held job stays PENDING and keeps its place. An empty
+    /// policy clears it. Persisted by the server.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a limit over 100,000, `RESOURCE_EXHAUSTED`
+    /// when the server's `--max-queue-policies` queues have one already.
+    pub async fn set_queue_policy(
+        &self,
+        queue: impl Into<String>,
+        policy: crate::QueuePolicy,
+    ) -> Result<()> {
+        let req = pb::SetQueuePolicyRequest {
+            queue: queue.into(),
+            policy: Some(policy.into()),
+        };
+        self.inner()
+            .set_queue_policy(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(())
+    }
+
+    /// The policy of `queue` (empty when it has none).
+    ///
+    /// # Errors
+    /// As any call: the server is out of reach, or the token may not read
+    /// the queue.
+    pub async fn queue_policy(&self, queue: impl Into<String>) -> Result<crate::QueuePolicy> {
+        let req = pb::GetQueuePolicyRequest {
+            queue: queue.into(),
+        };
+        let resp = self
+            .inner()
+            .get_queue_policy(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        Ok(resp.policy.map(Into::into).unwrap_or_default())
     }
 
     /// Deletes a PENDING, DONE or FAILED job for good (its key is free

@@ -38,7 +38,7 @@ pub enum Error {
     ShuttingDown,
     /// The server stopped serving because a change could not be made
     /// durable (a failed fsync, a full disk): fail-stop (docs/src/design.md §1 rule
-    /// 7). The process exits; a restart recovers from what is on disk.
+    /// 8). The process exits; a restart recovers from what is on disk.
     #[error("the server stopped serving after a storage failure: {0}")]
     FailStopped(Arc<str>),
     /// The storage backend failed; each backend has its own error type

@@ -97,6 +97,7 @@ pub struct Metrics {
     registry: Registry,
     jobs: Family<QueueStatus, Gauge>,
     oldest_pending: Family<QueueLabel, Gauge<f64, AtomicU64>>,
+    held: Family<QueueReason, Gauge>,
     enqueued: Family<QueueLabel, Counter>,
     acked: Family<QueueLabel, Counter>,
     failed_attempts: Family<QueueLabel, Counter>,
@@ -127,6 +128,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let jobs = Family::<QueueStatus, Gauge>::default();
         let oldest_pending = Family::<QueueLabel, Gauge<f64, AtomicU64>>::default();
+        let held = Family::<QueueReason, Gauge>::default();
         let enqueued = Family::<QueueLabel, Counter>::default();
         let acked = Family::<QueueLabel, Counter>::default();
         let failed_attempts = Family::<QueueLabel, Counter>::default();
@@ -154,6 +156,12 @@ impl Metrics {
             "jobq_oldest_pending_age_seconds",
             "Age of the oldest due PENDING job, by queue",
             oldest_pending.clone(),
+        );
+        registry.register(
+            "jobq_jobs_held",
+            "Due PENDING jobs a queue policy holds back, by queue and reason \
+             (max_running, group_max_running); queues with a policy only",
+            held.clone(),
         );
         registry.register(
             "jobq_enqueued",
@@ -211,6 +219,7 @@ impl Metrics {
             registry,
             jobs,
             oldest_pending,
+            held,
             enqueued,
             acked,
             failed_attempts,
@@ -351,7 +360,21 @@ impl Metrics {
         let _one_at_a_time = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
         self.jobs.clear();
         self.oldest_pending.clear();
+        self.held.clear();
         for s in stats {
+            if !s.policy.is_empty() {
+                for (reason, n) in [
+                    ("max_running", s.held_max_running),
+                    ("group_max_running", s.held_group_max_running),
+                ] {
+                    self.held
+                        .get_or_create(&QueueReason {
+                            queue: s.queue.clone(),
+                            reason: reason.into(),
+                        })
+                        .set(i64::try_from(n).unwrap_or(i64::MAX));
+                }
+            }
             for (status, n) in [
                 ("pending", s.pending),
                 ("running", s.running),

@@ -96,6 +96,7 @@ pub async fn page<S: Store>(
             tr { th { "key" } td { (job.key.as_deref().unwrap_or("—")) } }
             tr { th { "attempts" } td #attempts { (job.attempts) " of " (job.max_attempts) } }
             tr { th { "priority" } td #priority { (job.priority) } }
+            @if let Some(group) = &job.group { tr { th { "group" } td #group { (group) } } }
             tr { th { "enqueued" } td { (layout::time(job.enqueued_at)) } }
             tr { th { "run at" } td { (layout::time(job.run_at)) } }
             @if let Some(lease) = &job.lease {

@@ -6,7 +6,23 @@ use axum::{extract::State, Extension};
 use maud::{html, Markup, PreEscaped};
 
 use super::{layout, Web, WebError};
-use crate::{auth::Who, store::Store};
+use crate::{auth::Who, policy::QueuePolicy, store::Store};
+
+/// A policy in a cell: `max 10 · per group 1`, or `—`.
+fn policy_text(p: &QueuePolicy) -> String {
+    let mut parts = Vec::new();
+    if p.max_running > 0 {
+        parts.push(format!("max {}", p.max_running));
+    }
+    if p.group_max_running > 0 {
+        parts.push(format!("per group {}", p.group_max_running));
+    }
+    if parts.is_empty() {
+        "—".to_owned()
+    } else {
+        parts.join(" · ")
+    }
+}
 
 /// The page.
 pub async fn page<S: Store>(
@@ -35,7 +51,7 @@ pub async fn page<S: Store>(
             table #queues {
                 thead { tr {
                     th { "queue" } th.num { "pending" } th.num { "running" } th.num { "done" }
-                    th.num { "failed" } th { "oldest due job waits" }
+                    th.num { "failed" } th { "oldest due job waits" } th { "policy" } th.num { "held" }
                 } }
                 tbody {
                     @for q in &stats {
@@ -49,6 +65,12 @@ pub async fn page<S: Store>(
                             td.num.done { a href={ "/jobs?queue=" (q.queue) "&status=DONE" } { (q.done) } }
                             td.num.failed { a href={ "/jobs?queue=" (q.queue) "&status=FAILED" } { (q.failed) } }
                             td { (q.oldest_pending_age.map_or_else(|| "—".to_owned(), layout::span)) }
+                            td.policy { (policy_text(&q.policy)) }
+                            td.num.held title="due jobs the policy holds back: by max_running / by group_max_running" {
+                                @if q.policy.is_empty() { "—" } @else {
+                                    (q.held_max_running) " / " (q.held_group_max_running)
+                                }
+                            }
                         }
                     }
                 }

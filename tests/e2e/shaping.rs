@@ -1,0 +1,221 @@
+//! Queue policies through real servers and real `jobq work` processes, one
+//! of them killed with SIGKILL while it holds leases: judged from the jobs'
+//! recorded histories, at no instant did more than `max_running` jobs of
+//! the queue run, nor more than one of a group, and each group's jobs ran
+//! in enqueue order, every job done once. On sled (one server) and on
+//! PostgreSQL (three servers, the workers spread over them).
+
+use std::{
+    collections::BTreeMap,
+    process::{Child, Command, Stdio},
+    time::{Duration, SystemTime},
+};
+
+use jobq_client::{Client, EnqueueOptions, Job, Outcome, QueuePolicy, Status};
+use jobq_server::store::postgres::testing;
+
+use crate::harness::{signal, until, ServerProcess, JOBQ};
+
+const QUEUE: &str = "shaped";
+const MAX_RUNNING: usize = 3;
+const GROUPS: usize = 5;
+const PER_GROUP: usize = 8;
+
+/// An attempt's ends are stamped by the server (or the database) when its
+/// take and its ack are applied; two changes applied in turn may carry
+/// stamps a little out of that order (clocks read before a lock). An
+/// overlap shorter than this is that, not two runs at once: a real one
+/// lasts about a handler's run (150 ms here).
+const STAMP_SLACK: Duration = Duration::from_millis(40);
+
+/// `jobq work` on `url` as `worker_id`, 150 ms per job.
+fn worker(url: &str, worker_id: &str) -> Child {
+    Command::new(JOBQ)
+        .args(["work", "--server", url, "--queue", QUEUE, "--capacity", "3"])
+        .args(["--worker-id", worker_id, "--lease", "5s", "--"])
+        .args(["sh", "-c", "sleep 0.15"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start jobq work")
+}
+
+/// The largest number of attempts running at one instant, counting an
+/// attempt from its start (plus the slack) to its end.
+fn most_at_once<'a>(runs: impl Iterator<Item = &'a (SystemTime, SystemTime)>) -> usize {
+    let mut edges: Vec<(SystemTime, i32)> = Vec::new();
+    for &(start, end) in runs {
+        let start = start + STAMP_SLACK;
+        if start < end {
+            edges.push((start, 1));
+            edges.push((end, -1));
+        }
+    }
+    // At one instant an end comes before a start.
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    usize::try_from(most).unwrap_or(0)
+}
+
+/// Runs the scenario through `servers`: enqueues, four workers (one
+/// killed while it holds leases, and replaced), then judges the histories.
+async fn limits_hold(servers: &[ServerProcess]) {
+    let clients: Vec<Client> =
+        futures::future::join_all(servers.iter().map(ServerProcess::client)).await;
+    let policy = QueuePolicy::new()
+        .max_running(MAX_RUNNING as u32)
+        .group_max_running(1);
+    clients[0]
+        .set_queue_policy(QUEUE, policy)
+        .await
+        .expect("set the policy");
+    assert_eq!(
+        clients[clients.len() - 1]
+            .queue_policy(QUEUE)
+            .await
+            .unwrap(),
+        policy,
+        "every server reads it"
+    );
+    let mut ids = Vec::new();
+    for i in 0..GROUPS * PER_GROUP {
+        let group = format!("tenant-{}", i % GROUPS);
+        let c = &clients[i % clients.len()];
+        let (job, _) = c
+            .enqueue(
+                QUEUE,
+                "work",
+                format!("job-{i}"),
+                EnqueueOptions::new().group(group),
+            )
+            .await
+            .expect("enqueue");
+        ids.push(job.id);
+    }
+    let url = |i: usize| servers[i % servers.len()].url();
+    let mut workers: Vec<Child> = (0..4).map(|i| worker(&url(i), &format!("w{i}"))).collect();
+
+    // Kill w0 while it runs a job (its leases come back when its stream
+    // drops, or when they run out).
+    let c = &clients[0];
+    until(Duration::from_secs(30), "w0 runs a job", || async {
+        for id in &ids {
+            let j = c.job(id.clone()).await.expect("get");
+            if j.status == Status::Running && j.worker_id.as_deref() == Some("w0") {
+                return Some(());
+            }
+        }
+        None
+    })
+    .await;
+    workers[0].kill().expect("SIGKILL w0");
+    let _ = workers[0].wait();
+    workers.push(worker(&url(1), "w4"));
+
+    let jobs: Vec<Job> = until(Duration::from_secs(90), "every job DONE", || async {
+        let mut jobs = Vec::new();
+        for id in &ids {
+            let j = c.job(id.clone()).await.expect("get");
+            if j.status != Status::Done {
+                return None;
+            }
+            jobs.push(j);
+        }
+        Some(jobs)
+    })
+    .await;
+    for w in &mut workers[1..] {
+        signal(w, libc::SIGTERM);
+        let _ = w.wait();
+    }
+
+    let mut all = Vec::new();
+    let mut by_group: BTreeMap<String, Vec<(SystemTime, SystemTime)>> = BTreeMap::new();
+    let mut acked = 0;
+    for j in &jobs {
+        assert_eq!(
+            j.attempts,
+            u32::try_from(j.history.len()).unwrap() - 1,
+            "{j:?}"
+        );
+        for a in &j.history {
+            let run = (
+                a.started_at.expect("started"),
+                a.ended_at.expect("a DONE job's attempts all ended"),
+            );
+            all.push(run);
+            by_group
+                .entry(j.group.clone().expect("a group"))
+                .or_default()
+                .push(run);
+            acked += usize::from(a.outcome == Outcome::Acked);
+        }
+    }
+    assert_eq!(acked, jobs.len(), "each job acked once");
+    let disconnected = jobs
+        .iter()
+        .flat_map(|j| &j.history)
+        .filter(|a| a.worker_id == "w0" && a.outcome == Outcome::WorkerDisconnected)
+        .count();
+    assert!(disconnected >= 1, "the kill cut a run short");
+    let most = most_at_once(all.iter());
+    assert!(
+        most <= MAX_RUNNING,
+        "{most} ran at once; max_running is {MAX_RUNNING}"
+    );
+    assert!(most >= 2, "the queue ran jobs side by side ({most})");
+    for (group, runs) in &by_group {
+        let most = most_at_once(runs.iter());
+        assert_eq!(most, 1, "{group}: {most} at once in a sequence");
+    }
+    // In enqueue order: each job of a group started after the one before
+    // it had finished for good.
+    for g in 0..GROUPS {
+        let mut last_end: Option<SystemTime> = None;
+        for j in jobs.iter().skip(g).step_by(GROUPS) {
+            let first = j.history.first().and_then(|a| a.started_at).expect("ran");
+            if let Some(end) = last_end {
+                assert!(
+                    first + STAMP_SLACK >= end,
+                    "tenant-{g}: job {} started before the one before it ended",
+                    j.id
+                );
+            }
+            last_end = j.history.last().and_then(|a| a.ended_at);
+        }
+    }
+    let stats = c.queue_stats(Some(QUEUE)).await.expect("stats");
+    assert_eq!(stats[0].policy, policy);
+    assert_eq!(
+        stats[0].held_max_running + stats[0].held_group_max_running,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sled_limits_hold_at_every_instant_across_a_killed_worker() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ServerProcess::start(dir.path(), &[]);
+    limits_hold(std::slice::from_ref(&server)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_three_postgres_servers_limits_hold_at_every_instant_across_a_killed_worker() {
+    let url = testing::fresh_database("jobq_e2e").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let servers: Vec<ServerProcess> = (0..3)
+        .map(|i| {
+            ServerProcess::start(
+                &dir.path().join(format!("s{i}")),
+                &["--store", &url, "--server-timeout", "2s"],
+            )
+        })
+        .collect();
+    limits_hold(&servers).await;
+}
