@@ -2,8 +2,11 @@
 //! of them killed with SIGKILL while it holds leases: judged from the jobs'
 //! recorded histories, at no instant did more than `max_running` jobs of
 //! the queue run, nor more than one of a group, and each group's jobs ran
-//! in enqueue order, every job done once. On sled (one server) and on
-//! PostgreSQL (three servers, the workers spread over them).
+//! in enqueue order, every job done once. A rate limit, judged from the
+//! same histories: the takes keep to its pace, and no second holds more
+//! than the limit plus the burst. On sled (one server) and on PostgreSQL
+//! (three servers, the workers spread over them). `JOBQ_RATE_LONG=1` runs
+//! the rate at 100/s for 60 s instead of 50/s for 4 s, and holds it to 2 %.
 
 use std::{
     collections::BTreeMap,
@@ -11,7 +14,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use jobq_client::{Client, EnqueueOptions, Job, Outcome, QueuePolicy, Status};
+use jobq_client::{Client, EnqueueOptions, Job, Outcome, QueuePolicy, RateLimit, Status};
 use jobq_server::store::postgres::testing;
 
 use crate::harness::{signal, until, ServerProcess, JOBQ};
@@ -30,10 +33,16 @@ const STAMP_SLACK: Duration = Duration::from_millis(40);
 
 /// `jobq work` on `url` as `worker_id`, 150 ms per job.
 fn worker(url: &str, worker_id: &str) -> Child {
+    worker_of(url, QUEUE, worker_id, 3, &["sh", "-c", "sleep 0.15"])
+}
+
+/// `jobq work` of `queue` on `url`, running `command` for each job.
+fn worker_of(url: &str, queue: &str, worker_id: &str, capacity: u32, command: &[&str]) -> Child {
     Command::new(JOBQ)
-        .args(["work", "--server", url, "--queue", QUEUE, "--capacity", "3"])
+        .args(["work", "--server", url, "--queue", queue])
+        .args(["--capacity", &capacity.to_string()])
         .args(["--worker-id", worker_id, "--lease", "5s", "--"])
-        .args(["sh", "-c", "sleep 0.15"])
+        .args(command)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -99,10 +108,9 @@ async fn limits_hold(servers: &[ServerProcess]) {
         ids.push(job.id);
     }
     let url = |i: usize| servers[i % servers.len()].url();
-    let mut workers: Vec<Child> = (0..4).map(|i| worker(&url(i), &format!("w{i}"))).collect();
-
-    // Kill w0 while it runs a job (its leases come back when its stream
-    // drops, or when they run out).
+    // w0 comes first and hangs in every job: it is killed while it runs
+    // them (their leases come back when its stream drops, or run out).
+    let mut w0 = worker_of(&url(0), QUEUE, "w0", 3, &["sleep", "30"]);
     let c = &clients[0];
     until(Duration::from_secs(30), "w0 runs a job", || async {
         for id in &ids {
@@ -114,9 +122,9 @@ async fn limits_hold(servers: &[ServerProcess]) {
         None
     })
     .await;
-    workers[0].kill().expect("SIGKILL w0");
-    let _ = workers[0].wait();
-    workers.push(worker(&url(1), "w4"));
+    w0.kill().expect("SIGKILL w0");
+    let _ = w0.wait();
+    let mut workers: Vec<Child> = (1..5).map(|i| worker(&url(i), &format!("w{i}"))).collect();
 
     let jobs: Vec<Job> = until(Duration::from_secs(90), "every job DONE", || async {
         let mut jobs = Vec::new();
@@ -130,7 +138,7 @@ async fn limits_hold(servers: &[ServerProcess]) {
         Some(jobs)
     })
     .await;
-    for w in &mut workers[1..] {
+    for w in &mut workers {
         signal(w, libc::SIGTERM);
         let _ = w.wait();
     }
@@ -218,4 +226,121 @@ async fn on_three_postgres_servers_limits_hold_at_every_instant_across_a_killed_
         })
         .collect();
     limits_hold(&servers).await;
+}
+
+/// Takes `limit` a second with a burst of a tenth of it, through
+/// `servers`, for about `secs` seconds of work: judged from when each
+/// job's attempt started.
+async fn rate_holds(servers: &[ServerProcess], limit: u32, secs: u32, tolerance: f64) {
+    const RATED: &str = "rated";
+    let burst = (limit / 10).max(1);
+    let c = servers[0].client().await;
+    let rate = RateLimit::new(limit, Duration::from_secs(1)).burst(burst);
+    c.set_queue_policy(RATED, QueuePolicy::new().rate(rate))
+        .await
+        .expect("set the policy");
+    let n = (burst + limit * secs) as usize;
+    let mut ids = Vec::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let jobs: Vec<_> = chunk
+            .iter()
+            .map(|i| EnqueueOptions::new().into_request(RATED, "call-api", format!("call-{i}")))
+            .collect();
+        for r in c.enqueue_batch(jobs).await.expect("enqueue") {
+            ids.push(r.job.expect("accepted").id);
+        }
+    }
+    let mut workers: Vec<Child> = (0..3)
+        .map(|i| {
+            let url = servers[i % servers.len()].url();
+            worker_of(&url, RATED, &format!("r{i}"), 16, &["true"])
+        })
+        .collect();
+    let limit_time = Duration::from_secs(u64::from(secs) * 3 + 30);
+    // Jobs go in enqueue order: the last one first (a GetJob is cheaper to
+    // ask every few milliseconds than a Stats), then all of them.
+    let last = ids.last().expect("jobs").clone();
+    until(limit_time, "the last rated job DONE", || async {
+        (c.job(last.clone()).await.expect("get").status == Status::Done).then_some(())
+    })
+    .await;
+    until(limit_time, "every rated job DONE", || async {
+        let stats = c.queue_stats(Some(RATED)).await.expect("stats");
+        (stats[0].done == n as u64).then_some(())
+    })
+    .await;
+    let mut starts: Vec<SystemTime> = Vec::new();
+    for id in &ids {
+        let j = c.job(id.clone()).await.expect("get");
+        starts.extend(j.history.iter().filter_map(|a| a.started_at));
+    }
+    for w in &mut workers {
+        signal(w, libc::SIGTERM);
+        let _ = w.wait();
+    }
+    starts.sort();
+    assert_eq!(starts.len(), n, "one attempt per job");
+    // No second holds more than the limit plus the burst.
+    let mut most = 0;
+    for (i, &s) in starts.iter().enumerate() {
+        let within = starts[i..]
+            .iter()
+            .take_while(|&&t| t < s + Duration::from_secs(1))
+            .count();
+        most = most.max(within);
+    }
+    // After the burst, the pace: (n - burst) takes over the span.
+    let span = starts[n - 1]
+        .duration_since(starts[0])
+        .expect("in order")
+        .as_secs_f64();
+    let pace = f64::from(limit * secs) / span;
+    println!(
+        "rate {limit}/s, burst {burst}, {} servers: {n} jobs started over {span:.2} s, \
+         a pace of {pace:.1}/s after the burst ({:+.2} %); at most {most} in one second",
+        servers.len(),
+        (pace / f64::from(limit) - 1.0) * 100.0
+    );
+    assert!(
+        most <= (limit + burst) as usize,
+        "{most} started within one second; the limit is {limit}/s with a burst of {burst}"
+    );
+    assert!(
+        (pace / f64::from(limit) - 1.0).abs() <= tolerance,
+        "a pace of {pace:.1}/s for a limit of {limit}/s"
+    );
+}
+
+/// The rate test's size: 50/s for 4 s (5 %), or with `JOBQ_RATE_LONG=1`
+/// 100/s for 60 s (2 %).
+fn rate_profile() -> (u32, u32, f64) {
+    if std::env::var_os("JOBQ_RATE_LONG").is_some() {
+        (100, 60, 0.02)
+    } else {
+        (50, 4, 0.05)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sled_a_rate_limit_keeps_its_pace_and_its_burst() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ServerProcess::start(dir.path(), &[]);
+    let (limit, secs, tolerance) = rate_profile();
+    rate_holds(std::slice::from_ref(&server), limit, secs, tolerance).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_three_postgres_servers_a_rate_limit_keeps_its_pace_and_its_burst() {
+    let url = testing::fresh_database("jobq_e2e").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let servers: Vec<ServerProcess> = (0..3)
+        .map(|i| {
+            ServerProcess::start(
+                &dir.path().join(format!("s{i}")),
+                &["--store", &url, "--server-timeout", "2s"],
+            )
+        })
+        .collect();
+    let (limit, secs, tolerance) = rate_profile();
+    rate_holds(&servers, limit, secs, tolerance).await;
 }

@@ -31,14 +31,15 @@ from jobq.errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineEx
                          ResourceExhausted, Retry, Snooze, Unauthenticated, Unavailable,
                          Unimplemented, Unknown, WaitTimeout)
 from jobq.models import (Attempt, EnqueueResult, Enqueued, Job, LeasedJob, NewJob, Outcome,
-                         QueuePolicy, QueueStats, Schedule, Status)
+                         QueuePolicy, QueueStats, RateLimit, Schedule, Status)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
 from jobq.worker import Handler, Queues, Worker
 
 __all__ = [
     "Client", "Worker", "JobContext", "AsyncJobContext", "BaseJobContext", "Handler", "Queues",
-    "Job", "Attempt", "Status", "Outcome", "QueueStats", "QueuePolicy", "EnqueueResult", "Enqueued",
+    "Job", "Attempt", "Status", "Outcome", "QueueStats", "QueuePolicy", "RateLimit",
+    "EnqueueResult", "Enqueued",
     "LeasedJob", "Schedule", "NewJob",
     "Fatal", "Retry", "Snooze",
     "JobqError", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",

@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2
 
 from jobq import _trace
 from jobq.errors import Fatal as Fatal, JobLost as JobLost, Retry as Retry  # re-exported
-from jobq.models import NewJob, QueueStats
+from jobq.models import NewJob, QueueStats, RateLimit
 from jobq.v1 import jobq_pb2 as pb
 
 Seconds = Union[int, float, timedelta]
@@ -337,10 +337,14 @@ def schedule_request(name: str, queue: str, kind: str, payload: Union[bytes, str
                                     cron=cron, timezone=timezone, max_attempts=max_attempts)
 
 
-def policy_request(queue: str, max_running: int, group_max_running: int
-                   ) -> pb.SetQueuePolicyRequest:
-    return pb.SetQueuePolicyRequest(queue=queue, policy=pb.QueuePolicy(
-        max_running=max_running, group_max_running=group_max_running))
+def policy_request(queue: str, max_running: int, group_max_running: int,
+                   rate: Optional[RateLimit]) -> pb.SetQueuePolicyRequest:
+    policy = pb.QueuePolicy(max_running=max_running, group_max_running=group_max_running)
+    if rate is not None:
+        policy.rate.limit = rate.limit
+        policy.rate.per.FromTimedelta(rate.per)
+        policy.rate.burst = rate.burst
+    return pb.SetQueuePolicyRequest(queue=queue, policy=policy)
 
 
 def stats_of(resp: pb.StatsResponse) -> Dict[str, QueueStats]:

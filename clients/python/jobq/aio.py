@@ -24,7 +24,7 @@ from jobq.context import AsyncJobContext
 from jobq.errors import (DeadlineExceeded, Fatal, JobFailed, JobLost, JobqError, Retry, Snooze,
                          WaitTimeout, code_of, from_rpc_error)
 from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueuePolicy, QueueStats,
-                         Status,
+                         RateLimit, Status,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -204,10 +204,11 @@ class AsyncClient:
         return any(q.paused for q in resp.queues if q.queue == queue)
 
     async def set_queue_policy(self, queue: str, *, max_running: int = 0,
-                               group_max_running: int = 0) -> None:
+                               group_max_running: int = 0,
+                               rate: Optional[RateLimit] = None) -> None:
         """As Client.set_queue_policy."""
         await self._unary(self.stub.SetQueuePolicy,
-                          c.policy_request(queue, max_running, group_max_running))
+                          c.policy_request(queue, max_running, group_max_running, rate))
 
     async def queue_policy(self, queue: str) -> QueuePolicy:
         resp = await self._unary(self.stub.GetQueuePolicy,

@@ -15,7 +15,7 @@ from jobq._common import Seconds, StatusLike
 from jobq.errors import (DeadlineExceeded, JobFailed, JobLost, JobqError, WaitTimeout,
                          from_rpc_error)
 from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueuePolicy, QueueStats,
-                         Status,
+                         RateLimit, Status,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -283,16 +283,18 @@ class Client:
         return any(q.paused for q in resp.queues if q.queue == queue)
 
     def set_queue_policy(self, queue: str, *, max_running: int = 0,
-                         group_max_running: int = 0) -> None:
+                         group_max_running: int = 0,
+                         rate: Optional[RateLimit] = None) -> None:
         """Limits how many of ``queue``'s jobs run at once, over every server
         (``max_running``) and per group (``group_max_running``; 1 runs each
-        group's jobs one at a time, in enqueue order); 0 is no limit, and
-        all 0 clears the policy. A held job stays PENDING and keeps its
+        group's jobs one at a time, in enqueue order), and how many are taken
+        per period (``rate=RateLimit(100, timedelta(seconds=1))``, over every
+        server); 0 is no limit, and none at all clears the policy. A held job stays PENDING and keeps its
         place. Persisted. ``InvalidArgument`` over 100000,
         ``ResourceExhausted`` past the server's --max-queue-policies.
         Needs the admin role."""
         self._unary(self.stub.SetQueuePolicy,
-                    c.policy_request(queue, max_running, group_max_running))
+                    c.policy_request(queue, max_running, group_max_running, rate))
 
     def queue_policy(self, queue: str) -> QueuePolicy:
         """The policy of ``queue`` (falsy when it has none)."""

@@ -206,6 +206,8 @@ class QueueStats:
     held_max_running: int = 0
     #: Due PENDING jobs held back by group_max_running.
     held_group_max_running: int = 0
+    #: Due PENDING jobs held back because the rate limit has no token.
+    held_rate: int = 0
 
     @classmethod
     def from_pb(cls, q: pb.QueueStats) -> "QueueStats":
@@ -213,7 +215,8 @@ class QueueStats:
                    failed=q.failed, oldest_pending_age=_span(q, "oldest_pending_age"),
                    paused=q.paused, policy=QueuePolicy.from_pb(q.policy),
                    held_max_running=q.held_max_running,
-                   held_group_max_running=q.held_group_max_running)
+                   held_group_max_running=q.held_group_max_running,
+                   held_rate=q.held_rate)
 
     def counts(self) -> Dict[str, int]:
         """{"pending": n, "running": n, "done": n, "failed": n}."""
@@ -225,6 +228,15 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """A token bucket: ``limit`` takes per ``per``, at most ``burst`` at
+    once after a quiet spell (0: ``limit``)."""
+    limit: int
+    per: timedelta = timedelta(seconds=1)
+    burst: int = 0
+
+
+@dataclass(frozen=True)
 class QueuePolicy:
     """How a queue's work is shaped (``set_queue_policy``); 0 means no
     limit. ``group_max_running=1`` runs each group's jobs one at a time, in
@@ -233,13 +245,19 @@ class QueuePolicy:
     max_running: int = 0
     #: RUNNING jobs of one group (``enqueue(group=…)``) at once.
     group_max_running: int = 0
+    #: Takes of the queue's jobs per period, over every server.
+    rate: Optional[RateLimit] = None
 
     @classmethod
     def from_pb(cls, p: pb.QueuePolicy) -> "QueuePolicy":
-        return cls(max_running=p.max_running, group_max_running=p.group_max_running)
+        rate = None
+        if p.HasField("rate") and p.rate.limit > 0:
+            rate = RateLimit(p.rate.limit, p.rate.per.ToTimedelta(), p.rate.burst)
+        return cls(max_running=p.max_running, group_max_running=p.group_max_running,
+                   rate=rate)
 
     def __bool__(self) -> bool:
-        return bool(self.max_running or self.group_max_running)
+        return bool(self.max_running or self.group_max_running or self.rate)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ import grpc
 
 from harness import Server, run_tests
 from jobq import (Client, EnqueueResult, FailedPrecondition, InvalidArgument, Job, JobLost,
-                  JobqError, NewJob, NotFound, QueuePolicy, QueueStats, Status, Unavailable)
+                  JobqError, NewJob, NotFound, QueuePolicy, QueueStats, RateLimit, Status,
+                  Unavailable)
 from jobq._common import revoke_reason
 from jobq.aio import AsyncClient
 
@@ -130,6 +131,16 @@ def queue_policies(tmp: str, client: Client, addr: str) -> None:
         assert "max_running" in str(e), e
     client.set_queue_policy("py-policy")
     assert not client.queue_policy("py-policy")
+    # Two takes an hour: the third job waits, PENDING, counted as held.
+    hourly = RateLimit(2, timedelta(hours=1))
+    client.set_queue_policy("py-rate", rate=hourly)
+    assert client.queue_policy("py-rate").rate == hourly
+    for i in range(3):
+        client.enqueue("py-rate", "call-api", str(i))
+    assert client.dequeue(["py-rate"], "py-w") is not None
+    assert client.dequeue(["py-rate"], "py-w") is not None
+    assert client.dequeue(["py-rate"], "py-w") is None, "the bucket is empty"
+    assert client.stats("py-rate")["py-rate"].held_rate == 1
 
     async def from_asyncio() -> None:
         async with AsyncClient(addr) as ac:

@@ -15,6 +15,7 @@ import {
   JobStatus,
   type LeasedJob,
   type LeaseEvent,
+  type QueuePolicy,
   type Schedule,
 } from "./gen/jobq/v1/jobq_pb.js";
 import { type AnyKinds, encodePayload, type KindMap } from "./payload.js";
@@ -67,6 +68,15 @@ export interface QueuePolicyLimits {
   maxRunning?: number;
   /** RUNNING jobs of one group at once; 1 runs each group's jobs one at a time, in enqueue order. */
   groupMaxRunning?: number;
+  /** Takes of the queue's jobs per period, over every server (a token bucket); undefined: none. */
+  rate?: RateLimitSpec | undefined;
+}
+
+/** `limit` takes per `perMs`, at most `burst` at once after a quiet spell (0 or unset: `limit`). */
+export interface RateLimitSpec {
+  limit: number;
+  perMs: number;
+  burst?: number;
 }
 
 /** One entry of enqueueBatch. */
@@ -94,11 +104,20 @@ export interface QueueCounts {
   /** How long the oldest due PENDING job has waited; undefined when none is due. */
   oldestPendingAgeMs: number | undefined;
   /** The queue's policy (all 0: none). */
-  policy: Required<QueuePolicyLimits>;
+  policy: QueuePolicyView;
   /** Due PENDING jobs held back because the queue runs maxRunning. */
   heldMaxRunning: number;
   /** Due PENDING jobs held back by groupMaxRunning. */
   heldGroupMaxRunning: number;
+  /** Due PENDING jobs held back because the rate limit has no token. */
+  heldRate: number;
+}
+
+/** A queue's policy as the server reports it. */
+export interface QueuePolicyView {
+  maxRunning: number;
+  groupMaxRunning: number;
+  rate: Required<RateLimitSpec> | undefined;
 }
 
 export interface LeaseRefLike {
@@ -412,14 +431,15 @@ export class Client<Kinds extends KindMap = AnyKinds> {
    * INVALID_ARGUMENT over 100 000, RESOURCE_EXHAUSTED past --max-queue-policies. Needs the admin role.
    */
   async setQueuePolicy(queue: string, policy: QueuePolicyLimits): Promise<void> {
-    const limits = { maxRunning: policy.maxRunning ?? 0, groupMaxRunning: policy.groupMaxRunning ?? 0 };
+    const rate = policy.rate && { limit: policy.rate.limit, per: duration(policy.rate.perMs), burst: policy.rate.burst ?? 0 };
+    const limits = { maxRunning: policy.maxRunning ?? 0, groupMaxRunning: policy.groupMaxRunning ?? 0, rate };
     await this.call(() => this.raw.setQueuePolicy({ queue, policy: limits }, { timeoutMs: this.timeoutMs }));
   }
 
   /** The policy of `queue` (all 0 when it has none). */
-  async queuePolicy(queue: string): Promise<Required<QueuePolicyLimits>> {
+  async queuePolicy(queue: string): Promise<QueuePolicyView> {
     const resp = await this.call(() => this.raw.getQueuePolicy({ queue }, { timeoutMs: this.timeoutMs }));
-    return { maxRunning: resp.policy?.maxRunning ?? 0, groupMaxRunning: resp.policy?.groupMaxRunning ?? 0 };
+    return policyView(resp.policy);
   }
 
   /** Deletes a PENDING, DONE or FAILED job for good; FAILED_PRECONDITION for a RUNNING one. */
@@ -548,11 +568,22 @@ export class Client<Kinds extends KindMap = AnyKinds> {
         failed: Number(q.failed),
         paused: q.paused,
         oldestPendingAgeMs: millis(q.oldestPendingAge),
-        policy: { maxRunning: q.policy?.maxRunning ?? 0, groupMaxRunning: q.policy?.groupMaxRunning ?? 0 },
+        policy: policyView(q.policy),
         heldMaxRunning: Number(q.heldMaxRunning),
         heldGroupMaxRunning: Number(q.heldGroupMaxRunning),
+        heldRate: Number(q.heldRate),
       };
     }
     return out;
   }
+}
+
+/** A policy from the wire (unset: none). */
+function policyView(p: QueuePolicy | undefined): QueuePolicyView {
+  const r = p?.rate;
+  return {
+    maxRunning: p?.maxRunning ?? 0,
+    groupMaxRunning: p?.groupMaxRunning ?? 0,
+    rate: r && r.limit > 0 ? { limit: r.limit, perMs: millis(r.per) ?? 0, burst: r.burst } : undefined,
+  };
 }

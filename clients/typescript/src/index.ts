@@ -13,6 +13,8 @@ export {
   MAX_HEARTBEAT_LEASES,
   type QueueCounts,
   type QueuePolicyLimits,
+  type QueuePolicyView,
+  type RateLimitSpec,
   type StatusLike,
 } from "./client.js";
 export { DEFAULT_SERVER, isLoopback, parseServer, type Endpoint, type Pem } from "./config.js";

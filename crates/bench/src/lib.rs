@@ -61,6 +61,12 @@ pub struct BenchArgs {
     )]
     pub workloads: Vec<Workload>,
 
+    /// Set `max_running N` on every queue of the run before its workload
+    /// (0: no policy), to measure what a policy costs: a limit above the
+    /// workers' capacity holds nothing back.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub policy_max_running: u32,
+
     /// Jobs per throughput workload (A, A-batch, B).
     #[arg(long, default_value_t = 20_000)]
     pub jobs: u64,
@@ -156,6 +162,14 @@ pub struct BenchArgs {
     /// `SKIP LOCKED` job loop against it, for comparison in the same run.
     #[arg(long, value_name = "URL")]
     pub pg: Option<String>,
+}
+
+impl BenchArgs {
+    /// The policy `--policy-max-running` asks for.
+    fn policy(&self) -> Option<jobq_client::QueuePolicy> {
+        (self.policy_max_running > 0)
+            .then(|| jobq_client::QueuePolicy::new().max_running(self.policy_max_running))
+    }
 }
 
 /// `--server URL`, counted only when given on the command line.
@@ -447,7 +461,7 @@ pub async fn measure(
         }
     };
     let shared = match args.connections {
-        Connections::Shared(n) => Some(pool::Pool::connect(&server.url(), n).await?),
+        Connections::Shared(n) => Some(pool::Pool::connect(&server.url(), n, args.policy()).await?),
         Connections::Own => None,
     };
     if !args.json {
@@ -464,7 +478,7 @@ pub async fn measure(
             Some(pool) if !workload.own_connections() => pool,
             _ => {
                 let n = workloads::clients(workload, &args);
-                own = pool::Pool::connect(&server.url(), n).await?;
+                own = pool::Pool::connect(&server.url(), n, args.policy()).await?;
                 &own
             }
         };

@@ -8,18 +8,20 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use jobq_client::Client;
+use jobq_client::{Client, QueuePolicy};
 
 /// A fixed set of connected clients.
 pub struct Pool {
     clients: Vec<Client>,
     run_id: String,
+    /// Set on every queue before its workload runs (`--policy-max-running`).
+    policy: Option<QueuePolicy>,
 }
 
 impl Pool {
     /// Opens `n` connections to `url`; a comma-separated list of URLs
     /// (several servers over one PostgreSQL) spreads them round-robin.
-    pub async fn connect(url: &str, n: usize) -> anyhow::Result<Pool> {
+    pub async fn connect(url: &str, n: usize, policy: Option<QueuePolicy>) -> anyhow::Result<Pool> {
         let urls: Vec<&str> = url.split(',').map(str::trim).collect();
         let mut clients = Vec::with_capacity(n);
         for i in 0..n {
@@ -32,6 +34,7 @@ impl Pool {
         Ok(Pool {
             clients,
             run_id: run_id(),
+            policy,
         })
     }
 
@@ -45,6 +48,18 @@ impl Pool {
     /// other's jobs.
     pub fn queue(&self, workload: &str) -> String {
         format!("bench-{}-{workload}", self.run_id)
+    }
+
+    /// [`Pool::queue`], with the run's policy set on it first, if any.
+    pub async fn queue_for(&self, workload: &str) -> anyhow::Result<String> {
+        let queue = self.queue(workload);
+        if let (Some(policy), Some(client)) = (self.policy, self.clients.first()) {
+            client
+                .set_queue_policy(queue.clone(), policy)
+                .await
+                .with_context(|| format!("cannot set the policy of {queue}"))?;
+        }
+        Ok(queue)
     }
 }
 
@@ -66,6 +81,7 @@ mod tests {
         let pool = Pool {
             clients: Vec::new(),
             run_id: run_id(),
+            policy: None,
         };
         let (a, b) = (pool.queue("enqueue"), pool.queue("drain"));
         assert_ne!(a, b);

@@ -100,7 +100,7 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
             q.failed.to_string(),
             duration_text(std_duration(q.oldest_pending_age.as_ref())),
             if q.paused { "yes" } else { "no" }.to_owned(),
-            (q.held_max_running + q.held_group_max_running).to_string(),
+            (q.held_max_running + q.held_group_max_running + q.held_rate).to_string(),
             crate::policy::describe(&q.policy.map(Into::into).unwrap_or_default()),
         ]);
     }
@@ -110,8 +110,9 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
 
 /// `[{"queue", "pending", "running", "done", "failed",
 /// "oldest_pending_age_secs" (a number, or null when nothing is due),
-/// "paused", "policy": {"max_running", "group_max_running"},
-/// "held": {"max_running", "group_max_running"}}]`.
+/// "paused", "policy": {"max_running", "group_max_running", "rate_per_sec"
+/// (null: none)},
+/// "held": {"max_running", "group_max_running", "rate"}}]`.
 fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
     stats
         .iter()
@@ -126,12 +127,17 @@ fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
                     std_duration(q.oldest_pending_age.as_ref()).map(|d| d.as_secs_f64()),
                 "paused": q.paused,
                 "policy": {
-                    "max_running": q.policy.map_or(0, |p| p.max_running),
-                    "group_max_running": q.policy.map_or(0, |p| p.group_max_running),
+                    "max_running": q.policy.as_ref().map_or(0, |p| p.max_running),
+                    "group_max_running": q.policy.as_ref().map_or(0, |p| p.group_max_running),
+                    "rate_per_sec": q.policy.as_ref().and_then(|p| p.rate.as_ref()).map(|r| {
+                        let per = std_duration(r.per.as_ref()).unwrap_or_default();
+                        f64::from(r.limit) / per.as_secs_f64().max(1e-9)
+                    }),
                 },
                 "held": {
                     "max_running": q.held_max_running,
                     "group_max_running": q.held_group_max_running,
+                    "rate": q.held_rate,
                 },
             })
         })

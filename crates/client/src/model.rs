@@ -425,6 +425,8 @@ pub struct QueueStats {
     pub held_max_running: u64,
     /// Due PENDING jobs held back by `group_max_running`.
     pub held_group_max_running: u64,
+    /// Due PENDING jobs held back because the rate limit has no token.
+    pub held_rate: u64,
 }
 
 /// How a queue's work is shaped; zero means no limit
@@ -445,6 +447,47 @@ pub struct QueuePolicy {
     /// RUNNING jobs of one group at once; 1 runs each group's jobs one at
     /// a time, in enqueue order.
     pub group_max_running: u32,
+    /// Takes of the queue's jobs per period, over every server.
+    pub rate: Option<RateLimit>,
+}
+
+/// A token bucket: `limit` takes per `per`, at most `burst` at once
+/// (0: `limit`).
+///
+/// ```
+/// use std::time::Duration;
+/// use jobq_client::{QueuePolicy, RateLimit};
+///
+/// // 100 a second, never more than 10 at once.
+/// let policy = QueuePolicy::new().rate(RateLimit::new(100, Duration::from_secs(1)).burst(10));
+/// assert_eq!(policy.rate.unwrap().limit, 100);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimit {
+    /// Tokens per period (1..=1,000,000).
+    pub limit: u32,
+    /// The period (1 ms to 1 day).
+    pub per: Duration,
+    /// The bucket's size; 0 means `limit`.
+    pub burst: u32,
+}
+
+impl RateLimit {
+    /// `limit` takes per `per`, as many at once as `limit`.
+    pub fn new(limit: u32, per: Duration) -> Self {
+        Self {
+            limit,
+            per,
+            burst: 0,
+        }
+    }
+
+    /// Sets the bucket's size: how many may go at once after a quiet spell.
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.burst = burst;
+        self
+    }
 }
 
 impl QueuePolicy {
@@ -465,6 +508,12 @@ impl QueuePolicy {
         self
     }
 
+    /// Sets the rate limit.
+    pub fn rate(mut self, rate: RateLimit) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
     /// Whether it limits nothing.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
@@ -476,6 +525,14 @@ impl From<pb::QueuePolicy> for QueuePolicy {
         Self {
             max_running: p.max_running,
             group_max_running: p.group_max_running,
+            rate: p.rate.filter(|r| r.limit > 0).map(|r| RateLimit {
+                limit: r.limit,
+                per: r
+                    .per
+                    .and_then(|d| Duration::try_from(d).ok())
+                    .unwrap_or_default(),
+                burst: r.burst,
+            }),
         }
     }
 }
@@ -485,6 +542,11 @@ impl From<QueuePolicy> for pb::QueuePolicy {
         pb::QueuePolicy {
             max_running: p.max_running,
             group_max_running: p.group_max_running,
+            rate: p.rate.map(|r| pb::RateLimit {
+                limit: r.limit,
+                per: prost_types::Duration::try_from(r.per).ok(),
+                burst: r.burst,
+            }),
         }
     }
 }
@@ -504,6 +566,7 @@ impl From<pb::QueueStats> for QueueStats {
             policy: s.policy.map(Into::into).unwrap_or_default(),
             held_max_running: s.held_max_running,
             held_group_max_running: s.held_group_max_running,
+            held_rate: s.held_rate,
         }
     }
 }

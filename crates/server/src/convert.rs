@@ -163,6 +163,7 @@ impl From<QueueStats> for pb::QueueStats {
             policy: Some(s.policy.into()),
             held_max_running: s.held_max_running,
             held_group_max_running: s.held_group_max_running,
+            held_rate: s.held_rate,
         }
     }
 }
@@ -172,6 +173,11 @@ impl From<QueuePolicy> for pb::QueuePolicy {
         pb::QueuePolicy {
             max_running: p.max_running,
             group_max_running: p.group_max_running,
+            rate: p.rate.map(|r| pb::RateLimit {
+                limit: r.limit,
+                per: Some(duration(r.per)),
+                burst: r.burst,
+            }),
         }
     }
 }

@@ -160,7 +160,7 @@ impl Metrics {
         registry.register(
             "jobq_jobs_held",
             "Due PENDING jobs a queue policy holds back, by queue and reason \
-             (max_running, group_max_running); queues with a policy only",
+             (max_running, group_max_running, rate); queues with a policy only",
             held.clone(),
         );
         registry.register(
@@ -366,6 +366,7 @@ impl Metrics {
                 for (reason, n) in [
                     ("max_running", s.held_max_running),
                     ("group_max_running", s.held_group_max_running),
+                    ("rate", s.held_rate),
                 ] {
                     self.held
                         .get_or_create(&QueueReason {

@@ -576,6 +576,26 @@ fn limit() -> BoxedStrategy<u32> {
     .boxed()
 }
 
+/// A policy's rate limit (limit, per, burst): mostly none, sometimes out
+/// of range.
+fn rate() -> BoxedStrategy<Option<(u32, Option<prost_types::Duration>, u32)>> {
+    let per = prop_oneof![
+        1 => Just(None),
+        3 => Just(Some(prost_types::Duration { seconds: 1, nanos: 0 })),
+        1 => Just(Some(prost_types::Duration { seconds: 0, nanos: 1_000_000 })),
+        1 => Just(Some(prost_types::Duration { seconds: 0, nanos: 0 })),
+        1 => Just(Some(prost_types::Duration { seconds: 2 * 86_400, nanos: 0 })),
+        1 => Just(Some(prost_types::Duration { seconds: -1, nanos: 0 })),
+    ];
+    let most = jobq_server::policy::MOST_TOKENS;
+    prop_oneof![
+        3 => Just(None),
+        2 => (prop_oneof![Just(0u32), Just(1), Just(100), Just(most), Just(most + 1)], per, prop_oneof![Just(0u32), Just(5), Just(most + 1)])
+            .prop_map(Some),
+    ]
+    .boxed()
+}
+
 /// Enqueue priority: mostly 0, often in range, sometimes out of it.
 fn priority() -> BoxedStrategy<i32> {
     prop_oneof![
@@ -665,6 +685,7 @@ enum Op {
         queue: String,
         max_running: u32,
         group_max_running: u32,
+        rate: Option<(u32, Option<prost_types::Duration>, u32)>,
     },
     Delete(IdGen),
     Purge {
@@ -779,7 +800,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()].prop_map(Op::Pause),
         2 => prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()].prop_map(Op::Resume),
         2 => (prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()], limit(), limit())
-            .prop_map(|(queue, max_running, group_max_running)| Op::SetPolicy { queue, max_running, group_max_running }),
+            .prop_flat_map(|(queue, max_running, group_max_running)| rate().prop_map(move |rate| Op::SetPolicy { queue: queue.clone(), max_running, group_max_running, rate })),
         1 => id().prop_map(Op::Delete),
         1 => (prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()], status(), finished_before())
             .prop_map(|(queue, status, finished_before)| Op::Purge { queue, status, finished_before }),
@@ -1526,22 +1547,42 @@ impl Harness {
                 queue,
                 max_running,
                 group_max_running,
+                rate,
             } => {
                 let most = jobq_server::policy::MOST_RUNNING;
+                let tokens = jobq_server::policy::MOST_TOKENS;
+                let rate_v = match rate {
+                    Some((limit, per, burst)) if *limit > 0 => {
+                        let (shortest, longest) = jobq_server::policy::PERIODS;
+                        let per_ok = per
+                            .and_then(|d| Duration::try_from(d).ok())
+                            .is_some_and(|d| d >= shortest && d <= longest);
+                        all([
+                            bad_if(*limit > tokens),
+                            bad_if(!per_ok),
+                            bad_if(*burst > tokens),
+                        ])
+                    }
+                    _ => V::Valid,
+                };
                 let v = all([
                     name_v(queue),
                     bad_if(*max_running > most),
                     bad_if(*group_max_running > most),
+                    rate_v,
                 ]);
+                let rate_pb = rate.map(|(limit, per, burst)| pb::RateLimit { limit, per, burst });
                 let req = pb::SetQueuePolicyRequest {
                     queue: queue.clone(),
                     policy: Some(pb::QueuePolicy {
                         max_running: *max_running,
                         group_max_running: *group_max_running,
+                        rate: rate_pb,
                     }),
                 };
                 let code = code_of(&self.svc.set_queue_policy(Request::new(req)).await);
-                let clears = *max_running == 0 && *group_max_running == 0;
+                let rated = rate.is_some_and(|(limit, _, _)| limit > 0);
+                let clears = *max_running == 0 && *group_max_running == 0 && !rated;
                 if v == V::Valid {
                     let full = self.policies.len() >= LIMITS.max_queue_policies;
                     let expected = match clears || self.policies.contains(queue) || !full {

@@ -35,7 +35,7 @@ pub async fn run_analyzed(
     analyze: Option<&str>,
 ) -> anyhow::Result<Outcome> {
     let name = workload.name();
-    let queue = pool.queue(name);
+    let queue = pool.queue_for(name).await?;
     let filling = progress.bar("drain (fill)", args.jobs);
     fill(pool, &queue, args, FILL_PRODUCERS, &filling).await?;
     filling.finish_and_clear();

@@ -23,7 +23,7 @@ pub async fn single(
     pool: &Pool,
     progress: &Progress,
 ) -> anyhow::Result<Outcome> {
-    let queue = pool.queue(workload.name());
+    let queue = pool.queue_for(workload.name()).await?;
     let bar = progress.bar(workload.name(), args.jobs);
     let tickets = Tickets::new(args.jobs);
     let start = Instant::now();
@@ -59,7 +59,7 @@ pub async fn single(
 
 /// A-batch: `--batch-size` jobs per EnqueueBatch RPC.
 pub async fn batch(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::Result<Outcome> {
-    let queue = pool.queue(Workload::EnqueueBatch.name());
+    let queue = pool.queue_for(Workload::EnqueueBatch.name()).await?;
     let bar = progress.bar(Workload::EnqueueBatch.name(), args.jobs);
     let start = Instant::now();
     let rpc = fill(pool, &queue, args, args.producers, &bar).await?;

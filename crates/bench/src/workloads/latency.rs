@@ -38,7 +38,7 @@ pub async fn run(
 ) -> anyhow::Result<Outcome> {
     anyhow::ensure!(args.rate > 0, "--rate must be at least 1");
     let name = workload.name();
-    let queue = pool.queue(name);
+    let queue = pool.queue_for(name).await?;
     let total = args.latency_jobs;
     let bar = progress.bar(name, total);
     let shared = worker::Shared::new(Some(total), bar.clone(), true);

@@ -24,7 +24,7 @@ use crate::{hist::Latencies, pool::Pool, progress::Progress, stamp, BenchArgs, O
 /// Runs the mixed workload.
 pub async fn run(args: &BenchArgs, pool: &Pool, progress: &Progress) -> anyhow::Result<Outcome> {
     let name = Workload::Mixed.name();
-    let queue = pool.queue(name);
+    let queue = pool.queue_for(name).await?;
     let bar = match args.mixed_jobs {
         Some(n) => progress.bar(name, n),
         None => {

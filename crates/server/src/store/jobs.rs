@@ -756,14 +756,19 @@ impl<B: Backend> Store for Jobs<B> {
                 let Some(last) = self.backend.last_pending(queue).await? else {
                     return Ok(0);
                 };
-                return self
+                let purged = self
                     .purge_where(Retention {
                         done_before: never,
                         failed_before: never,
                         queue: Some(queue.to_owned()),
                         pending_through: Some(last),
                     })
-                    .await;
+                    .await?;
+                // A purged job may have held its group (a sequence's head).
+                if self.backend.limited(queue) {
+                    self.commit(&[], vec![queue.to_owned()]).await?;
+                }
+                return Ok(purged);
             }
             Some(Status::Running) => {
                 return Err(Error::InvalidArgument(rules::RUNNING_PURGE.into()))
@@ -781,9 +786,13 @@ impl<B: Backend> Store for Jobs<B> {
     async fn delete(&self, id: JobId) -> Result<()> {
         self.check()?;
         self.written(self.backend.delete(id).await)?;
-        // A deleted job makes nothing due and its freed key needs no
-        // wake-up: the reply only waits until the delete is durable.
-        self.commit(&[], Vec::new()).await
+        // A deleted job's freed key needs no wake-up, but a PENDING one
+        // may have held its group (a sequence's head) in a queue with a
+        // policy, whose name the delete does not return: every waiter
+        // looks once (deletes are an operator's, and rare).
+        self.commit(&[], Vec::new()).await?;
+        self.signals.bump_changes();
+        Ok(())
     }
 
     async fn put_schedule(

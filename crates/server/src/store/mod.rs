@@ -128,6 +128,8 @@ pub struct QueueStats {
     pub held_max_running: u64,
     /// Due PENDING jobs held back by `group_max_running`.
     pub held_group_max_running: u64,
+    /// Due PENDING jobs held back because the rate limit has no token.
+    pub held_rate: u64,
 }
 
 /// The outcome of extending one lease in a heartbeat.

@@ -12,7 +12,7 @@ use crate::{
     error::{Error, Result},
     job::{JobId, Status},
     machine,
-    policy::QueuePolicy,
+    policy::{QueuePolicy, Rate},
     store::rules::RUNNING_PURGE,
 };
 
@@ -80,9 +80,27 @@ pub fn policy_room(policies: usize, already: bool, most: usize) -> Result<()> {
 pub fn set_policy(req: pb::SetQueuePolicyRequest) -> Result<(String, QueuePolicy)> {
     name("queue", &req.queue)?;
     let p = req.policy.unwrap_or_default();
+    let rate = match p.rate {
+        Some(r) if r.limit > 0 => {
+            let per = r
+                .per
+                .ok_or_else(|| invalid("rate: per is required with a limit"))
+                .and_then(|d| {
+                    std::time::Duration::try_from(d)
+                        .map_err(|_| invalid("rate: per must not be negative"))
+                })?;
+            Some(Rate {
+                limit: r.limit,
+                per,
+                burst: r.burst,
+            })
+        }
+        _ => None,
+    };
     let policy = QueuePolicy {
         max_running: p.max_running,
         group_max_running: p.group_max_running,
+        rate,
     };
     policy.check()?;
     Ok((req.queue, policy))

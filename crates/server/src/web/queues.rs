@@ -17,6 +17,9 @@ fn policy_text(p: &QueuePolicy) -> String {
     if p.group_max_running > 0 {
         parts.push(format!("per group {}", p.group_max_running));
     }
+    if let Some(r) = &p.rate {
+        parts.push(format!("{}/{}", r.limit, humantime::format_duration(r.per)));
+    }
     if parts.is_empty() {
         "—".to_owned()
     } else {
@@ -66,9 +69,9 @@ pub async fn page<S: Store>(
                             td.num.failed { a href={ "/jobs?queue=" (q.queue) "&status=FAILED" } { (q.failed) } }
                             td { (q.oldest_pending_age.map_or_else(|| "—".to_owned(), layout::span)) }
                             td.policy { (policy_text(&q.policy)) }
-                            td.num.held title="due jobs the policy holds back: by max_running / by group_max_running" {
+                            td.num.held title="due jobs the policy holds back: by max_running / by group_max_running / by rate" {
                                 @if q.policy.is_empty() { "—" } @else {
-                                    (q.held_max_running) " / " (q.held_group_max_running)
+                                    (q.held_max_running) " / " (q.held_group_max_running) " / " (q.held_rate)
                                 }
                             }
                         }

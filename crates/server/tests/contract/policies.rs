@@ -21,6 +21,7 @@ fn policy(max_running: u32, group_max_running: u32) -> QueuePolicy {
     QueuePolicy {
         max_running,
         group_max_running,
+        rate: None,
     }
 }
 
@@ -167,4 +168,43 @@ async fn policies_survive_a_restart_and_bad_ones_change_nothing() {
         [("q".to_owned(), policy(1, 1)), ("r".to_owned(), policy(6, 0))],
         "a queue with a policy and no jobs is listed too"
     );
+}
+
+#[tokio::test]
+async fn a_rate_limit_hands_out_its_burst_then_a_token_per_interval() {
+    let (_dir, store) = fresh().await;
+    let rate = Rate {
+        limit: 10,
+        per: Duration::from_secs(1),
+        burst: 3,
+    };
+    let limited = QueuePolicy {
+        rate: Some(rate),
+        ..QueuePolicy::default()
+    };
+    store.set_policy("q", limited).await.expect("policy");
+    assert_eq!(store.policy("q").await.unwrap(), limited);
+    for _ in 0..12 {
+        enqueue_in(&store, None, at(0)).await;
+    }
+    assert_eq!(drain_ids(&store, at(1_000)).await.len(), 3, "the burst");
+    assert!(drain_ids(&store, at(1_050)).await.is_empty(), "half a token");
+    assert_eq!(drain_ids(&store, at(1_100)).await.len(), 1, "one per 100 ms");
+    assert_eq!(drain_ids(&store, at(5_000)).await.len(), 3, "never more than the burst");
+    // Held, not spent: the rest are PENDING with no attempt.
+    let stats = &store.stats(Some("q"), at(5_000)).await.unwrap()[0];
+    assert_eq!((stats.pending, stats.running), (5, 7));
+    // A new policy starts with a full bucket.
+    store.set_policy("q", limited).await.unwrap();
+    assert_eq!(drain_ids(&store, at(5_001)).await.len(), 3);
+    let bad = QueuePolicy {
+        rate: Some(Rate {
+            per: Duration::ZERO,
+            ..rate
+        }),
+        ..QueuePolicy::default()
+    };
+    let err = store.set_policy("q", bad).await.expect_err("a zero period");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert_eq!(store.policy("q").await.unwrap(), limited, "unchanged");
 }

@@ -15,7 +15,7 @@ use std::{
 use jobq_server::{
     job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
     machine::{self, Backoff, Event},
-    policy::QueuePolicy,
+    policy::{QueuePolicy, Rate},
     schedule::Schedule,
     store::{Enqueued, FailReport, ListFilter, QueueStats, Store},
 };

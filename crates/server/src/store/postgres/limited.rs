@@ -29,7 +29,7 @@ use std::{
 use tokio_postgres::Row;
 
 use super::{error::PgError, operator, row::COLUMNS, tx::Open};
-use crate::policy::QueuePolicy;
+use crate::policy::{Bucket, QueuePolicy};
 
 /// The first key of the per-queue policy locks (the second is the pause
 /// lock's key, [`operator::pause_lock_key`]): "jqpl" in ASCII.
@@ -64,8 +64,12 @@ impl Limits {
             .copied()
     }
 
-    /// Records one queue's policy (empty: none).
+    /// Records one queue's policy (empty: none). A take records the
+    /// policies it read: a read lock when nothing changed.
     pub fn set(&self, queue: &str, policy: QueuePolicy) {
+        if self.get(queue).unwrap_or_default() == policy {
+            return;
+        }
         let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
         if policy.is_empty() {
             map.remove(queue);
@@ -80,10 +84,6 @@ impl Limits {
         *map = all.iter().cloned().collect();
     }
 }
-
-/// Most due jobs a Stats call looks at per queue with a policy to count
-/// the held ones (each costs a probe or two).
-pub const HELD_COUNT_MOST: i64 = 100_000;
 
 /// Of the due PENDING jobs of `$1` (at most `$3`), how many `$2`
 /// (`group_max_running`) holds back, and how many it does not.
@@ -105,15 +105,68 @@ pub async fn held(
 ) -> Result<(), PgError> {
     let stmt = client.prepare_cached(HELD).await?;
     let k = i32::try_from(policy.group_max_running).unwrap_or(i32::MAX);
-    let row = client
-        .query_one(&stmt, &[&stats.queue, &k, &HELD_COUNT_MOST])
-        .await?;
+    let most = i64::try_from(crate::policy::HELD_COUNT_MOST).unwrap_or(i64::MAX);
+    let row = client.query_one(&stmt, &[&stats.queue, &k, &most]).await?;
     let (by_group, others): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
     stats.held_group_max_running = u64::try_from(by_group).unwrap_or(0);
+    let others = u64::try_from(others).unwrap_or(0);
     if !policy.room(stats.running) {
-        stats.held_max_running = u64::try_from(others).unwrap_or(0);
+        stats.held_max_running = others;
+    } else if let Some(rate) = policy.rate {
+        let stmt = client
+            .prepare_cached("SELECT tokens, at, now() FROM jobq_rate_buckets WHERE queue = $1")
+            .await?;
+        if let Some(r) = client.query_opt(&stmt, &[&stats.queue]).await? {
+            let bucket = Bucket {
+                tokens: r.try_get(0)?,
+                at: r.try_get(1)?,
+            };
+            if bucket.tokens(&rate, r.try_get(2)?) < 1.0 {
+                stats.held_rate = others;
+            }
+        }
     }
     Ok(())
+}
+
+/// How long until the first of `queues` with a rate limit has a token
+/// again, and at least one token's interval (a take that found none may
+/// have been just before it came back; one held by another limit looks
+/// again at the rate's pace); `None` when none of them has a rate limit.
+/// On the database's clock, as the takes spend them.
+pub async fn token_wait(
+    client: &impl deadpool_postgres::GenericClient,
+    queues: &[String],
+) -> Result<Option<Duration>, PgError> {
+    let stmt = client
+        .prepare_cached(
+            "SELECT p.rate_limit, p.rate_per_us, p.rate_burst, b.tokens, b.at, now() \
+             FROM jobq_policies p LEFT JOIN jobq_rate_buckets b USING (queue) \
+             WHERE p.queue = ANY($1) AND p.rate_limit > 0",
+        )
+        .await?;
+    let mut wait: Option<Duration> = None;
+    for r in client.query(&stmt, &[&queues]).await? {
+        let (limit, per_us, burst): (i32, i64, i32) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+        let rate = crate::policy::Rate {
+            limit: u32::try_from(limit).unwrap_or(0),
+            per: Duration::from_micros(u64::try_from(per_us).unwrap_or(0)),
+            burst: u32::try_from(burst).unwrap_or(0),
+        };
+        let now: SystemTime = r.try_get(5)?;
+        let this = match (
+            r.try_get::<_, Option<f64>>(3)?,
+            r.try_get::<_, Option<SystemTime>>(4)?,
+        ) {
+            (Some(tokens), Some(at)) => Bucket { tokens, at }
+                .next_token(&rate, now)
+                .duration_since(now)
+                .unwrap_or_default(),
+            _ => Duration::ZERO,
+        };
+        wait = Some(wait.map_or(this, |w| w.min(this)));
+    }
+    Ok(wait)
 }
 
 /// Waits for the policy locks of `queues` (in key order, as every take
@@ -148,6 +201,59 @@ fn grouped_dequeue() -> String {
 /// in delivery order; the caller holds the queue's policy lock. `plain`
 /// is the statement of a queue without a group limit.
 pub async fn dequeue(
+    tx: &Open,
+    queue: &str,
+    policy: QueuePolicy,
+    (at, caller): (SystemTime, Option<SystemTime>),
+    left: i64,
+    plain: &str,
+) -> Result<Vec<Row>, PgError> {
+    let now = Some(at);
+    let mut room = left;
+    // The rate limit's bucket (no row: full), counted when the policy
+    // lock was got (`clock_timestamp()`, not the transaction's start: a
+    // take that waited for the lock spends the tokens that came back
+    // meanwhile), or at the caller's time.
+    let bucket = match policy.rate {
+        Some(rate) => {
+            let stmt = tx
+                .prepare_cached(
+                    "SELECT b.tokens, b.at, coalesce($2::timestamptz, clock_timestamp()) \
+                     FROM (SELECT 1) one LEFT JOIN jobq_rate_buckets b ON b.queue = $1",
+                )
+                .await?;
+            let r = tx.query_one(&stmt, &[&queue, &caller]).await?;
+            let at: SystemTime = r.try_get(2)?;
+            let bucket = match (r.try_get(0)?, r.try_get(1)?) {
+                (Some(tokens), Some(since)) => Bucket { tokens, at: since },
+                _ => Bucket::full(&rate, at),
+            };
+            // Whole tokens only: f64 to i64 saturates.
+            #[allow(clippy::cast_possible_truncation)]
+            let whole = bucket.tokens(&rate, at).floor() as i64;
+            room = room.min(whole);
+            Some((rate, bucket, at))
+        }
+        None => None,
+    };
+    let rows = dequeue_within(tx, queue, policy, now, room, plain).await?;
+    if let (Some((rate, mut bucket, at)), false) = (bucket, rows.is_empty()) {
+        #[allow(clippy::cast_precision_loss)]
+        bucket.spend(&rate, rows.len() as f64, at);
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO jobq_rate_buckets (queue, tokens, at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (queue) DO UPDATE SET tokens = EXCLUDED.tokens, at = EXCLUDED.at",
+            )
+            .await?;
+        tx.execute(&stmt, &[&queue, &bucket.tokens, &bucket.at])
+            .await?;
+    }
+    Ok(rows)
+}
+
+/// [`dequeue`] within `left` takes of the rate limit: its running limits.
+async fn dequeue_within(
     tx: &Open,
     queue: &str,
     policy: QueuePolicy,

@@ -700,7 +700,11 @@ impl Backend for Pg {
         let now = SystemTime::now();
         match next {
             Some(at) if at <= now && queues.iter().any(|q| self.limits.limited(q)) => {
-                Ok(Some(now + limited::RECHECK))
+                // A rate limit out of tokens: when its next one comes.
+                let client = self.client().await?;
+                let wait = limited::token_wait(&client, queues).await?;
+                let recheck = wait.map_or(limited::RECHECK, |w| w.min(limited::RECHECK));
+                Ok(Some(now + recheck))
             }
             next => Ok(next),
         }
@@ -746,8 +750,15 @@ impl Backend for Pg {
                 remote.due();
             }
         }
-        // Policies set through other servers: their wake-ups and waits.
-        operator::policies(self).await?;
+        // Policies set through other servers, for this server's wake-ups
+        // and waits: best effort, off the heartbeat's own connection and
+        // clock (takes read the table itself, and refresh the copy too).
+        let core = Arc::clone(&self.core);
+        tokio::spawn(async move {
+            if let Err(err) = operator::policies(&core).await {
+                tracing::debug!(cause = %err, "reading the queue policies failed; trying at the next heartbeat");
+            }
+        });
         // Other servers' leases do not re-arm this server's reaper; the
         // heartbeat does, so a lease whose server died is still reaped.
         if let Some(remote) = self.remote.get() {

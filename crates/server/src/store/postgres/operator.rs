@@ -9,7 +9,7 @@ use crate::{
     error::{Error, Result},
     job::JobId,
     machine,
-    policy::QueuePolicy,
+    policy::{QueuePolicy, Rate},
 };
 
 /// Deletes one job unless it is RUNNING, deciding on the row locked `FOR
@@ -178,19 +178,38 @@ pub async fn set_policy(pg: &Pg, queue: &str, policy: QueuePolicy, most: usize) 
             let count = usize::try_from(count).unwrap_or(usize::MAX);
             crate::validate::policy_room(count, false, most)?;
         }
-        let (max_running, group_max_running) = (
-            i32::try_from(policy.max_running).unwrap_or(i32::MAX),
-            i32::try_from(policy.group_max_running).unwrap_or(i32::MAX),
+        let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+        let (max_running, group_max_running) =
+            (int(policy.max_running), int(policy.group_max_running));
+        let rate = policy.rate;
+        let (limit, burst) = (
+            int(rate.map_or(0, |r| r.limit)),
+            int(rate.map_or(0, |r| r.burst)),
         );
+        let per_us = rate.map_or(0, |r| i64::try_from(r.per.as_micros()).unwrap_or(i64::MAX));
         tx.execute(
-            "INSERT INTO jobq_policies (queue, max_running, group_max_running) \
-             VALUES ($1, $2, $3) ON CONFLICT (queue) DO UPDATE SET \
-             max_running = EXCLUDED.max_running, group_max_running = EXCLUDED.group_max_running",
-            &[&queue, &max_running, &group_max_running],
+            "INSERT INTO jobq_policies \
+             (queue, max_running, group_max_running, rate_limit, rate_per_us, rate_burst) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (queue) DO UPDATE SET \
+             max_running = EXCLUDED.max_running, group_max_running = EXCLUDED.group_max_running, \
+             rate_limit = EXCLUDED.rate_limit, rate_per_us = EXCLUDED.rate_per_us, \
+             rate_burst = EXCLUDED.rate_burst",
+            &[
+                &queue,
+                &max_running,
+                &group_max_running,
+                &limit,
+                &per_us,
+                &burst,
+            ],
         )
         .await
         .map_err(PgError::from)?;
     }
+    // A new policy starts with a full bucket.
+    tx.execute("DELETE FROM jobq_rate_buckets WHERE queue = $1", &[&queue])
+        .await
+        .map_err(PgError::from)?;
     tx.execute("SELECT pg_notify($1, $2)", &[&listen::DUE, &queue])
         .await
         .map_err(PgError::from)?;
@@ -204,10 +223,9 @@ pub async fn set_policy(pg: &Pg, queue: &str, policy: QueuePolicy, most: usize) 
 pub async fn policies(pg: &Core) -> Result<Vec<(String, QueuePolicy)>, PgError> {
     let client = pg.client().await?;
     let stmt = client
-        .prepare_cached(
-            "SELECT queue, max_running, group_max_running FROM jobq_policies \
-             ORDER BY queue COLLATE \"C\"",
-        )
+        .prepare_cached(&format!(
+            "SELECT {POLICY_COLUMNS} FROM jobq_policies ORDER BY queue COLLATE \"C\""
+        ))
         .await?;
     let rows = client.query(&stmt, &[]).await?;
     let all = rows
@@ -218,17 +236,31 @@ pub async fn policies(pg: &Core) -> Result<Vec<(String, QueuePolicy)>, PgError> 
     Ok(all)
 }
 
-/// A row of `jobq_policies`: queue, max_running, group_max_running.
+/// The columns of `jobq_policies` that [`policy_of`] reads, in order.
+pub const POLICY_COLUMNS: &str =
+    "queue, max_running, group_max_running, rate_limit, rate_per_us, rate_burst";
+
+/// A row of `jobq_policies` selected with [`POLICY_COLUMNS`].
 pub fn policy_of(r: &tokio_postgres::Row) -> Result<(String, QueuePolicy), PgError> {
     let limit = |i: usize| -> Result<u32, PgError> {
         let v: i32 = r.try_get(i)?;
         u32::try_from(v).map_err(|_| PgError::Schema(format!("negative limit {v}")))
+    };
+    let per_us: i64 = r.try_get(4)?;
+    let rate = match limit(3)? {
+        0 => None,
+        n => Some(Rate {
+            limit: n,
+            per: std::time::Duration::from_micros(u64::try_from(per_us).unwrap_or(0)),
+            burst: limit(5)?,
+        }),
     };
     Ok((
         r.try_get(0)?,
         QueuePolicy {
             max_running: limit(1)?,
             group_max_running: limit(2)?,
+            rate,
         },
     ))
 }

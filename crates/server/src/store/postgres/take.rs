@@ -169,10 +169,10 @@ async fn take_in(
     };
     let policies = async {
         let stmt = tx
-            .prepare_cached(
-                "SELECT queue, max_running, group_max_running FROM jobq_policies \
-                 WHERE queue = ANY($1)",
-            )
+            .prepare_cached(&format!(
+                "SELECT {} FROM jobq_policies WHERE queue = ANY($1)",
+                operator::POLICY_COLUMNS
+            ))
             .await?;
         let rows = tx.query(&stmt, &[&queues]).await?;
         rows.iter()
@@ -224,6 +224,10 @@ async fn take_in(
         return Err(PgError::Unregistered);
     }
     let now_param = pg.now_param(now);
+    for queue in queues {
+        let policy = policies.get(queue).copied().unwrap_or_default();
+        pg.limits.set(queue, policy);
+    }
     let open: Vec<&String> = queues.iter().filter(|q| !paused.contains(*q)).collect();
     let limited: Vec<&String> = open
         .iter()
@@ -242,7 +246,7 @@ async fn take_in(
         }
         let found = match (first.take(), policies.get(queue)) {
             (_, Some(&policy)) => {
-                limited::dequeue(tx, queue, policy, now_param, left, &DEQUEUE_ROW).await?
+                limited::dequeue(tx, queue, policy, (now, now_param), left, &DEQUEUE_ROW).await?
             }
             (Some(found), None) if Some(queue) == queues.first() => found,
             _ => {

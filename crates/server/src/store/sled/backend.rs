@@ -209,7 +209,7 @@ impl Backend for Sled {
     }
 
     async fn next_run_at(&self, queues: &[String]) -> Result<Option<SystemTime>> {
-        Ok(self.lock().next_run_at(queues))
+        Ok(self.lock().next_run_at(queues, SystemTime::now()))
     }
 
     async fn next_lease_expiry(&self) -> Result<Option<SystemTime>> {

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     job::{Job, JobId, Status},
-    policy::QueuePolicy,
+    policy::{Bucket, QueuePolicy},
     store::QueueStats,
 };
 
@@ -134,6 +134,10 @@ pub(crate) struct Index {
     paused: BTreeSet<String>,
     /// Queue policies (persisted in the `policies` tree).
     policies: HashMap<String, QueuePolicy>,
+    /// The rate limits' buckets, by queue: made at a queue's first take
+    /// under its rate (absent: full), dropped when its policy changes.
+    /// Not persisted: a restart starts them full.
+    buckets: HashMap<String, Bucket>,
 }
 
 /// Removes `entry` from a queue's pending sets, and its set if empty.
@@ -251,8 +255,10 @@ impl Index {
             by_status,
             paused,
             policies,
+            buckets,
         } = other;
         self.policies.extend(policies);
+        self.buckets.extend(buckets);
         self.leases.append(&mut other_leases);
         for (mine, theirs) in self.by_status.iter_mut().zip(by_status) {
             *mine |= theirs;
@@ -388,6 +394,7 @@ impl Index {
     /// jobs into held and eligible.
     pub(crate) fn set_policy(&mut self, queue: &str, policy: QueuePolicy) {
         let old = self.group_limit(queue);
+        self.buckets.remove(queue);
         if policy.is_empty() {
             self.policies.remove(queue);
         } else {
@@ -417,16 +424,41 @@ impl Index {
         self.policies.len()
     }
 
-    /// Whether a take may lease a job of `queue` (its `max_running` has
-    /// room).
-    pub(crate) fn may_take(&self, queue: &str) -> bool {
+    /// Whether a take may lease a job of `queue` at `now`: its
+    /// `max_running` has room and its rate limit a token.
+    pub(crate) fn may_take(&self, queue: &str, now: SystemTime) -> bool {
         let Some(policy) = self.policies.get(queue) else {
             return true;
         };
+        self.has_room(queue, policy) && self.next_token(queue, policy, now) <= now
+    }
+
+    fn has_room(&self, queue: &str, policy: &QueuePolicy) -> bool {
         let running = self
             .queue(queue)
             .map_or(0, |q| q.by_status[slot(Status::Running)].len());
         policy.room(running)
+    }
+
+    /// When `queue`'s rate limit next has a token (`now` if it has one,
+    /// or has no rate limit).
+    fn next_token(&self, queue: &str, policy: &QueuePolicy, now: SystemTime) -> SystemTime {
+        match (&policy.rate, self.buckets.get(queue)) {
+            (Some(rate), Some(bucket)) => bucket.next_token(rate, now),
+            _ => now,
+        }
+    }
+
+    /// A take of `queue` was made at `now`: it spends a token of the
+    /// queue's rate limit, if it has one.
+    pub(crate) fn took(&mut self, queue: &str, now: SystemTime) {
+        let Some(rate) = self.policies.get(queue).and_then(|p| p.rate) else {
+            return;
+        };
+        self.buckets
+            .entry(queue.to_owned())
+            .or_insert_with(|| Bucket::full(&rate, now))
+            .spend(&rate, 1.0, now);
     }
 
     /// Up to `n` ids of jobs with `status`, from id `from` on, in id order.
@@ -521,11 +553,23 @@ impl Index {
 
     /// The earliest `run_at` among PENDING jobs of these queues, paused
     /// ones left out.
-    pub(crate) fn next_run_at(&self, queues: &[String]) -> Option<SystemTime> {
+    /// A queue at its `max_running` is left out too (a job that stops
+    /// RUNNING wakes its waiters); one out of rate tokens counts from when
+    /// its next token comes.
+    pub(crate) fn next_run_at(&self, queues: &[String], now: SystemTime) -> Option<SystemTime> {
         queues
             .iter()
-            .filter(|q| !self.is_paused(q) && self.may_take(q))
-            .filter_map(|q| self.queue(q)?.earliest())
+            .filter(|q| !self.is_paused(q))
+            .filter_map(|q| {
+                let earliest = self.queue(q)?.earliest()?;
+                let Some(policy) = self.policies.get(q.as_str()) else {
+                    return Some(earliest);
+                };
+                if !self.has_room(q, policy) {
+                    return None;
+                }
+                Some(earliest.max(self.next_token(q, policy, now)))
+            })
             .min()
     }
 
@@ -558,18 +602,32 @@ impl Index {
                 .map(|run_at| now.duration_since(run_at).unwrap_or(Duration::ZERO));
             let policy = self.policy(&q.name);
             let running = q.by_status[1].len();
-            let grouped = q.groups.due_counts(policy.group_max_running, now);
-            let held_max_running = if policy.room(running) {
+            let (full, dry) = (
+                !policy.room(running),
+                self.next_token(&q.name, &policy, now) > now,
+            );
+            // Counted only for a queue with a policy, and only so far.
+            let most = crate::policy::HELD_COUNT_MOST;
+            let grouped = if policy.is_empty() {
+                Default::default()
+            } else {
+                q.groups.due_counts(policy.group_max_running, now, most)
+            };
+            let held_by_queue = if !full && !dry {
                 0
             } else {
                 // Every due job the group limit does not hold: those in
                 // the pending sets, and the grouped ones that are not.
                 let due = At::of(now);
-                let in_sets: u64 = q
-                    .pending
-                    .values()
-                    .map(|set| set.iter().take_while(|&(at, _)| at <= due).count() as u64)
-                    .sum();
+                let mut in_sets = 0u64;
+                for set in q.pending.values() {
+                    let left = usize::try_from(most.saturating_sub(in_sets)).unwrap_or(usize::MAX);
+                    in_sets += set
+                        .iter()
+                        .take_while(|&(at, _)| at <= due)
+                        .take(left)
+                        .count() as u64;
+                }
                 (in_sets + grouped.due)
                     .saturating_sub(grouped.eligible)
                     .saturating_sub(grouped.held)
@@ -583,8 +641,9 @@ impl Index {
                 oldest_pending_age,
                 paused: false,
                 policy: QueuePolicy::default(),
-                held_max_running,
+                held_max_running: if full { held_by_queue } else { 0 },
                 held_group_max_running: grouped.held,
+                held_rate: if full { 0 } else { held_by_queue },
             }
         };
         match queue {
@@ -700,7 +759,7 @@ mod tests {
         assert_eq!(index.key("a", "x"), Some(JobId(2)));
         assert_eq!(index.key("b", "x"), None);
         assert_eq!(
-            index.next_run_at(&["b".into(), "a".into()]),
+            index.next_run_at(&["b".into(), "a".into()], now),
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(10))
         );
         let stats = index.stats(None, now);
@@ -743,7 +802,7 @@ mod tests {
             index.remove(&jobs[id.0 as usize - 1]);
         }
         assert_eq!(order, vec![5, 1, 4, 6, 3], "job 2 is not due at 40");
-        assert_eq!(index.next_run_at(&["a".into()]), Some(s(50)));
+        assert_eq!(index.next_run_at(&["a".into()], s(40)), Some(s(50)));
         assert_eq!(index.first_due("a", s(50)), Some(JobId(2)));
         let stats = index.stats(Some("a"), s(60));
         assert_eq!(stats[0].oldest_pending_age, Some(Duration::from_secs(10)));

@@ -20,8 +20,11 @@
 //!   [`super::payload_files`]); a build before layout 5 refuses
 //!   the record rather than hand the job out without its payload;
 //! - 6 and 7 (versioned, [`VERSION`] and [`FILE_VERSION`]): layouts 4 and
-//!   5 with the job's `group`. Layouts 3 to 5 read as [`JobV4`], with no
-//!   group; a build before layout 6 refuses a record of 6 or 7.
+//!   5 with the job's `group`, written only for a job that has one (a job
+//!   without one is still written in layout 4 or 5, so a build from before
+//!   groups reads a store that never used them). Layouts 3 to 5 read as
+//!   [`JobV4`], with no group; a build before layout 6 refuses a record of
+//!   6 or 7.
 //!
 //! An unversioned record begins with the job's id as a postcard varint, and
 //! ids are never 0, so its first byte is never 0: a leading 0 marks a
@@ -92,17 +95,33 @@ impl Payload {
 /// and whatever `job.payload` holds is left out (and back in place on
 /// return).
 pub fn encode(job: &mut Job, payload: Payload) -> Result<Vec<u8>, postcard::Error> {
-    let (version, len) = match payload {
-        Payload::Inline => {
-            return postcard::to_extend(&(0u64, &*job), vec![MARKER, VERSION]);
-        }
-        Payload::Apart(len) => (VERSION, len),
-        Payload::File(len) => (FILE_VERSION, len),
+    // A job without a group is written in layout 4 or 5, which builds
+    // from before groups read: the group is the body's last field, and
+    // `None` is its one byte, 0.
+    let grouped = job.group.is_some();
+    let (inline, apart, file) = if grouped {
+        (VERSION, VERSION, FILE_VERSION)
+    } else {
+        (V4, V4, V5)
     };
-    let bytes = std::mem::take(&mut job.payload);
-    let record = postcard::to_extend(&(len, &*job), vec![MARKER, version]);
-    job.payload = bytes;
-    record
+    let mut record = match payload {
+        Payload::Inline => postcard::to_extend(&(0u64, &*job), vec![MARKER, inline])?,
+        Payload::Apart(len) | Payload::File(len) => {
+            let version = if matches!(payload, Payload::File(_)) {
+                file
+            } else {
+                apart
+            };
+            let bytes = std::mem::take(&mut job.payload);
+            let record = postcard::to_extend(&(len, &*job), vec![MARKER, version]);
+            job.payload = bytes;
+            record?
+        }
+    };
+    if !grouped && record.pop() != Some(0) {
+        return Err(postcard::Error::SerializeBufferFull);
+    }
+    Ok(record)
 }
 
 /// Decodes a record of any layout, and says where its payload is.
@@ -524,6 +543,21 @@ mod tests {
         assert_eq!(decode(&v3).expect("decode"), (job, Payload::Inline));
     }
 
+    /// `job` (no payload, no group) as a layout 5 record of a 600-byte
+    /// payload in a file.
+    fn v5_file(job: &Job) -> Vec<u8> {
+        let mut v5 = postcard::to_extend(&600u64, vec![MARKER, V5]).expect("encode");
+        v5.extend(without_group(job, Vec::new()));
+        v5
+    }
+
+    fn job_with_payload(job: &Job) -> Job {
+        Job {
+            payload: b"order-4711".to_vec(),
+            ..job.clone()
+        }
+    }
+
     #[test]
     fn records_from_before_groups_read_with_no_group() {
         let job = current(true, 42);
@@ -545,12 +579,23 @@ mod tests {
             decode(&v5).expect("decode"),
             (apart.clone(), Payload::Apart(600))
         );
-        // And a grouped job round-trips in the current layout.
+        // A job without a group is still written in layouts 4 and 5, as
+        // built by hand above; a grouped one in 6 and 7.
+        let mut plain = apart.clone();
+        assert_eq!(
+            encode(&mut plain, Payload::File(600)).expect("encode"),
+            v5_file(&apart)
+        );
+        let mut inline = job_with_payload(&apart);
+        let bytes = encode(&mut inline, Payload::Inline).expect("encode");
+        assert_eq!(bytes[..2], [MARKER, V4]);
+        assert_eq!(decode(&bytes).expect("decode"), (inline, Payload::Inline));
         let mut grouped = Job {
             group: Some("tenant-7".into()),
             ..apart
         };
         let bytes = encode(&mut grouped, Payload::File(600)).expect("encode");
+        assert_eq!(bytes[..2], [MARKER, FILE_VERSION]);
         assert_eq!(
             decode(&bytes).expect("decode"),
             (grouped, Payload::File(600))
@@ -561,6 +606,7 @@ mod tests {
     fn records_are_versioned_and_round_trip_without_their_payload() {
         let mut job = current(true, 42);
         job.priority = -100;
+        job.group = Some("tenant-7".into());
         job.payload = vec![7; 10_000];
         assert_eq!(Payload::for_len(10_000), Payload::Apart(10_000));
         assert_eq!(Payload::for_len(INLINE_MAX), Payload::Inline);

@@ -228,7 +228,7 @@ impl Sled {
         let mut index = self.lock();
         let Some(id) = queues
             .iter()
-            .filter(|q| !index.is_paused(q) && index.may_take(q))
+            .filter(|q| !index.is_paused(q) && index.may_take(q, now))
             .find_map(|q| index.first_due(q, now))
         else {
             return Ok(None);
@@ -236,6 +236,7 @@ impl Sled {
         let mut results = self.apply_locked(&mut index, vec![(id, take)], now)?;
         match results.pop() {
             Some(Ok(mut change)) => {
+                index.took(&change.new.queue, now);
                 // The take is written. What follows may fail (a payload
                 // that cannot be read) or wait (a file read, during which
                 // a Dequeue's caller may give up) before the caller

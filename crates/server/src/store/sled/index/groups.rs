@@ -83,33 +83,54 @@ impl Group {
                 .into_iter()
                 .collect(),
             1 => Vec::new(),
-            k if self.running < u64::from(k) => {
-                // The first entry of each priority: one look each.
-                let mut firsts = Vec::new();
-                let mut next = self.pending.first().copied();
-                while let Some((Reverse(p), at, id)) = next {
-                    firsts.push((p, at, id));
-                    next = match p.checked_sub(1) {
-                        Some(lower) => self
-                            .pending
-                            .range((Reverse(lower), At(0), JobId(0))..)
-                            .next()
-                            .copied(),
-                        None => None,
-                    };
-                }
-                firsts
-            }
+            k if self.running < u64::from(k) => self.firsts(),
             _ => Vec::new(),
         }
+    }
+
+    /// The first entry of each priority: one look each.
+    fn firsts(&self) -> Vec<Entry> {
+        let mut firsts = Vec::new();
+        let mut next = self.pending.first().copied();
+        while let Some((Reverse(p), at, id)) = next {
+            firsts.push((p, at, id));
+            next = match p.checked_sub(1) {
+                Some(lower) => self
+                    .pending
+                    .range((Reverse(lower), At(0), JobId(0))..)
+                    .next()
+                    .copied(),
+                None => None,
+            };
+        }
+        firsts
+    }
+
+    /// PENDING jobs due at `now`, counting at most `most`: each
+    /// priority's due ones lead its entries.
+    fn due(&self, now: At, most: u64) -> u64 {
+        let mut due = 0;
+        for (p, _, _) in self.firsts() {
+            let from = (Reverse(p), At(0), JobId(0));
+            let to = (Reverse(p), now, JobId(u64::MAX));
+            due += self
+                .pending
+                .range(from..=to)
+                .take(usize::try_from(most - due.min(most)).unwrap_or(usize::MAX))
+                .count() as u64;
+            if due >= most {
+                break;
+            }
+        }
+        due
     }
 
     /// Of the group's PENDING jobs due at `now` under limit `k`: how many
     /// are due, how many of those are eligible, and how many the limit
     /// holds back (with more than 1, a group with room holds back none,
     /// though only the first of each priority is eligible).
-    fn due_counts(&self, k: u32, now: At) -> DueCounts {
-        let due = self.pending.iter().filter(|&&(_, at, _)| at <= now).count() as u64;
+    fn due_counts(&self, k: u32, now: At, most: u64) -> DueCounts {
+        let due = self.due(now, most);
         let eligible = self
             .eligible(k)
             .iter()
@@ -224,24 +245,29 @@ impl Groups {
     }
 
     /// The due PENDING grouped jobs at `now` under limit `k`, summed over
-    /// the groups.
-    pub(crate) fn due_counts(&self, k: u32, now: SystemTime) -> DueCounts {
+    /// the groups, counting about `most` due jobs at most.
+    pub(crate) fn due_counts(&self, k: u32, now: SystemTime, most: u64) -> DueCounts {
         let now = At::of(now);
-        self.0
-            .values()
-            .map(|g| g.due_counts(k, now))
-            .fold(DueCounts::default(), |a, b| DueCounts {
-                due: a.due + b.due,
-                eligible: a.eligible + b.eligible,
-                held: a.held + b.held,
-            })
+        let mut sum = DueCounts::default();
+        for g in self.0.values() {
+            let c = g.due_counts(k, now, most.saturating_sub(sum.due));
+            sum.due += c.due;
+            sum.eligible += c.eligible;
+            sum.held += c.held;
+            if sum.due >= most {
+                break;
+            }
+        }
+        sum
     }
 
-    /// The earliest `run_at` of every grouped PENDING job, held or not.
+    /// The earliest `run_at` of every grouped PENDING job, held or not:
+    /// a look per group and priority.
     pub(crate) fn earliest(&self) -> Option<At> {
         self.0
             .values()
-            .filter_map(|g| g.by_id.values().map(|&(_, at)| at).min())
+            .flat_map(|g| g.firsts())
+            .map(|(_, at, _)| at)
             .min()
     }
 
@@ -310,7 +336,10 @@ mod tests {
             groups.change("a", State::Pending(e(5, 10, 2)), true, 1),
         );
         assert_eq!(eligible, vec![e(0, 50, 1)], "nothing overtakes the oldest");
-        assert_eq!(groups.due_counts(1, SystemTime::UNIX_EPOCH).held, 0);
+        assert_eq!(
+            groups.due_counts(1, SystemTime::UNIX_EPOCH, u64::MAX).held,
+            0
+        );
         // Taken: the group runs one, and offers nothing.
         apply(
             &mut eligible,
@@ -351,13 +380,17 @@ mod tests {
         apply(&mut eligible, groups.change("a", State::Running, true, 2));
         assert_eq!(eligible, vec![e(0, 3, 5)], "a runs 2: full");
         let at = |t: u64| SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(t);
-        let counts = groups.due_counts(2, at(4));
+        let counts = groups.due_counts(2, at(4), u64::MAX);
         assert_eq!(counts.held, 2, "ids 3 and 4 are due and held");
         assert_eq!(counts.due, 3, "and b's 5");
-        assert_eq!(groups.due_counts(2, at(100)).held, 4);
+        assert_eq!(groups.due_counts(2, at(100), u64::MAX).held, 4);
         apply(&mut eligible, groups.change("a", State::Running, false, 2));
         assert_eq!(eligible, vec![e(1, 5, 2), e(0, 1, 3), e(0, 3, 5)]);
-        assert_eq!(groups.due_counts(2, at(100)).held, 0, "a has room");
+        assert_eq!(
+            groups.due_counts(2, at(100), u64::MAX).held,
+            0,
+            "a has room"
+        );
         assert_eq!(groups.earliest(), Some(At(1)));
     }
 
