@@ -338,12 +338,15 @@ def schedule_request(name: str, queue: str, kind: str, payload: Union[bytes, str
 
 
 def policy_request(queue: str, max_running: int, group_max_running: int,
-                   rate: Optional[RateLimit]) -> pb.SetQueuePolicyRequest:
+                   rate: Optional[RateLimit], group_rate: Optional[RateLimit] = None,
+                   ) -> pb.SetQueuePolicyRequest:
     policy = pb.QueuePolicy(max_running=max_running, group_max_running=group_max_running)
-    if rate is not None:
-        policy.rate.limit = rate.limit
-        policy.rate.per.FromTimedelta(rate.per)
-        policy.rate.burst = rate.burst
+    for field, value in (("rate", rate), ("group_rate", group_rate)):
+        if value is not None:
+            r = getattr(policy, field)
+            r.limit = value.limit
+            r.per.FromTimedelta(value.per)
+            r.burst = value.burst
     return pb.SetQueuePolicyRequest(queue=queue, policy=policy)
 
 

@@ -205,10 +205,12 @@ class AsyncClient:
 
     async def set_queue_policy(self, queue: str, *, max_running: int = 0,
                                group_max_running: int = 0,
-                               rate: Optional[RateLimit] = None) -> None:
+                               rate: Optional[RateLimit] = None,
+                               group_rate: Optional[RateLimit] = None) -> None:
         """As Client.set_queue_policy."""
         await self._unary(self.stub.SetQueuePolicy,
-                          c.policy_request(queue, max_running, group_max_running, rate))
+                          c.policy_request(queue, max_running, group_max_running, rate,
+                                           group_rate))
 
     async def queue_policy(self, queue: str) -> QueuePolicy:
         resp = await self._unary(self.stub.GetQueuePolicy,

@@ -284,17 +284,20 @@ class Client:
 
     def set_queue_policy(self, queue: str, *, max_running: int = 0,
                          group_max_running: int = 0,
-                         rate: Optional[RateLimit] = None) -> None:
+                         rate: Optional[RateLimit] = None,
+                         group_rate: Optional[RateLimit] = None) -> None:
         """Limits how many of ``queue``'s jobs run at once, over every server
         (``max_running``) and per group (``group_max_running``; 1 runs each
         group's jobs one at a time, in enqueue order), and how many are taken
         per period (``rate=RateLimit(100, timedelta(seconds=1))``, over every
-        server); 0 is no limit, and none at all clears the policy. A held job stays PENDING and keeps its
+        server; ``group_rate`` per group); 0 is no limit, and none at all
+        clears the policy. A held job stays PENDING and keeps its
         place. Persisted. ``InvalidArgument`` over 100000,
         ``ResourceExhausted`` past the server's --max-queue-policies.
         Needs the admin role."""
         self._unary(self.stub.SetQueuePolicy,
-                    c.policy_request(queue, max_running, group_max_running, rate))
+                    c.policy_request(queue, max_running, group_max_running, rate,
+                                     group_rate))
 
     def queue_policy(self, queue: str) -> QueuePolicy:
         """The policy of ``queue`` (falsy when it has none)."""

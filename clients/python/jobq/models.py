@@ -208,6 +208,8 @@ class QueueStats:
     held_group_max_running: int = 0
     #: Due PENDING jobs held back because the rate limit has no token.
     held_rate: int = 0
+    #: Due PENDING jobs held back because their group's rate limit has none.
+    held_group_rate: int = 0
 
     @classmethod
     def from_pb(cls, q: pb.QueueStats) -> "QueueStats":
@@ -216,7 +218,7 @@ class QueueStats:
                    paused=q.paused, policy=QueuePolicy.from_pb(q.policy),
                    held_max_running=q.held_max_running,
                    held_group_max_running=q.held_group_max_running,
-                   held_rate=q.held_rate)
+                   held_rate=q.held_rate, held_group_rate=q.held_group_rate)
 
     def counts(self) -> Dict[str, int]:
         """{"pending": n, "running": n, "done": n, "failed": n}."""
@@ -247,17 +249,21 @@ class QueuePolicy:
     group_max_running: int = 0
     #: Takes of the queue's jobs per period, over every server.
     rate: Optional[RateLimit] = None
+    #: Takes of one group's jobs per period, over every server.
+    group_rate: Optional[RateLimit] = None
 
     @classmethod
     def from_pb(cls, p: pb.QueuePolicy) -> "QueuePolicy":
-        rate = None
-        if p.HasField("rate") and p.rate.limit > 0:
-            rate = RateLimit(p.rate.limit, p.rate.per.ToTimedelta(), p.rate.burst)
+        def rate(r: pb.RateLimit) -> Optional[RateLimit]:
+            if r.limit == 0:
+                return None
+            return RateLimit(r.limit, r.per.ToTimedelta(), r.burst)
         return cls(max_running=p.max_running, group_max_running=p.group_max_running,
-                   rate=rate)
+                   rate=rate(p.rate), group_rate=rate(p.group_rate))
 
     def __bool__(self) -> bool:
-        return bool(self.max_running or self.group_max_running or self.rate)
+        return bool(self.max_running or self.group_max_running or self.rate
+                    or self.group_rate)
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,14 @@ def queue_policies(tmp: str, client: Client, addr: str) -> None:
     assert client.dequeue(["py-rate"], "py-w") is not None
     assert client.dequeue(["py-rate"], "py-w") is None, "the bucket is empty"
     assert client.stats("py-rate")["py-rate"].held_rate == 1
+    # One take an hour per customer: customer b is not held by customer a.
+    client.set_queue_policy("py-group-rate", group_rate=RateLimit(1, timedelta(hours=1)))
+    assert client.queue_policy("py-group-rate").group_rate == RateLimit(1, timedelta(hours=1))
+    for group in ("a", "a", "b"):
+        client.enqueue("py-group-rate", "email", group, group=group)
+    taken = [client.dequeue(["py-group-rate"], "py-w") for _ in range(3)]
+    assert [t.job.group if t else None for t in taken] == ["a", "b", None], taken
+    assert client.stats("py-group-rate")["py-group-rate"].held_group_rate == 1
 
     async def from_asyncio() -> None:
         async with AsyncClient(addr) as ac:

@@ -16,6 +16,7 @@ import {
   type LeasedJob,
   type LeaseEvent,
   type QueuePolicy,
+  type RateLimit,
   type Schedule,
 } from "./gen/jobq/v1/jobq_pb.js";
 import { type AnyKinds, encodePayload, type KindMap } from "./payload.js";
@@ -70,6 +71,8 @@ export interface QueuePolicyLimits {
   groupMaxRunning?: number;
   /** Takes of the queue's jobs per period, over every server (a token bucket); undefined: none. */
   rate?: RateLimitSpec | undefined;
+  /** Takes of one group's jobs per period, over every server; undefined: none. */
+  groupRate?: RateLimitSpec | undefined;
 }
 
 /** `limit` takes per `perMs`, at most `burst` at once after a quiet spell (0 or unset: `limit`). */
@@ -111,6 +114,8 @@ export interface QueueCounts {
   heldGroupMaxRunning: number;
   /** Due PENDING jobs held back because the rate limit has no token. */
   heldRate: number;
+  /** Due PENDING jobs held back because their group's rate limit has no token. */
+  heldGroupRate: number;
 }
 
 /** A queue's policy as the server reports it. */
@@ -118,6 +123,7 @@ export interface QueuePolicyView {
   maxRunning: number;
   groupMaxRunning: number;
   rate: Required<RateLimitSpec> | undefined;
+  groupRate: Required<RateLimitSpec> | undefined;
 }
 
 export interface LeaseRefLike {
@@ -431,8 +437,13 @@ export class Client<Kinds extends KindMap = AnyKinds> {
    * INVALID_ARGUMENT over 100 000, RESOURCE_EXHAUSTED past --max-queue-policies. Needs the admin role.
    */
   async setQueuePolicy(queue: string, policy: QueuePolicyLimits): Promise<void> {
-    const rate = policy.rate && { limit: policy.rate.limit, per: duration(policy.rate.perMs), burst: policy.rate.burst ?? 0 };
-    const limits = { maxRunning: policy.maxRunning ?? 0, groupMaxRunning: policy.groupMaxRunning ?? 0, rate };
+    const wire = (r: RateLimitSpec | undefined) => r && { limit: r.limit, per: duration(r.perMs), burst: r.burst ?? 0 };
+    const limits = {
+      maxRunning: policy.maxRunning ?? 0,
+      groupMaxRunning: policy.groupMaxRunning ?? 0,
+      rate: wire(policy.rate),
+      groupRate: wire(policy.groupRate),
+    };
     await this.call(() => this.raw.setQueuePolicy({ queue, policy: limits }, { timeoutMs: this.timeoutMs }));
   }
 
@@ -572,6 +583,7 @@ export class Client<Kinds extends KindMap = AnyKinds> {
         heldMaxRunning: Number(q.heldMaxRunning),
         heldGroupMaxRunning: Number(q.heldGroupMaxRunning),
         heldRate: Number(q.heldRate),
+        heldGroupRate: Number(q.heldGroupRate),
       };
     }
     return out;
@@ -580,10 +592,12 @@ export class Client<Kinds extends KindMap = AnyKinds> {
 
 /** A policy from the wire (unset: none). */
 function policyView(p: QueuePolicy | undefined): QueuePolicyView {
-  const r = p?.rate;
+  const view = (r: RateLimit | undefined) =>
+    r && r.limit > 0 ? { limit: r.limit, perMs: millis(r.per) ?? 0, burst: r.burst } : undefined;
   return {
     maxRunning: p?.maxRunning ?? 0,
     groupMaxRunning: p?.groupMaxRunning ?? 0,
-    rate: r && r.limit > 0 ? { limit: r.limit, perMs: millis(r.per) ?? 0, burst: r.burst } : undefined,
+    rate: view(p?.rate),
+    groupRate: view(p?.groupRate),
   };
 }

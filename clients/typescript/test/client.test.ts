@@ -94,7 +94,7 @@ test("operator calls: cancel, pause and resume, delete, purge, list, stats, sche
     { ...stats["list"], oldestPendingAgeMs: undefined },
     {
       pending: 5, running: 0, done: 0, failed: 0, paused: false, oldestPendingAgeMs: undefined,
-      policy: { maxRunning: 0, groupMaxRunning: 0, rate: undefined }, heldMaxRunning: 0, heldGroupMaxRunning: 0, heldRate: 0,
+      policy: { maxRunning: 0, groupMaxRunning: 0, rate: undefined, groupRate: undefined }, heldMaxRunning: 0, heldGroupMaxRunning: 0, heldRate: 0, heldGroupRate: 0,
     },
   );
   assert.ok((stats["list"]!.oldestPendingAgeMs ?? -1) >= 0);
@@ -111,7 +111,7 @@ test("operator calls: cancel, pause and resume, delete, purge, list, stats, sche
 
 test("queue policies: a group's jobs one at a time, held jobs counted, bad limits refused", async () => {
   await client.setQueuePolicy("ts-policy", { maxRunning: 10, groupMaxRunning: 1 });
-  assert.deepEqual(await client.queuePolicy("ts-policy"), { maxRunning: 10, groupMaxRunning: 1, rate: undefined });
+  assert.deepEqual(await client.queuePolicy("ts-policy"), { maxRunning: 10, groupMaxRunning: 1, rate: undefined, groupRate: undefined });
   const { job: first } = await client.enqueue("ts-policy", "import", "1", { group: "customer-42" });
   const { job: second } = await client.enqueue("ts-policy", "import", "2", { group: "customer-42" });
   assert.equal(first.group, "customer-42");
@@ -120,12 +120,12 @@ test("queue policies: a group's jobs one at a time, held jobs counted, bad limit
   assert.equal(await client.dequeue(["ts-policy"], "ts-w"), undefined, "the second waits for the first");
   const stats = (await client.stats("ts-policy"))["ts-policy"]!;
   assert.equal(stats.heldGroupMaxRunning, 1);
-  assert.deepEqual(stats.policy, { maxRunning: 10, groupMaxRunning: 1, rate: undefined });
+  assert.deepEqual(stats.policy, { maxRunning: 10, groupMaxRunning: 1, rate: undefined, groupRate: undefined });
   await client.ack(leased!.job!.id, leased!.leaseId);
   assert.equal((await client.dequeue(["ts-policy"], "ts-w"))?.job?.id, second.id);
   await assert.rejects(client.setQueuePolicy("ts-policy", { maxRunning: 100_001 }), rejectsWith("INVALID_ARGUMENT"));
   await client.setQueuePolicy("ts-policy", {});
-  assert.deepEqual(await client.queuePolicy("ts-policy"), { maxRunning: 0, groupMaxRunning: 0, rate: undefined });
+  assert.deepEqual(await client.queuePolicy("ts-policy"), { maxRunning: 0, groupMaxRunning: 0, rate: undefined, groupRate: undefined });
   // Two takes an hour: the third job is held by the rate limit.
   await client.setQueuePolicy("ts-rate", { rate: { limit: 2, perMs: 3_600_000 } });
   assert.deepEqual((await client.queuePolicy("ts-rate")).rate, { limit: 2, perMs: 3_600_000, burst: 0 });
@@ -134,6 +134,13 @@ test("queue policies: a group's jobs one at a time, held jobs counted, bad limit
   assert.ok(await client.dequeue(["ts-rate"], "ts-w"));
   assert.equal(await client.dequeue(["ts-rate"], "ts-w"), undefined);
   assert.equal((await client.stats("ts-rate"))["ts-rate"]!.heldRate, 1);
+  // One take an hour per customer: customer b is not held by customer a.
+  await client.setQueuePolicy("ts-group-rate", { groupRate: { limit: 1, perMs: 3_600_000 } });
+  for (const group of ["a", "a", "b"]) await client.enqueue("ts-group-rate", "email", group, { group });
+  const groups: (string | undefined)[] = [];
+  for (let i = 0; i < 3; i++) groups.push((await client.dequeue(["ts-group-rate"], "ts-w"))?.job?.group);
+  assert.deepEqual(groups, ["a", "b", undefined]);
+  assert.equal((await client.stats("ts-group-rate"))["ts-group-rate"]!.heldGroupRate, 1);
 });
 
 test("a server that is not there is UNAVAILABLE", async () => {

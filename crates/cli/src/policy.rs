@@ -35,8 +35,17 @@ pub struct Args {
     #[arg(long, value_name = "N", requires = "rate")]
     burst: Option<u32>,
 
+    /// At most N takes of one group's jobs per period, over every server,
+    /// as --rate; `0` removes it.
+    #[arg(long, value_name = "N/PERIOD", value_parser = parse_rate)]
+    group_rate: Option<Option<(u32, Duration)>>,
+
+    /// With --group-rate: a group's burst (default: N).
+    #[arg(long, value_name = "N", requires = "group_rate")]
+    group_burst: Option<u32>,
+
     /// Remove the queue's policy.
-    #[arg(long, conflicts_with_all = ["max_running", "group_max_running", "rate"])]
+    #[arg(long, conflicts_with_all = ["max_running", "group_max_running", "rate", "group_rate"])]
     clear: bool,
 }
 
@@ -68,7 +77,8 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     let changes = args.clear
         || args.max_running.is_some()
         || args.group_max_running.is_some()
-        || args.rate.is_some();
+        || args.rate.is_some()
+        || args.group_rate.is_some();
     let policy = if changes {
         let mut policy = if args.clear {
             QueuePolicy::new()
@@ -88,6 +98,14 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
             Some(None) => policy.rate = None,
             None => {}
         }
+        match args.group_rate {
+            Some(Some((n, per))) => {
+                let rate = RateLimit::new(n, per).burst(args.group_burst.unwrap_or(0));
+                policy = policy.group_rate(rate);
+            }
+            Some(None) => policy.group_rate = None,
+            None => {}
+        }
         client.set_queue_policy(args.queue.clone(), policy).await?;
         policy
     } else {
@@ -98,11 +116,8 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
             "queue": args.queue,
             "max_running": policy.max_running,
             "group_max_running": policy.group_max_running,
-            "rate": policy.rate.map(|r| json!({
-                "limit": r.limit,
-                "per_secs": r.per.as_secs_f64(),
-                "burst": r.burst,
-            })),
+            "rate": policy.rate.map(rate_json),
+            "group_rate": policy.group_rate.map(rate_json),
         }))?;
     } else if policy.is_empty() {
         out.line(format!("queue {}: no policy", args.queue))?;
@@ -110,6 +125,14 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
         out.line(format!("queue {}: {}", args.queue, describe(&policy)))?;
     }
     Ok(())
+}
+
+fn rate_json(r: RateLimit) -> serde_json::Value {
+    json!({
+        "limit": r.limit,
+        "per_secs": r.per.as_secs_f64(),
+        "burst": r.burst,
+    })
 }
 
 /// The policy in words, as `jobq stats` shows it: `max_running=10
@@ -122,11 +145,13 @@ pub fn describe(policy: &QueuePolicy) -> String {
     if policy.group_max_running > 0 {
         parts.push(format!("group_max_running={}", policy.group_max_running));
     }
-    if let Some(r) = &policy.rate {
-        let per = humantime::format_duration(r.per);
-        match r.burst {
-            0 => parts.push(format!("rate={}/{per}", r.limit)),
-            b => parts.push(format!("rate={}/{per} burst={b}", r.limit)),
+    for (name, rate) in [("rate", &policy.rate), ("group_rate", &policy.group_rate)] {
+        if let Some(r) = rate {
+            let per = humantime::format_duration(r.per);
+            match r.burst {
+                0 => parts.push(format!("{name}={}/{per}", r.limit)),
+                b => parts.push(format!("{name}={}/{per} burst={b}", r.limit)),
+            }
         }
     }
     if parts.is_empty() {

@@ -100,7 +100,8 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
             q.failed.to_string(),
             duration_text(std_duration(q.oldest_pending_age.as_ref())),
             if q.paused { "yes" } else { "no" }.to_owned(),
-            (q.held_max_running + q.held_group_max_running + q.held_rate).to_string(),
+            (q.held_max_running + q.held_group_max_running + q.held_rate + q.held_group_rate)
+                .to_string(),
             crate::policy::describe(&q.policy.map(Into::into).unwrap_or_default()),
         ]);
     }
@@ -112,7 +113,7 @@ async fn show(client: &Client, out: Out, queue: Option<&str>, clear: bool) -> an
 /// "oldest_pending_age_secs" (a number, or null when nothing is due),
 /// "paused", "policy": {"max_running", "group_max_running", "rate_per_sec"
 /// (null: none)},
-/// "held": {"max_running", "group_max_running", "rate"}}]`.
+/// "held": {"max_running", "group_max_running", "rate", "group_rate"}}]`.
 fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
     stats
         .iter()
@@ -138,6 +139,7 @@ fn stats_json(stats: &[pb::QueueStats]) -> serde_json::Value {
                     "max_running": q.held_max_running,
                     "group_max_running": q.held_group_max_running,
                     "rate": q.held_rate,
+                    "group_rate": q.held_group_rate,
                 },
             })
         })

@@ -427,6 +427,9 @@ pub struct QueueStats {
     pub held_group_max_running: u64,
     /// Due PENDING jobs held back because the rate limit has no token.
     pub held_rate: u64,
+    /// Due PENDING jobs held back because their group's rate limit has no
+    /// token.
+    pub held_group_rate: u64,
 }
 
 /// How a queue's work is shaped; zero means no limit
@@ -449,6 +452,8 @@ pub struct QueuePolicy {
     pub group_max_running: u32,
     /// Takes of the queue's jobs per period, over every server.
     pub rate: Option<RateLimit>,
+    /// Takes of one group's jobs per period, over every server.
+    pub group_rate: Option<RateLimit>,
 }
 
 /// A token bucket: `limit` takes per `per`, at most `burst` at once
@@ -514,9 +519,36 @@ impl QueuePolicy {
         self
     }
 
+    /// Sets the rate limit of each group.
+    pub fn group_rate(mut self, rate: RateLimit) -> Self {
+        self.group_rate = Some(rate);
+        self
+    }
+
     /// Whether it limits nothing.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+}
+
+impl RateLimit {
+    fn of(r: Option<pb::RateLimit>) -> Option<RateLimit> {
+        r.filter(|r| r.limit > 0).map(|r| RateLimit {
+            limit: r.limit,
+            per: r
+                .per
+                .and_then(|d| Duration::try_from(d).ok())
+                .unwrap_or_default(),
+            burst: r.burst,
+        })
+    }
+
+    fn to_proto(self) -> pb::RateLimit {
+        pb::RateLimit {
+            limit: self.limit,
+            per: prost_types::Duration::try_from(self.per).ok(),
+            burst: self.burst,
+        }
     }
 }
 
@@ -525,14 +557,8 @@ impl From<pb::QueuePolicy> for QueuePolicy {
         Self {
             max_running: p.max_running,
             group_max_running: p.group_max_running,
-            rate: p.rate.filter(|r| r.limit > 0).map(|r| RateLimit {
-                limit: r.limit,
-                per: r
-                    .per
-                    .and_then(|d| Duration::try_from(d).ok())
-                    .unwrap_or_default(),
-                burst: r.burst,
-            }),
+            rate: RateLimit::of(p.rate),
+            group_rate: RateLimit::of(p.group_rate),
         }
     }
 }
@@ -542,11 +568,8 @@ impl From<QueuePolicy> for pb::QueuePolicy {
         pb::QueuePolicy {
             max_running: p.max_running,
             group_max_running: p.group_max_running,
-            rate: p.rate.map(|r| pb::RateLimit {
-                limit: r.limit,
-                per: prost_types::Duration::try_from(r.per).ok(),
-                burst: r.burst,
-            }),
+            rate: p.rate.map(RateLimit::to_proto),
+            group_rate: p.group_rate.map(RateLimit::to_proto),
         }
     }
 }
@@ -567,6 +590,7 @@ impl From<pb::QueueStats> for QueueStats {
             held_max_running: s.held_max_running,
             held_group_max_running: s.held_group_max_running,
             held_rate: s.held_rate,
+            held_group_rate: s.held_group_rate,
         }
     }
 }

@@ -9,7 +9,7 @@ use jobq::pb;
 
 use crate::{
     job::{Attempt, Job, Leased, Outcome, Status},
-    policy::QueuePolicy,
+    policy::{QueuePolicy, Rate},
     schedule::{Schedule, Timetable},
     store::QueueStats,
 };
@@ -164,7 +164,16 @@ impl From<QueueStats> for pb::QueueStats {
             held_max_running: s.held_max_running,
             held_group_max_running: s.held_group_max_running,
             held_rate: s.held_rate,
+            held_group_rate: s.held_group_rate,
         }
+    }
+}
+
+fn rate_limit(r: Rate) -> pb::RateLimit {
+    pb::RateLimit {
+        limit: r.limit,
+        per: Some(duration(r.per)),
+        burst: r.burst,
     }
 }
 
@@ -173,11 +182,8 @@ impl From<QueuePolicy> for pb::QueuePolicy {
         pb::QueuePolicy {
             max_running: p.max_running,
             group_max_running: p.group_max_running,
-            rate: p.rate.map(|r| pb::RateLimit {
-                limit: r.limit,
-                per: Some(duration(r.per)),
-                burst: r.burst,
-            }),
+            rate: p.rate.map(rate_limit),
+            group_rate: p.group_rate.map(rate_limit),
         }
     }
 }

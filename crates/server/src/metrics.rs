@@ -160,7 +160,7 @@ impl Metrics {
         registry.register(
             "jobq_jobs_held",
             "Due PENDING jobs a queue policy holds back, by queue and reason \
-             (max_running, group_max_running, rate); queues with a policy only",
+             (max_running, group_max_running, rate, group_rate); queues with a policy only",
             held.clone(),
         );
         registry.register(
@@ -367,6 +367,7 @@ impl Metrics {
                     ("max_running", s.held_max_running),
                     ("group_max_running", s.held_group_max_running),
                     ("rate", s.held_rate),
+                    ("group_rate", s.held_group_rate),
                 ] {
                     self.held
                         .get_or_create(&QueueReason {

@@ -106,6 +106,8 @@ pub struct QueuePolicy {
     pub group_max_running: u32,
     /// Takes of the queue's jobs per period, over every server.
     pub rate: Option<Rate>,
+    /// Takes of one group's jobs per period, over every server.
+    pub group_rate: Option<Rate>,
 }
 
 impl QueuePolicy {
@@ -131,6 +133,9 @@ impl QueuePolicy {
         }
         if let Some(rate) = &self.rate {
             rate.check("rate")?;
+        }
+        if let Some(rate) = &self.group_rate {
+            rate.check("group_rate")?;
         }
         Ok(())
     }

@@ -576,6 +576,30 @@ fn limit() -> BoxedStrategy<u32> {
     .boxed()
 }
 
+/// A generated rate limit's validity.
+fn rate_v(rate: &Option<(u32, Option<prost_types::Duration>, u32)>) -> V {
+    let tokens = jobq_server::policy::MOST_TOKENS;
+    match rate {
+        Some((limit, per, burst)) if *limit > 0 => {
+            let (shortest, longest) = jobq_server::policy::PERIODS;
+            let per_ok = per
+                .and_then(|d| Duration::try_from(d).ok())
+                .is_some_and(|d| d >= shortest && d <= longest);
+            all([
+                bad_if(*limit > tokens),
+                bad_if(!per_ok),
+                bad_if(*burst > tokens),
+            ])
+        }
+        _ => V::Valid,
+    }
+}
+
+/// A generated rate limit on the wire.
+fn rate_pb((limit, per, burst): (u32, Option<prost_types::Duration>, u32)) -> pb::RateLimit {
+    pb::RateLimit { limit, per, burst }
+}
+
 /// A policy's rate limit (limit, per, burst): mostly none, sometimes out
 /// of range.
 fn rate() -> BoxedStrategy<Option<(u32, Option<prost_types::Duration>, u32)>> {
@@ -686,6 +710,7 @@ enum Op {
         max_running: u32,
         group_max_running: u32,
         rate: Option<(u32, Option<prost_types::Duration>, u32)>,
+        group_rate: Option<(u32, Option<prost_types::Duration>, u32)>,
     },
     Delete(IdGen),
     Purge {
@@ -800,7 +825,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()].prop_map(Op::Pause),
         2 => prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()].prop_map(Op::Resume),
         2 => (prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()], limit(), limit())
-            .prop_flat_map(|(queue, max_running, group_max_running)| rate().prop_map(move |rate| Op::SetPolicy { queue: queue.clone(), max_running, group_max_running, rate })),
+            .prop_flat_map(|(queue, max_running, group_max_running)| (rate(), rate()).prop_map(move |(rate, group_rate)| Op::SetPolicy { queue: queue.clone(), max_running, group_max_running, rate, group_rate })),
         1 => id().prop_map(Op::Delete),
         1 => (prop_oneof![3 => select(&QUEUES[..]).prop_map(String::from), 1 => opt_name()], status(), finished_before())
             .prop_map(|(queue, status, finished_before)| Op::Purge { queue, status, finished_before }),
@@ -1548,40 +1573,28 @@ impl Harness {
                 max_running,
                 group_max_running,
                 rate,
+                group_rate,
             } => {
                 let most = jobq_server::policy::MOST_RUNNING;
-                let tokens = jobq_server::policy::MOST_TOKENS;
-                let rate_v = match rate {
-                    Some((limit, per, burst)) if *limit > 0 => {
-                        let (shortest, longest) = jobq_server::policy::PERIODS;
-                        let per_ok = per
-                            .and_then(|d| Duration::try_from(d).ok())
-                            .is_some_and(|d| d >= shortest && d <= longest);
-                        all([
-                            bad_if(*limit > tokens),
-                            bad_if(!per_ok),
-                            bad_if(*burst > tokens),
-                        ])
-                    }
-                    _ => V::Valid,
-                };
                 let v = all([
                     name_v(queue),
                     bad_if(*max_running > most),
                     bad_if(*group_max_running > most),
-                    rate_v,
+                    rate_v(rate),
+                    rate_v(group_rate),
                 ]);
-                let rate_pb = rate.map(|(limit, per, burst)| pb::RateLimit { limit, per, burst });
                 let req = pb::SetQueuePolicyRequest {
                     queue: queue.clone(),
                     policy: Some(pb::QueuePolicy {
                         max_running: *max_running,
                         group_max_running: *group_max_running,
-                        rate: rate_pb,
+                        rate: rate.map(rate_pb),
+                        group_rate: group_rate.map(rate_pb),
                     }),
                 };
                 let code = code_of(&self.svc.set_queue_policy(Request::new(req)).await);
-                let rated = rate.is_some_and(|(limit, _, _)| limit > 0);
+                let rated = rate.is_some_and(|(limit, _, _)| limit > 0)
+                    || group_rate.is_some_and(|(limit, _, _)| limit > 0);
                 let clears = *max_running == 0 && *group_max_running == 0 && !rated;
                 if v == V::Valid {
                     let full = self.policies.len() >= LIMITS.max_queue_policies;

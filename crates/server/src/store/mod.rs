@@ -130,6 +130,9 @@ pub struct QueueStats {
     pub held_group_max_running: u64,
     /// Due PENDING jobs held back because the rate limit has no token.
     pub held_rate: u64,
+    /// Due PENDING jobs held back because their group's rate limit has
+    /// no token.
+    pub held_group_rate: u64,
 }
 
 /// The outcome of extending one lease in a heartbeat.

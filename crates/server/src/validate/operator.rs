@@ -80,30 +80,34 @@ pub fn policy_room(policies: usize, already: bool, most: usize) -> Result<()> {
 pub fn set_policy(req: pb::SetQueuePolicyRequest) -> Result<(String, QueuePolicy)> {
     name("queue", &req.queue)?;
     let p = req.policy.unwrap_or_default();
-    let rate = match p.rate {
-        Some(r) if r.limit > 0 => {
-            let per = r
-                .per
-                .ok_or_else(|| invalid("rate: per is required with a limit"))
-                .and_then(|d| {
-                    std::time::Duration::try_from(d)
-                        .map_err(|_| invalid("rate: per must not be negative"))
-                })?;
-            Some(Rate {
-                limit: r.limit,
-                per,
-                burst: r.burst,
-            })
-        }
-        _ => None,
-    };
+    let rate = rate_limit("rate", p.rate)?;
+    let group_rate = rate_limit("group_rate", p.group_rate)?;
     let policy = QueuePolicy {
         max_running: p.max_running,
         group_max_running: p.group_max_running,
         rate,
+        group_rate,
     };
     policy.check()?;
     Ok((req.queue, policy))
+}
+
+/// A policy's rate limit: none when unset or its limit is 0 (the ranges
+/// are [`QueuePolicy::check`]'s).
+fn rate_limit(field: &str, rate: Option<pb::RateLimit>) -> Result<Option<Rate>> {
+    let Some(r) = rate.filter(|r| r.limit > 0) else {
+        return Ok(None);
+    };
+    let per = r
+        .per
+        .ok_or_else(|| invalid(format!("{field}: per is required with a limit")))?;
+    let per = std::time::Duration::try_from(per)
+        .map_err(|_| invalid(format!("{field}: per must not be negative")))?;
+    Ok(Some(Rate {
+        limit: r.limit,
+        per,
+        burst: r.burst,
+    }))
 }
 
 /// A DeleteJob's job id.

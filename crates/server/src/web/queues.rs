@@ -69,9 +69,9 @@ pub async fn page<S: Store>(
                             td.num.failed { a href={ "/jobs?queue=" (q.queue) "&status=FAILED" } { (q.failed) } }
                             td { (q.oldest_pending_age.map_or_else(|| "—".to_owned(), layout::span)) }
                             td.policy { (policy_text(&q.policy)) }
-                            td.num.held title="due jobs the policy holds back: by max_running / by group_max_running / by rate" {
+                            td.num.held title="due jobs the policy holds back: by max_running / by group_max_running / by rate / by group rate" {
                                 @if q.policy.is_empty() { "—" } @else {
-                                    (q.held_max_running) " / " (q.held_group_max_running) " / " (q.held_rate)
+                                    (q.held_max_running) " / " (q.held_group_max_running) " / " (q.held_rate) " / " (q.held_group_rate)
                                 }
                             }
                         }

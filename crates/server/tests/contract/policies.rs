@@ -22,6 +22,7 @@ fn policy(max_running: u32, group_max_running: u32) -> QueuePolicy {
         max_running,
         group_max_running,
         rate: None,
+        group_rate: None,
     }
 }
 
@@ -207,4 +208,44 @@ async fn a_rate_limit_hands_out_its_burst_then_a_token_per_interval() {
     let err = store.set_policy("q", bad).await.expect_err("a zero period");
     assert_eq!(err.code(), Code::InvalidArgument, "{err}");
     assert_eq!(store.policy("q").await.unwrap(), limited, "unchanged");
+}
+
+#[tokio::test]
+async fn a_group_rate_limits_each_group_and_not_the_others() {
+    let (_dir, store) = fresh().await;
+    let per_group = QueuePolicy {
+        group_rate: Some(Rate {
+            limit: 10,
+            per: Duration::from_secs(1),
+            burst: 2,
+        }),
+        ..QueuePolicy::default()
+    };
+    store.set_policy("q", per_group).await.expect("policy");
+    for _ in 0..5 {
+        enqueue_in(&store, Some("a"), at(0)).await;
+    }
+    for _ in 0..3 {
+        enqueue_in(&store, Some("b"), at(0)).await;
+    }
+    let free = enqueue_in(&store, None, at(0)).await;
+    let group_of = |id: JobId| {
+        let store = &store;
+        async move { store.get(id).await.unwrap().group }
+    };
+    let mut groups = Vec::new();
+    for (id, _) in drain_ids(&store, at(1_000)).await {
+        groups.push(group_of(id).await);
+    }
+    let count = |g: Option<&str>| groups.iter().filter(|x| x.as_deref() == g).count();
+    assert_eq!((count(Some("a")), count(Some("b")), count(None)), (2, 2, 1), "each group's burst, and the free job");
+    assert!(groups.contains(&None) && store.get(free.id).await.unwrap().status == Status::Running);
+    assert!(drain_ids(&store, at(1_050)).await.is_empty(), "half a token each");
+    // A token each 100 ms: one of a and one of b.
+    let next = drain_ids(&store, at(1_100)).await;
+    assert_eq!(next.len(), 2);
+    // b has no jobs left; a's last two come 100 ms apart... or at once
+    // after a quiet spell, up to the burst.
+    assert_eq!(drain_ids(&store, at(10_000)).await.len(), 2);
+    assert!(drain_ids(&store, at(20_000)).await.is_empty());
 }

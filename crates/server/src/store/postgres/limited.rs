@@ -87,12 +87,20 @@ impl Limits {
 
 /// Of the due PENDING jobs of `$1` (at most `$3`), how many `$2`
 /// (`group_max_running`) holds back, and how many it does not.
-const HELD: &str = "SELECT count(*) FILTER (WHERE held), count(*) FILTER (WHERE NOT held) FROM ( \
+/// Of the due PENDING jobs of `$1` (at most `$3`): how many `$2`
+/// (`group_max_running`) holds back, how many a group rate out of tokens
+/// (`$4` a second, a bucket of `$5`) holds back, and how many neither.
+const HELD: &str = "SELECT count(*) FILTER (WHERE held), count(*) FILTER (WHERE dry AND NOT held), \
+       count(*) FILTER (WHERE NOT held AND NOT dry) FROM ( \
        SELECT (j.grp IS NOT NULL AND $2::int > 0 AND ( \
          (SELECT count(*) FROM jobq_jobs r WHERE r.queue = $1 AND r.grp = j.grp \
           AND r.status = 'running') >= $2::int \
          OR ($2::int = 1 AND EXISTS (SELECT 1 FROM jobq_jobs h WHERE h.queue = $1 \
-           AND h.grp = j.grp AND h.id < j.id AND h.status IN ('pending', 'running'))))) AS held \
+           AND h.grp = j.grp AND h.id < j.id AND h.status IN ('pending', 'running'))))) AS held, \
+         ($4::float8 IS NOT NULL AND j.grp IS NOT NULL AND EXISTS ( \
+           SELECT 1 FROM jobq_group_buckets b WHERE b.queue = $1 AND b.grp = j.grp \
+           AND least($5::float8, b.tokens + greatest(0, extract(epoch FROM (now() - b.at)))::float8 * $4) < 1)) \
+         AS dry \
        FROM jobq_jobs j WHERE j.queue = $1 AND j.status = 'pending' AND j.run_at <= now() \
        LIMIT $3) c";
 
@@ -106,10 +114,19 @@ pub async fn held(
     let stmt = client.prepare_cached(HELD).await?;
     let k = i32::try_from(policy.group_max_running).unwrap_or(i32::MAX);
     let most = i64::try_from(crate::policy::HELD_COUNT_MOST).unwrap_or(i64::MAX);
-    let row = client.query_one(&stmt, &[&stats.queue, &k, &most]).await?;
-    let (by_group, others): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-    stats.held_group_max_running = u64::try_from(by_group).unwrap_or(0);
-    let others = u64::try_from(others).unwrap_or(0);
+    let (per_second, capacity) = match policy.group_rate {
+        Some(r) => (Some(r.per_second()), r.capacity()),
+        None => (None, 0.0),
+    };
+    let row = client
+        .query_one(&stmt, &[&stats.queue, &k, &most, &per_second, &capacity])
+        .await?;
+    let count = |i: usize| -> Result<u64, PgError> {
+        Ok(u64::try_from(row.try_get::<_, i64>(i)?).unwrap_or(0))
+    };
+    stats.held_group_max_running = count(0)?;
+    stats.held_group_rate = count(1)?;
+    let others = count(2)?;
     if !policy.room(stats.running) {
         stats.held_max_running = others;
     } else if let Some(rate) = policy.rate {
@@ -129,63 +146,90 @@ pub async fn held(
     Ok(())
 }
 
-/// How long until the first of `queues` with a rate limit has a token
-/// again, and at least one token's interval (a take that found none may
-/// have been just before it came back; one held by another limit looks
-/// again at the rate's pace); `None` when none of them has a rate limit.
-/// On the database's clock, as the takes spend them.
+/// How long a waiter on `queues` whose take found due jobs held sleeps
+/// before it looks again, when one of them has a rate limit: until the
+/// queue's bucket has a token, and at least one token's interval of the
+/// queue's or the groups' rate (a take that found none may have come just
+/// before a token; one held by a group's bucket, or by another limit,
+/// looks again at the rate's pace); `None` when none has a rate limit. On
+/// the database's clock, as the takes spend them.
 pub async fn token_wait(
     client: &impl deadpool_postgres::GenericClient,
     queues: &[String],
 ) -> Result<Option<Duration>, PgError> {
     let stmt = client
-        .prepare_cached(
-            "SELECT p.rate_limit, p.rate_per_us, p.rate_burst, b.tokens, b.at, now() \
+        .prepare_cached(&format!(
+            "SELECT {}, b.tokens, b.at, now() \
              FROM jobq_policies p LEFT JOIN jobq_rate_buckets b USING (queue) \
-             WHERE p.queue = ANY($1) AND p.rate_limit > 0",
-        )
+             WHERE p.queue = ANY($1) AND (p.rate_limit > 0 OR p.group_rate_limit > 0)",
+            operator::POLICY_COLUMNS
+                .split(", ")
+                .map(|c| format!("p.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
         .await?;
+    let interval =
+        |rate: &crate::policy::Rate| Duration::from_secs_f64(1.0 / rate.per_second().max(1e-9));
     let mut wait: Option<Duration> = None;
     for r in client.query(&stmt, &[&queues]).await? {
-        let (limit, per_us, burst): (i32, i64, i32) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-        let rate = crate::policy::Rate {
-            limit: u32::try_from(limit).unwrap_or(0),
-            per: Duration::from_micros(u64::try_from(per_us).unwrap_or(0)),
-            burst: u32::try_from(burst).unwrap_or(0),
-        };
-        let now: SystemTime = r.try_get(5)?;
-        let this = match (
-            r.try_get::<_, Option<f64>>(3)?,
-            r.try_get::<_, Option<SystemTime>>(4)?,
-        ) {
-            (Some(tokens), Some(at)) => Bucket { tokens, at }
-                .next_token(&rate, now)
-                .duration_since(now)
-                .unwrap_or_default(),
-            _ => Duration::ZERO,
-        };
+        let (_, policy) = operator::policy_of(&r)?;
+        let now: SystemTime = r.try_get(11)?;
+        let mut this = RECHECK;
+        if let Some(rate) = policy.rate {
+            let until = match (r.try_get::<_, Option<f64>>(9)?, r.try_get(10)?) {
+                (Some(tokens), Some(at)) => Bucket { tokens, at }
+                    .next_token(&rate, now)
+                    .duration_since(now)
+                    .unwrap_or_default(),
+                _ => Duration::ZERO,
+            };
+            this = this.min(until.max(interval(&rate)));
+        }
+        if let Some(rate) = policy.group_rate {
+            this = this.min(interval(&rate));
+        }
         wait = Some(wait.map_or(this, |w| w.min(this)));
     }
     Ok(wait)
 }
 
 /// Waits for the policy locks of `queues` (in key order, as every take
-/// takes them: two takes never wait on each other in a cycle).
-pub async fn lock(tx: &Open, queues: &[&String]) -> Result<(), PgError> {
+/// takes them: two takes never wait on each other in a cycle); returns the
+/// time they were got (`clock_timestamp()`, or the caller's `now`).
+pub async fn lock(
+    tx: &Open,
+    queues: &[&String],
+    now: Option<SystemTime>,
+) -> Result<SystemTime, PgError> {
     let mut keys: Vec<i32> = queues.iter().map(|q| operator::pause_lock_key(q)).collect();
     keys.sort_unstable();
     keys.dedup();
     let stmt = tx
-        .prepare_cached("SELECT count(pg_advisory_xact_lock($1, k)) FROM unnest($2::int4[]) AS k")
+        .prepare_cached(
+            "SELECT count(pg_advisory_xact_lock($1, k)), coalesce($3::timestamptz, clock_timestamp()) \
+             FROM unnest($2::int4[]) AS k",
+        )
         .await?;
-    tx.query_one(&stmt, &[&POLICY_LOCK, &keys]).await?;
-    Ok(())
+    let row = tx.query_one(&stmt, &[&POLICY_LOCK, &keys, &now]).await?;
+    Ok(row.try_get(1)?)
 }
 
+/// A group's bucket's tokens at `$3` (`jobq_group_buckets` row `b`),
+/// refilling at `$1` a second up to `$2`.
+const GROUP_TOKENS: &str =
+    "least($2::float8, b.tokens + greatest(0, extract(epoch FROM ($3::timestamptz - b.at)))::float8 * $1)";
+
 /// The due jobs of `$1` at `$2` (or `now()`) in delivery order, but not
-/// of the groups in `$3`, not the ids in `$4`, and with `$5` only a
-/// group's oldest open job; the first one, locked.
+/// of the groups in `$3`, not the ids in `$4`, with `$5` only a group's
+/// oldest open job, and with a group rate (`$6` a second, a bucket of
+/// `$7`, counted at `$8`) not of a group out of tokens; the first one,
+/// locked.
 fn grouped_dequeue() -> String {
+    let tokens = GROUP_TOKENS
+        .replace("$1", "$6")
+        .replace("$2", "$7")
+        .replace("$3", "$8");
     format!(
         "SELECT {COLUMNS}, lease_server FROM jobq_jobs j WHERE status = 'pending' AND queue = $1 \
          AND run_at <= coalesce($2::timestamptz, now()) \
@@ -193,7 +237,24 @@ fn grouped_dequeue() -> String {
          AND (NOT $5::bool OR grp IS NULL OR NOT EXISTS ( \
            SELECT 1 FROM jobq_jobs h WHERE h.queue = $1 AND h.grp = j.grp AND h.id < j.id \
            AND h.status IN ('pending', 'running'))) \
+         AND ($6::float8 IS NULL OR grp IS NULL OR NOT EXISTS ( \
+           SELECT 1 FROM jobq_group_buckets b WHERE b.queue = $1 AND b.grp = j.grp \
+           AND {tokens} < 1)) \
          ORDER BY priority DESC, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"
+    )
+}
+
+/// Spends a token of group `$2` of queue `$1`: a bucket of `$3`, refilling
+/// at `$5` a second, counted at `$4` (no row: full).
+fn spend_group_token() -> String {
+    let tokens = GROUP_TOKENS
+        .replace("$1", "$5")
+        .replace("$2", "$3")
+        .replace("$3::timestamptz", "$4::timestamptz");
+    format!(
+        "INSERT INTO jobq_group_buckets AS b (queue, grp, tokens, at) \
+         VALUES ($1, $2, $3::float8 - 1, $4) ON CONFLICT (queue, grp) DO UPDATE SET \
+         tokens = greatest(0, {tokens} - 1), at = greatest(b.at, $4)"
     )
 }
 
@@ -210,36 +271,43 @@ pub async fn dequeue(
 ) -> Result<Vec<Row>, PgError> {
     let now = Some(at);
     let mut room = left;
-    // The rate limit's bucket (no row: full), counted when the policy
-    // lock was got (`clock_timestamp()`, not the transaction's start: a
-    // take that waited for the lock spends the tokens that came back
-    // meanwhile), or at the caller's time.
+    // Rate buckets are counted when the policy lock was got
+    // (`clock_timestamp()`, not the transaction's start: a take that
+    // waited for the lock spends the tokens that came back meanwhile), or
+    // at the caller's time.
+    let clock = if policy.rate.is_some() || policy.group_rate.is_some() {
+        let stmt = tx
+            .prepare_cached("SELECT coalesce($1::timestamptz, clock_timestamp())")
+            .await?;
+        tx.query_one(&stmt, &[&caller]).await?.try_get(0)?
+    } else {
+        at
+    };
+    // The queue's bucket (no row: full).
     let bucket = match policy.rate {
         Some(rate) => {
             let stmt = tx
-                .prepare_cached(
-                    "SELECT b.tokens, b.at, coalesce($2::timestamptz, clock_timestamp()) \
-                     FROM (SELECT 1) one LEFT JOIN jobq_rate_buckets b ON b.queue = $1",
-                )
+                .prepare_cached("SELECT tokens, at FROM jobq_rate_buckets WHERE queue = $1")
                 .await?;
-            let r = tx.query_one(&stmt, &[&queue, &caller]).await?;
-            let at: SystemTime = r.try_get(2)?;
-            let bucket = match (r.try_get(0)?, r.try_get(1)?) {
-                (Some(tokens), Some(since)) => Bucket { tokens, at: since },
-                _ => Bucket::full(&rate, at),
+            let bucket = match tx.query_opt(&stmt, &[&queue]).await? {
+                Some(r) => Bucket {
+                    tokens: r.try_get(0)?,
+                    at: r.try_get(1)?,
+                },
+                None => Bucket::full(&rate, clock),
             };
             // Whole tokens only: f64 to i64 saturates.
             #[allow(clippy::cast_possible_truncation)]
-            let whole = bucket.tokens(&rate, at).floor() as i64;
+            let whole = bucket.tokens(&rate, clock).floor() as i64;
             room = room.min(whole);
-            Some((rate, bucket, at))
+            Some((rate, bucket))
         }
         None => None,
     };
-    let rows = dequeue_within(tx, queue, policy, now, room, plain).await?;
-    if let (Some((rate, mut bucket, at)), false) = (bucket, rows.is_empty()) {
+    let rows = dequeue_within(tx, queue, policy, (now, clock), room, plain).await?;
+    if let (Some((rate, mut bucket)), false) = (bucket, rows.is_empty()) {
         #[allow(clippy::cast_precision_loss)]
-        bucket.spend(&rate, rows.len() as f64, at);
+        bucket.spend(&rate, rows.len() as f64, clock);
         let stmt = tx
             .prepare_cached(
                 "INSERT INTO jobq_rate_buckets (queue, tokens, at) VALUES ($1, $2, $3) \
@@ -257,7 +325,7 @@ async fn dequeue_within(
     tx: &Open,
     queue: &str,
     policy: QueuePolicy,
-    now: Option<SystemTime>,
+    (now, clock): (Option<SystemTime>, SystemTime),
     left: i64,
     plain: &str,
 ) -> Result<Vec<Row>, PgError> {
@@ -275,10 +343,15 @@ async fn dequeue_within(
         return Ok(Vec::new());
     }
     let k = i64::from(policy.group_max_running);
-    if k == 0 {
+    if k == 0 && policy.group_rate.is_none() {
         let stmt = tx.prepare_cached(plain).await?;
         return Ok(tx.query(&stmt, &[&queue, &now, &room]).await?);
     }
+    let (per_second, capacity) = match policy.group_rate {
+        Some(r) => (Some(r.per_second()), r.capacity()),
+        None => (None, 0.0),
+    };
+    let spend = tx.prepare_cached(&spend_group_token()).await?;
     let stmt = tx
         .prepare_cached(
             "SELECT grp, count(*) FROM jobq_jobs WHERE queue = $1 AND status = 'running' \
@@ -298,17 +371,29 @@ async fn dequeue_within(
     while i64::try_from(rows.len()).unwrap_or(i64::MAX) < room {
         let full: Vec<&str> = running
             .iter()
-            .filter(|&(_, &n)| n >= k)
+            .filter(|&(_, &n)| k > 0 && n >= k)
             .map(|(g, _)| g.as_str())
             .collect();
-        let Some(row) = tx
-            .query_opt(&stmt, &[&queue, &now, &full, &taken, &sequence])
-            .await?
-        else {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+            &queue,
+            &now,
+            &full,
+            &taken,
+            &sequence,
+            &per_second,
+            &capacity,
+            &clock,
+        ];
+        let Some(row) = tx.query_opt(&stmt, &params).await? else {
             break;
         };
         taken.push(row.try_get(0)?);
         if let Some(group) = row.try_get::<_, Option<String>>(19)? {
+            if let Some(rate) = per_second {
+                // Seen by this transaction's next dequeue.
+                tx.execute(&spend, &[&queue, &group, &capacity, &clock, &rate])
+                    .await?;
+            }
             *running.entry(group).or_default() += 1;
         }
         rows.push(row);

@@ -181,19 +181,26 @@ pub async fn set_policy(pg: &Pg, queue: &str, policy: QueuePolicy, most: usize) 
         let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
         let (max_running, group_max_running) =
             (int(policy.max_running), int(policy.group_max_running));
-        let rate = policy.rate;
-        let (limit, burst) = (
-            int(rate.map_or(0, |r| r.limit)),
-            int(rate.map_or(0, |r| r.burst)),
-        );
-        let per_us = rate.map_or(0, |r| i64::try_from(r.per.as_micros()).unwrap_or(i64::MAX));
+        let columns = |rate: Option<Rate>| {
+            (
+                int(rate.map_or(0, |r| r.limit)),
+                rate.map_or(0, |r| i64::try_from(r.per.as_micros()).unwrap_or(i64::MAX)),
+                int(rate.map_or(0, |r| r.burst)),
+            )
+        };
+        let (limit, per_us, burst) = columns(policy.rate);
+        let (g_limit, g_per_us, g_burst) = columns(policy.group_rate);
         tx.execute(
-            "INSERT INTO jobq_policies \
-             (queue, max_running, group_max_running, rate_limit, rate_per_us, rate_burst) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (queue) DO UPDATE SET \
-             max_running = EXCLUDED.max_running, group_max_running = EXCLUDED.group_max_running, \
-             rate_limit = EXCLUDED.rate_limit, rate_per_us = EXCLUDED.rate_per_us, \
-             rate_burst = EXCLUDED.rate_burst",
+            &format!(
+                "INSERT INTO jobq_policies ({POLICY_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (queue) DO UPDATE SET \
+                 max_running = EXCLUDED.max_running, \
+                 group_max_running = EXCLUDED.group_max_running, \
+                 rate_limit = EXCLUDED.rate_limit, rate_per_us = EXCLUDED.rate_per_us, \
+                 rate_burst = EXCLUDED.rate_burst, group_rate_limit = EXCLUDED.group_rate_limit, \
+                 group_rate_per_us = EXCLUDED.group_rate_per_us, \
+                 group_rate_burst = EXCLUDED.group_rate_burst"
+            ),
             &[
                 &queue,
                 &max_running,
@@ -201,15 +208,20 @@ pub async fn set_policy(pg: &Pg, queue: &str, policy: QueuePolicy, most: usize) 
                 &limit,
                 &per_us,
                 &burst,
+                &g_limit,
+                &g_per_us,
+                &g_burst,
             ],
         )
         .await
         .map_err(PgError::from)?;
     }
-    // A new policy starts with a full bucket.
-    tx.execute("DELETE FROM jobq_rate_buckets WHERE queue = $1", &[&queue])
-        .await
-        .map_err(PgError::from)?;
+    // A new policy starts with full buckets.
+    for table in ["jobq_rate_buckets", "jobq_group_buckets"] {
+        tx.execute(&format!("DELETE FROM {table} WHERE queue = $1"), &[&queue])
+            .await
+            .map_err(PgError::from)?;
+    }
     tx.execute("SELECT pg_notify($1, $2)", &[&listen::DUE, &queue])
         .await
         .map_err(PgError::from)?;
@@ -237,8 +249,8 @@ pub async fn policies(pg: &Core) -> Result<Vec<(String, QueuePolicy)>, PgError> 
 }
 
 /// The columns of `jobq_policies` that [`policy_of`] reads, in order.
-pub const POLICY_COLUMNS: &str =
-    "queue, max_running, group_max_running, rate_limit, rate_per_us, rate_burst";
+pub const POLICY_COLUMNS: &str = "queue, max_running, group_max_running, \
+     rate_limit, rate_per_us, rate_burst, group_rate_limit, group_rate_per_us, group_rate_burst";
 
 /// A row of `jobq_policies` selected with [`POLICY_COLUMNS`].
 pub fn policy_of(r: &tokio_postgres::Row) -> Result<(String, QueuePolicy), PgError> {
@@ -246,21 +258,25 @@ pub fn policy_of(r: &tokio_postgres::Row) -> Result<(String, QueuePolicy), PgErr
         let v: i32 = r.try_get(i)?;
         u32::try_from(v).map_err(|_| PgError::Schema(format!("negative limit {v}")))
     };
-    let per_us: i64 = r.try_get(4)?;
-    let rate = match limit(3)? {
-        0 => None,
-        n => Some(Rate {
-            limit: n,
-            per: std::time::Duration::from_micros(u64::try_from(per_us).unwrap_or(0)),
-            burst: limit(5)?,
-        }),
+    // A rate's three columns from `first` on.
+    let rate = |first: usize| -> Result<Option<Rate>, PgError> {
+        let per_us: i64 = r.try_get(first + 1)?;
+        Ok(match limit(first)? {
+            0 => None,
+            n => Some(Rate {
+                limit: n,
+                per: std::time::Duration::from_micros(u64::try_from(per_us).unwrap_or(0)),
+                burst: limit(first + 2)?,
+            }),
+        })
     };
     Ok((
         r.try_get(0)?,
         QueuePolicy {
             max_running: limit(1)?,
             group_max_running: limit(2)?,
-            rate,
+            rate: rate(3)?,
+            group_rate: rate(6)?,
         },
     ))
 }

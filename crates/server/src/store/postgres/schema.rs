@@ -213,9 +213,10 @@ CREATE TABLE jobq_results (
 /// Version 10: a job's group (`grp`, NULL for none; never changed after
 /// the insert, so no UPDATE writes it) and `jobq_policies`, one row per
 /// queue with a policy (SetQueuePolicy), read by every take of its queue
-/// in the take's transaction; `jobq_rate_buckets`, the token bucket of
-/// each queue with a rate limit (no row: full), written by the takes that
-/// spend its tokens, under the queue's policy lock. `jobq_jobs_groups` holds the grouped jobs
+/// in the take's transaction; `jobq_rate_buckets` and
+/// `jobq_group_buckets`, the token buckets of each queue and group with a
+/// rate limit (no row: full), written by the takes that spend their
+/// tokens, under the queue's policy lock. `jobq_jobs_groups` holds the grouped jobs
 /// that are PENDING or RUNNING only: a sequence's take finds whether an
 /// older job of the group is open with one probe. Adding a column with no
 /// default rewrites nothing; the index is built like version 5's (writes
@@ -228,12 +229,22 @@ CREATE TABLE jobq_policies (
     group_max_running integer NOT NULL CHECK (group_max_running >= 0),
     rate_limit        integer NOT NULL DEFAULT 0 CHECK (rate_limit >= 0),
     rate_per_us       bigint  NOT NULL DEFAULT 0 CHECK (rate_per_us >= 0),
-    rate_burst        integer NOT NULL DEFAULT 0 CHECK (rate_burst >= 0)
+    rate_burst        integer NOT NULL DEFAULT 0 CHECK (rate_burst >= 0),
+    group_rate_limit  integer NOT NULL DEFAULT 0 CHECK (group_rate_limit >= 0),
+    group_rate_per_us bigint  NOT NULL DEFAULT 0 CHECK (group_rate_per_us >= 0),
+    group_rate_burst  integer NOT NULL DEFAULT 0 CHECK (group_rate_burst >= 0)
 );
 CREATE TABLE jobq_rate_buckets (
     queue  text PRIMARY KEY,
     tokens float8 NOT NULL,
     at     timestamptz NOT NULL
+);
+CREATE TABLE jobq_group_buckets (
+    queue  text NOT NULL,
+    grp    text NOT NULL,
+    tokens float8 NOT NULL,
+    at     timestamptz NOT NULL,
+    PRIMARY KEY (queue, grp)
 );
 CREATE INDEX jobq_jobs_groups ON jobq_jobs (queue, grp, id)
     WHERE grp IS NOT NULL AND status IN ('pending', 'running');

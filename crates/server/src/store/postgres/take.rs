@@ -210,7 +210,7 @@ async fn take_in(
         let rows = tx.query(&stmt, &[queue, &now_param, &wanted]).await?;
         Ok::<_, PgError>(Some(rows))
     };
-    let (_, _, now, _, paused, policies, registered, first) = futures::try_join!(
+    let (_, _, mut now, _, paused, policies, registered, first) = futures::try_join!(
         tx.begin(),
         sync_off,
         db_now,
@@ -235,7 +235,10 @@ async fn take_in(
         .filter(|q| policies.contains_key(*q))
         .collect();
     if !limited.is_empty() {
-        limited::lock(tx, &limited).await?;
+        // A take of a queue with a policy is made, and stamped, when it
+        // holds the lock (on the database's clock: not the transaction's
+        // start, which may precede the change that freed its slot).
+        now = limited::lock(tx, &limited, now_param).await?;
     }
     let mut first = first;
     let mut rows = Vec::new();

@@ -226,6 +226,9 @@ impl Sled {
         now: SystemTime,
     ) -> Result<Option<(Change, Option<Unread>)>> {
         let mut index = self.lock();
+        for queue in queues {
+            index.release(queue, now);
+        }
         let Some(id) = queues
             .iter()
             .filter(|q| !index.is_paused(q) && index.may_take(q, now))
@@ -236,7 +239,7 @@ impl Sled {
         let mut results = self.apply_locked(&mut index, vec![(id, take)], now)?;
         match results.pop() {
             Some(Ok(mut change)) => {
-                index.took(&change.new.queue, now);
+                index.took(&change.new.queue, change.new.group.as_deref(), now);
                 // The take is written. What follows may fail (a payload
                 // that cannot be read) or wait (a file read, during which
                 // a Dequeue's caller may give up) before the caller

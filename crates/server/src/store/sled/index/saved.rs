@@ -182,7 +182,7 @@ impl Index {
                 by_status: bitmaps(&q.by_status)?,
                 groups: Groups::from_saved(q.groups),
             };
-            for (p, at, id) in queue.groups.eligible(0) {
+            for (p, at, id) in queue.groups.eligible(Default::default()) {
                 queue
                     .pending
                     .entry(Reverse(p))
