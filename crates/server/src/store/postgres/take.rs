@@ -238,7 +238,9 @@ async fn take_in(
         // A take of a queue with a policy is made, and stamped, when it
         // holds the lock (on the database's clock: not the transaction's
         // start, which may precede the change that freed its slot).
-        now = limited::lock(tx, &limited, now_param).await?;
+        // (Never earlier than the transaction's: the other queues' jobs
+        // were found due at that time.)
+        now = now.max(limited::lock(tx, &limited, now_param).await?);
     }
     let mut first = first;
     let mut rows = Vec::new();

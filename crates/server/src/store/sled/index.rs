@@ -311,6 +311,7 @@ impl Index {
         let queue = &self.queues[q];
         let empty = queue.pending.is_empty()
             && queue.groups.is_empty()
+            && !queue.groups.has_buckets()
             && queue.keys.is_empty()
             && queue.by_status.iter().all(RoaringTreemap::is_empty);
         if !empty {
@@ -591,20 +592,22 @@ impl Index {
             .iter()
             .filter(|q| !self.is_paused(q))
             .filter_map(|q| {
-                let earliest = self.queue(q)?.earliest()?;
+                let index = self.queue(q)?;
+                let earliest = index.earliest();
                 let Some(policy) = self.policies.get(q.as_str()) else {
-                    return Some(earliest);
+                    return earliest;
                 };
                 if !self.has_room(q, policy) {
                     return None;
                 }
-                let earliest = earliest.max(self.next_token(q, policy, now));
-                // A throttled group offers its jobs again at its next token.
-                let released = self
-                    .queue(q)
-                    .and_then(|q| q.groups.next_release())
-                    .map(At::time);
-                Some(released.map_or(earliest, |r| earliest.min(r)))
+                let earliest = earliest.map(|e| e.max(self.next_token(q, policy, now)));
+                // A throttled group offers its jobs again at its next token
+                // (all of the queue's jobs may be in throttled groups).
+                let released = index.groups.next_release().map(At::time);
+                match (earliest, released) {
+                    (Some(e), Some(r)) => Some(e.min(r)),
+                    (e, r) => e.or(r),
+                }
             })
             .min()
     }
@@ -904,6 +907,44 @@ mod tests {
         index.update(&running, &done);
         assert_eq!(in_sets(&index), groups as usize);
         assert_ne!(index.first_due("q", now), Some(first));
+    }
+
+    /// A queue whose only pending jobs are in a group out of tokens still
+    /// has a next time: when the group gets its next token.
+    #[test]
+    fn a_throttled_groups_next_token_is_the_queues_next_run() {
+        let mut index = Index::default();
+        index.set_policy(
+            "q",
+            QueuePolicy {
+                group_rate: Some(crate::policy::Rate {
+                    limit: 1,
+                    per: Duration::from_secs(10),
+                    burst: 1,
+                }),
+                ..QueuePolicy::default()
+            },
+        );
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        let jobs: Vec<Job> = (1..=2)
+            .map(|id| {
+                let mut j = job(id, "q", None, 0);
+                j.group = Some("a".into());
+                j
+            })
+            .collect();
+        jobs.iter().for_each(|j| index.insert(j));
+        let first = index.first_due("q", now).expect("due");
+        let mut running = jobs[0].clone();
+        running.status = Status::Running;
+        index.update(&jobs[0], &running);
+        index.took("q", Some("a"), now);
+        assert_eq!(first, JobId(1));
+        assert_eq!(index.first_due("q", now), None, "throttled");
+        let next = now + Duration::from_secs(10);
+        assert_eq!(index.next_run_at(&["q".into()], now), Some(next));
+        index.release("q", next);
+        assert_eq!(index.first_due("q", next), Some(JobId(2)));
     }
 
     #[test]

@@ -205,8 +205,11 @@ pub(crate) struct DueCounts {
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Groups {
     by_name: HashMap<Box<str>, Group>,
-    /// The groups' rate buckets (none: full).
-    buckets: HashMap<Box<str>, Bucket>,
+    /// The groups' rate buckets (none: full), with when each is full
+    /// again.
+    buckets: HashMap<Box<str>, (Bucket, At)>,
+    /// The same, by when they are full again: dropped then.
+    fulls: BTreeSet<(At, Box<str>)>,
     /// Groups out of tokens, and until when.
     throttled: HashMap<Box<str>, At>,
     /// The same, by time.
@@ -224,6 +227,12 @@ pub(crate) enum State {
 impl Groups {
     pub(crate) fn is_empty(&self) -> bool {
         self.by_name.is_empty()
+    }
+
+    /// Whether a group's rate bucket is short of full (it must outlive
+    /// the group's jobs).
+    pub(crate) fn has_buckets(&self) -> bool {
+        !self.buckets.is_empty()
     }
 
     fn eligible_of(&self, name: &str, g: &Group, rule: Rule) -> Vec<Entry> {
@@ -284,6 +293,7 @@ impl Groups {
             diff.out.extend(self.eligible_of(name, g, old));
         }
         self.buckets.clear();
+        self.fulls.clear();
         self.throttled.clear();
         self.releases.clear();
         for g in self.by_name.values() {
@@ -298,12 +308,20 @@ impl Groups {
         let Some(rate) = rule.rate else {
             return Diff::default();
         };
-        let bucket = self
+        let (bucket, full_at) = self
             .buckets
             .entry(group.into())
-            .or_insert_with(|| Bucket::full(&rate, now));
+            .or_insert_with(|| (Bucket::full(&rate, now), At::of(now)));
         bucket.spend(&rate, 1.0, now);
-        if bucket.tokens(&rate, now) >= 1.0 {
+        let tokens = bucket.tokens(&rate, now);
+        let full = now
+            + std::time::Duration::from_secs_f64(
+                ((rate.capacity() - tokens) / rate.per_second()).max(0.0),
+            );
+        self.fulls.remove(&(*full_at, group.into()));
+        *full_at = At::of(full);
+        self.fulls.insert((At::of(full), group.into()));
+        if tokens >= 1.0 {
             return Diff::default();
         }
         let until = At::of(bucket.next_token(&rate, now));
@@ -321,9 +339,19 @@ impl Groups {
         }
     }
 
-    /// Releases the groups whose next token has come by `now`.
+    /// Releases the groups whose next token has come by `now`, and drops
+    /// the buckets that are full again.
     pub(crate) fn release(&mut self, rule: Rule, now: SystemTime) -> Diff {
         let now = At::of(now);
+        while let Some((at, name)) = self.fulls.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.fulls.pop_first();
+            if self.buckets.get(&name).is_some_and(|&(_, full)| full == at) {
+                self.buckets.remove(&name);
+            }
+        }
         let mut diff = Diff::default();
         while let Some((at, name)) = self.releases.first().cloned() {
             if at > now {
@@ -600,9 +628,16 @@ mod rate_tests {
         groups.change("a", State::Pending(entry(3)), false, rule);
         assert!(groups.is_empty());
         groups.took("a", rule, next);
+        assert!(groups.has_buckets(), "the group's bucket outlives its jobs");
         let d = groups.change("a", State::Pending(entry(4)), true, rule);
         assert_eq!(d.into, vec![], "the bucket is still empty");
+        // Full again (1 token, 100 ms later), it is dropped.
+        let later = next + Duration::from_millis(100);
+        assert_eq!(groups.release(rule, later).into, vec![entry(4)]);
+        assert!(!groups.has_buckets());
         // A new policy refills every bucket.
+        groups.took("a", rule, later);
+        assert!(groups.release(rule, later).into.is_empty());
         let d = groups.relimit(rule, rule);
         assert_eq!(d.into, vec![entry(4)]);
     }
