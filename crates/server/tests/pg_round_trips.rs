@@ -275,14 +275,15 @@ async fn enqueue_take_and_ack_cost_a_fixed_few_round_trips() {
     .await;
 
     // (statements, round trips). The enqueue: the ids and BEGIN, then the
-    // insert and COMMIT. The take: BEGIN, its checks and the dequeue; the
-    // history; the update and the attempt; COMMIT. The ack: BEGIN, the
+    // insert and COMMIT. The take: BEGIN, its checks (the queues' pauses
+    // and policies among them) and the dequeue; the history; the update
+    // and the attempt; COMMIT. The ack: BEGIN, the
     // clock and the locked row; the history; the update and the attempt;
     // COMMIT.
     assert_eq!(enqueue, (4, 2), "enqueue (statements, round trips)");
     // With a key, the COMMIT waits for the insert's reply (a key already
     // held is read before the commit).
     assert_eq!(keyed, (4, 3), "keyed enqueue (statements, round trips)");
-    assert_eq!(take, (11, 4), "stream take (statements, round trips)");
+    assert_eq!(take, (12, 4), "stream take (statements, round trips)");
     assert_eq!(ack, (7, 4), "ack (statements, round trips)");
 }
