@@ -124,8 +124,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Every queue's policy, sorted by queue name.
     fn policies(&self) -> impl Future<Output = Result<Vec<(String, QueuePolicy)>>> + Send;
 
-    /// Whether `queue` has a policy, as this server last knew it: a job
-    /// of it that stops RUNNING may free a slot, so it wakes waiters.
+    /// Whether a change of status of a job of `queue` may let a job its
+    /// policy holds go (a slot freed, a sequence's head gone), so that it
+    /// wakes the queue's waiters: at least whenever that is so; a shared
+    /// engine answers from its copy of the policies (any policy: yes).
     fn limited(&self, queue: &str) -> bool;
 
     /// The leases that expire at or before `at`.

@@ -111,7 +111,7 @@ impl Backend for Sled {
     }
 
     fn limited(&self, queue: &str) -> bool {
-        !self.lock().policy(queue).is_empty()
+        self.lock().may_hold(queue)
     }
 
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {

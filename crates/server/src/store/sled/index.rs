@@ -441,6 +441,23 @@ impl Index {
         self.has_room(queue, policy) && self.next_token(queue, policy, now) <= now
     }
 
+    /// Whether a change of status of one of `queue`'s jobs, just applied,
+    /// may have let a held job go: its groups are limited (a slot or a
+    /// sequence's head), or it runs one fewer than `max_running`. (A rate
+    /// limit frees nothing: its tokens come back with time.)
+    pub(crate) fn may_hold(&self, queue: &str) -> bool {
+        let Some(policy) = self.policies.get(queue) else {
+            return false;
+        };
+        if policy.group_max_running > 0 || policy.group_rate.is_some() {
+            return true;
+        }
+        let running = self
+            .queue(queue)
+            .map_or(0, |q| q.by_status[slot(Status::Running)].len());
+        policy.max_running > 0 && running + 1 >= u64::from(policy.max_running)
+    }
+
     fn has_room(&self, queue: &str, policy: &QueuePolicy) -> bool {
         let running = self
             .queue(queue)
