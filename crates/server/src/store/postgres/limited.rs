@@ -55,6 +55,14 @@ impl Limits {
             .contains_key(queue)
     }
 
+    /// Whether a change of status of one of `queue`'s jobs may let a held
+    /// job go: its policy limits running jobs or groups (a rate limit frees
+    /// nothing; its tokens come back with time).
+    pub fn freed_by_changes(&self, queue: &str) -> bool {
+        self.get(queue)
+            .is_some_and(|p| p.max_running > 0 || p.group_max_running > 0 || p.group_rate.is_some())
+    }
+
     /// A queue's policy, as last read.
     pub fn get(&self, queue: &str) -> Option<QueuePolicy> {
         self.0

@@ -627,7 +627,7 @@ impl Backend for Pg {
     }
 
     fn limited(&self, queue: &str) -> bool {
-        self.limits.limited(queue)
+        self.limits.freed_by_changes(queue)
     }
 
     async fn expiring(&self, at: SystemTime) -> Result<Vec<(JobId, LeaseId)>> {

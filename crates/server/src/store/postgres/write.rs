@@ -261,7 +261,7 @@ pub async fn write(
         // As the store's own wake-ups (`Jobs::commit`): a job made PENDING,
         // or in a queue with a policy, any change of status (a slot freed,
         // a sequence's head gone).
-        let freed = old.status != new.status && pg.limits.limited(&new.queue);
+        let freed = old.status != new.status && pg.limits.freed_by_changes(&new.queue);
         if (new.status == Status::Pending || freed) && !due.contains(&new.queue) {
             due.push(new.queue.clone());
         }
