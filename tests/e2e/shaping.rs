@@ -207,6 +207,21 @@ async fn limits_hold(servers: &[ServerProcess]) {
     );
 }
 
+/// Three servers over one fresh PostgreSQL database (and their folder).
+async fn three_postgres_servers() -> (tempfile::TempDir, Vec<ServerProcess>) {
+    let url = testing::fresh_database("jobq_e2e").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let servers = (0..3)
+        .map(|i| {
+            ServerProcess::start(
+                &dir.path().join(format!("s{i}")),
+                &["--store", &url, "--server-timeout", "2s"],
+            )
+        })
+        .collect();
+    (dir, servers)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_sled_limits_hold_at_every_instant_across_a_killed_worker() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -216,16 +231,7 @@ async fn on_sled_limits_hold_at_every_instant_across_a_killed_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_three_postgres_servers_limits_hold_at_every_instant_across_a_killed_worker() {
-    let url = testing::fresh_database("jobq_e2e").await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let servers: Vec<ServerProcess> = (0..3)
-        .map(|i| {
-            ServerProcess::start(
-                &dir.path().join(format!("s{i}")),
-                &["--store", &url, "--server-timeout", "2s"],
-            )
-        })
-        .collect();
+    let (_dir, servers) = three_postgres_servers().await;
     limits_hold(&servers).await;
 }
 
@@ -344,16 +350,7 @@ async fn on_sled_a_rate_limit_keeps_its_pace_and_its_burst() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_three_postgres_servers_a_rate_limit_keeps_its_pace_and_its_burst() {
-    let url = testing::fresh_database("jobq_e2e").await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let servers: Vec<ServerProcess> = (0..3)
-        .map(|i| {
-            ServerProcess::start(
-                &dir.path().join(format!("s{i}")),
-                &["--store", &url, "--server-timeout", "2s"],
-            )
-        })
-        .collect();
+    let (_dir, servers) = three_postgres_servers().await;
     let (limit, secs, tolerance) = rate_profile();
     rate_holds(&servers, limit, secs, tolerance).await;
 }

@@ -74,33 +74,11 @@ pub async fn set_paused(pg: &Pg, queue: &str, paused: bool, most: usize) -> Resu
         // paused" just before could still take a job after PauseQueue
         // returned (docs/src/design.md §1 rule 6). A take stuck mid-transaction
         // makes this fail (UNAVAILABLE, retryable) rather than wait on.
-        tx.batch_execute(&format!(
-            "SET LOCAL lock_timeout = '{}ms'; SELECT pg_advisory_xact_lock({PAUSE_LOCK}, {})",
-            PAUSE_LOCK_TIMEOUT.as_millis(),
-            pause_lock_key(queue)
-        ))
-        .await
-        .map_err(PgError::from)?;
-        let already = tx
-            .query_opt("SELECT 1 FROM jobq_paused WHERE queue = $1", &[&queue])
-            .await
-            .map_err(PgError::from)?
-            .is_some();
-        if !already {
+        lock_queue(&tx, queue).await?;
+        if !held(&tx, "jobq_paused", queue).await? {
             // Taken after the queue's own lock, by pauses only: a take
             // never waits for it.
-            tx.execute(
-                &format!("SELECT pg_advisory_xact_lock({PAUSE_CAP_LOCK})"),
-                &[],
-            )
-            .await
-            .map_err(PgError::from)?;
-            let count: i64 = tx
-                .query_one("SELECT count(*) FROM jobq_paused", &[])
-                .await
-                .map_err(PgError::from)?
-                .get(0);
-            let count = usize::try_from(count).unwrap_or(usize::MAX);
+            let count = count_under(&tx, PAUSE_CAP_LOCK, "jobq_paused").await?;
             crate::validate::pause_room(count, false, most)?;
         }
         tx.execute(
@@ -135,6 +113,48 @@ pub async fn paused(pg: &Pg) -> Result<Vec<String>, PgError> {
         .map_err(PgError::from)
 }
 
+/// Takes `queue`'s pause lock (exclusive), waiting at most
+/// [`PAUSE_LOCK_TIMEOUT`] for the takes of the queue in flight (a take
+/// stuck mid-transaction makes this fail, UNAVAILABLE and retryable,
+/// rather than wait on).
+async fn lock_queue(tx: &tokio_postgres::Transaction<'_>, queue: &str) -> Result<()> {
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '{}ms'; SELECT pg_advisory_xact_lock({PAUSE_LOCK}, {})",
+        PAUSE_LOCK_TIMEOUT.as_millis(),
+        pause_lock_key(queue)
+    ))
+    .await
+    .map_err(PgError::from)?;
+    Ok(())
+}
+
+/// Whether `table` (of rows keyed by queue) has a row for `queue`.
+async fn held(tx: &tokio_postgres::Transaction<'_>, table: &str, queue: &str) -> Result<bool> {
+    let row = tx
+        .query_opt(
+            &format!("SELECT 1 FROM {table} WHERE queue = $1"),
+            &[&queue],
+        )
+        .await
+        .map_err(PgError::from)?;
+    Ok(row.is_some())
+}
+
+/// The rows of `table`, counted under the one-key advisory lock `cap`, so
+/// that writers racing on any servers each count the others' committed
+/// rows against their cap.
+async fn count_under(tx: &tokio_postgres::Transaction<'_>, cap: i64, table: &str) -> Result<usize> {
+    tx.execute(&format!("SELECT pg_advisory_xact_lock({cap})"), &[])
+        .await
+        .map_err(PgError::from)?;
+    let count: i64 = tx
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .map_err(PgError::from)?
+        .get(0);
+    Ok(usize::try_from(count).unwrap_or(usize::MAX))
+}
+
 /// The one-key advisory lock that new policies take, so that each counts
 /// the others' against `--max-queue-policies`: "jqpp" in ASCII.
 pub const POLICY_CAP_LOCK: i64 = 0x6a71_7070;
@@ -146,36 +166,14 @@ pub const POLICY_CAP_LOCK: i64 = 0x6a71_7070;
 pub async fn set_policy(pg: &Pg, queue: &str, policy: QueuePolicy, most: usize) -> Result<()> {
     let mut client = pg.client().await.map_err(Error::from)?;
     let tx = client.transaction().await.map_err(PgError::from)?;
-    tx.batch_execute(&format!(
-        "SET LOCAL lock_timeout = '{}ms'; SELECT pg_advisory_xact_lock({PAUSE_LOCK}, {})",
-        PAUSE_LOCK_TIMEOUT.as_millis(),
-        pause_lock_key(queue)
-    ))
-    .await
-    .map_err(PgError::from)?;
+    lock_queue(&tx, queue).await?;
     if policy.is_empty() {
         tx.execute("DELETE FROM jobq_policies WHERE queue = $1", &[&queue])
             .await
             .map_err(PgError::from)?;
     } else {
-        let already = tx
-            .query_opt("SELECT 1 FROM jobq_policies WHERE queue = $1", &[&queue])
-            .await
-            .map_err(PgError::from)?
-            .is_some();
-        if !already {
-            tx.execute(
-                &format!("SELECT pg_advisory_xact_lock({POLICY_CAP_LOCK})"),
-                &[],
-            )
-            .await
-            .map_err(PgError::from)?;
-            let count: i64 = tx
-                .query_one("SELECT count(*) FROM jobq_policies", &[])
-                .await
-                .map_err(PgError::from)?
-                .get(0);
-            let count = usize::try_from(count).unwrap_or(usize::MAX);
+        if !held(&tx, "jobq_policies", queue).await? {
+            let count = count_under(&tx, POLICY_CAP_LOCK, "jobq_policies").await?;
             crate::validate::policy_room(count, false, most)?;
         }
         let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
