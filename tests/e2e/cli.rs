@@ -1093,10 +1093,21 @@ async fn work_dead_letters_a_job_whose_command_exits_with_a_fatal_code() {
 async fn a_snooze_exit_code_puts_the_job_back_without_spending_an_attempt() {
     let server = TestServer::start().await;
     let (url, client) = (server.url(), server.client().await);
-    let job = client
-        .submit("sq", "shell", "rate-limited", EnqueueOptions::new())
-        .await
-        .unwrap();
+    let enqueued = jobq(
+        &url,
+        &[
+            "enqueue",
+            "sq",
+            "shell",
+            "--payload",
+            "rate-limited",
+            "--max-snoozes",
+            "5",
+        ],
+    )
+    .await;
+    assert_eq!(enqueued.code, 0, "{}", enqueued.stderr);
+    let id = enqueued.stdout.trim().to_owned();
     let mut worker = command(
         &url,
         &[
@@ -1116,7 +1127,7 @@ async fn a_snooze_exit_code_puts_the_job_back_without_spending_an_attempt() {
     .spawn_quiet();
     let snoozed = until(LIMIT, "the job to be snoozed", || {
         let client = client.clone();
-        let id = job.job.id.clone();
+        let id = id.clone();
         async move {
             Some(client.job(id).await.unwrap())
                 .filter(|j| j.status == jobq_client::Status::Pending && !j.history.is_empty())
@@ -1124,6 +1135,12 @@ async fn a_snooze_exit_code_puts_the_job_back_without_spending_an_attempt() {
     })
     .await;
     assert_eq!(snoozed.attempts, 0, "no attempt spent: {snoozed:?}");
+    assert_eq!((snoozed.snoozes, snoozed.max_snoozes), (1, 5));
+    let shown = jobq(&url, &["get", &id, "--json"]).await.json();
+    assert_eq!(
+        (shown["snoozes"].as_u64(), shown["max_snoozes"].as_u64()),
+        (Some(1), Some(5))
+    );
     let last = snoozed.history.last().unwrap();
     assert_eq!(last.outcome, jobq_client::Outcome::Snoozed, "{snoozed:?}");
     assert_eq!(

@@ -253,7 +253,7 @@ class Backoff:
 def enqueue_request(
     queue: str, kind: str, payload: Union[bytes, str], key: Optional[str], max_attempts: int,
     delay: Optional[Seconds], metadata: Optional[Mapping[str, str]], priority: int = 0,
-    run_at: Optional[datetime] = None, group: Optional[str] = None,
+    run_at: Optional[datetime] = None, group: Optional[str] = None, max_snoozes: int = 0,
 ) -> pb.EnqueueRequest:
     if isinstance(payload, str):
         payload = payload.encode()
@@ -267,6 +267,7 @@ def enqueue_request(
         queue=queue, kind=kind, payload=payload, key=key or "",
         max_attempts=max_attempts, delay=duration(delay),
         metadata=_trace.with_trace_context(metadata), group=group or "",
+        max_snoozes=max_snoozes,
     )
     if priority:
         # EnqueueRequest.priority (-100..=100, higher first) exists once the
@@ -283,7 +284,7 @@ def batch_request(jobs: Sequence[Union[NewJob, pb.EnqueueRequest]]) -> pb.Enqueu
     reqs = [
         j if isinstance(j, pb.EnqueueRequest) else enqueue_request(
             j.queue, j.kind, j.payload, j.key, j.max_attempts, j.delay, j.metadata,
-            j.priority, j.run_at, j.group)
+            j.priority, j.run_at, j.group, j.max_snoozes)
         for j in jobs
     ]
     return pb.EnqueueBatchRequest(jobs=reqs)

@@ -119,11 +119,11 @@ class AsyncClient:
         self, queue: str, kind: str, payload: Union[bytes, str] = b"", *,
         key: Optional[str] = None, max_attempts: int = 0, delay: Optional[Seconds] = None,
         run_at: Optional[datetime] = None, metadata: Optional[Mapping[str, str]] = None,
-        priority: int = 0, group: Optional[str] = None,
+        priority: int = 0, group: Optional[str] = None, max_snoozes: int = 0,
     ) -> Enqueued:
         """As Client.enqueue: ``(job, created)``, with the same keywords."""
         req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
-                                priority, run_at, group)
+                                priority, run_at, group, max_snoozes)
         resp = await self._unary(self.stub.Enqueue, req)
         return Enqueued(Job.from_pb(resp.job), resp.created)
 

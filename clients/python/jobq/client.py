@@ -133,6 +133,7 @@ class Client:
         metadata: Optional[Mapping[str, str]] = None,
         priority: int = 0,
         group: Optional[str] = None,
+        max_snoozes: int = 0,
     ) -> Enqueued:
         """Adds a job once it is durable; returns ``(job, created)`` (an
         ``Enqueued``: ``job, created = client.enqueue(…)``).
@@ -153,10 +154,12 @@ class Client:
         - ``priority``: -100..=100, higher first among due jobs (default 0).
         - ``group``: a tenant or customer id; a queue policy's
           ``group_max_running`` limits how many of one group run at once.
+        - ``max_snoozes``: snoozes (``raise Snooze(…)``) allowed before a
+          snooze counts as a failed attempt; 0 means the default (100).
 
         Raises ``InvalidArgument`` for a bad name, payload or priority."""
         req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
-                                priority, run_at, group)
+                                priority, run_at, group, max_snoozes)
         resp = self._unary(self.stub.Enqueue, req)
         return Enqueued(Job.from_pb(resp.job), resp.created)
 

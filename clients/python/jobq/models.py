@@ -121,6 +121,10 @@ class Job:
     result: Optional[bytes] = None
     #: The job's group (a tenant, a customer), or None.
     group: Optional[str] = None
+    #: Snoozes since enqueue (or the last retry): runs put back uncounted.
+    snoozes: int = 0
+    #: Snoozes allowed; a snooze past them counts as a failed attempt.
+    max_snoozes: int = 0
 
     @classmethod
     def from_pb(cls, j: pb.Job) -> "Job":
@@ -134,6 +138,7 @@ class Job:
             history=tuple(Attempt.from_pb(a) for a in j.history),
             metadata=dict(j.metadata), priority=j.priority,
             result=j.result or None, group=j.group or None,
+            snoozes=j.snoozes, max_snoozes=j.max_snoozes,
         )
 
     def result_json(self) -> Any:
@@ -310,3 +315,4 @@ class NewJob:
     metadata: Optional[Mapping[str, str]] = None
     priority: int = 0
     group: Optional[str] = None
+    max_snoozes: int = 0

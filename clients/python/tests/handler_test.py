@@ -94,7 +94,19 @@ def snooze_spends_no_attempt(tmp: str, client: Client, addr: str) -> None:
     assert [a.outcome for a in j.history] == [Outcome.SNOOZED, Outcome.SNOOZED,
                                               Outcome.ACKED], j.history
     assert j.attempts == 0 and j.last_error is None, j
+    assert (j.snoozes, j.max_snoozes) == (2, 100), j
     assert "429" in (j.history[0].error or ""), j.history[0]
+    # Past its max_snoozes, a snooze is a failed attempt: with one attempt,
+    # the job is dead-lettered, saying why.
+    runs.clear()
+    capped, _ = client.enqueue("snooze", "k", max_attempts=1, max_snoozes=1)
+    with Running(Worker(client, ["snooze"], handler, lease=10)):
+        wait_for(lambda: client.get_job(capped.id).status == Status.FAILED, 20,
+                 "FAILED at the second snooze")
+    j = client.get_job(capped.id)
+    assert [a.outcome for a in j.history] == [Outcome.SNOOZED, Outcome.FAILED], j.history
+    assert (j.attempts, j.snoozes, j.max_snoozes) == (1, 1, 1), j
+    assert "max_snoozes" in (j.last_error or ""), j.last_error
     try:
         Snooze(after=-1)
         raise AssertionError("a negative snooze was taken")

@@ -61,6 +61,8 @@ export interface EnqueueOptions {
   priority?: number;
   /** A tenant or customer id: a queue policy's groupMaxRunning limits how many of one group run at once. */
   group?: string;
+  /** Snoozes (HandlerError.snooze) allowed before a snooze counts as a failed attempt; default 100. */
+  maxSnoozes?: number;
 }
 
 /** How a queue's work is shaped (setQueuePolicy); 0 means no limit. */
@@ -287,6 +289,7 @@ export class Client<Kinds extends KindMap = AnyKinds> {
       metadata: await withTraceContext(o.metadata),
       priority: o.priority ?? 0,
       group: o.group ?? "",
+      maxSnoozes: o.maxSnoozes ?? 0,
     });
   }
 

@@ -124,10 +124,25 @@ test("snooze: a snoozed job is PENDING again after its delay, its attempt not co
   const j = await client.getJob(job.id);
   assert.deepEqual(outcomes(j), ["SNOOZED"]);
   assert.equal(j.attempts, 0, "no attempt spent");
+  assert.equal(j.snoozes, 1);
+  assert.equal(j.maxSnoozes, 100);
   assert.equal(j.history[0]!.error, "429: Retry-After 60");
   const due = Number(j.runAt!.seconds) * 1000 - Date.now();
   assert.ok(due > 50_000 && due <= 60_000, `due in ${due} ms, not about 60 s`);
   await client.cancelJob(job.id, "test over");
+});
+
+test("snooze: past maxSnoozes a snooze is a failed attempt", async () => {
+  const { job } = await client.enqueue("snooze-capped", "k", {}, { maxAttempts: 1, maxSnoozes: 1 });
+  await running(
+    { queues: ["snooze-capped"], handlers: { k: async () => { throw HandlerError.snooze("429", 10); } }, leaseMs: 10_000 },
+    () => waitFor(async () => (await status(job.id)) === JobStatus.FAILED, 20_000, "the job failed at its second snooze"),
+  );
+  const j = await client.getJob(job.id);
+  assert.deepEqual(outcomes(j), ["SNOOZED", "FAILED"]);
+  assert.equal(j.attempts, 1);
+  assert.equal(j.snoozes, 1);
+  assert.match(j.lastError, /max_snoozes/);
 });
 
 test("result: what a handler resolves to is stored by its ack; one over --max-result-bytes fails the job", async () => {

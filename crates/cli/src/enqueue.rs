@@ -62,6 +62,11 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     max_attempts: Option<u32>,
 
+    /// Snoozes its handlers may take before a snooze counts as a failed
+    /// attempt (default 100).
+    #[arg(long, value_name = "N")]
+    max_snoozes: Option<u32>,
+
     /// Run no earlier than this from now (30s, 5m, 2h).
     #[arg(long, value_parser = humantime::parse_duration)]
     delay: Option<Duration>,
@@ -88,12 +93,12 @@ pub struct Args {
 
     /// Enqueue every line of FILE ("-" for stdin), JSON objects with
     /// "queue", "kind" and optional "payload" (a string), "key",
-    /// "max_attempts", "delay" ("30s"), "priority", "group". Sent with
-    /// EnqueueBatch, 1000 per call; prints one result per line.
+    /// "max_attempts", "max_snoozes", "delay" ("30s"), "priority", "group".
+    /// Sent with EnqueueBatch, 1000 per call; prints one result per line.
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "delay", "meta", "priority", "group"]
+        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "max_snoozes", "delay", "meta", "priority", "group"]
     )]
     batch_file: Option<PathBuf>,
 }
@@ -120,6 +125,9 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     }
     if let Some(n) = args.max_attempts {
         opts = opts.max_attempts(n);
+    }
+    if let Some(n) = args.max_snoozes {
+        opts = opts.max_snoozes(n);
     }
     if let Some(delay) = args.delay {
         opts = opts.delay(delay);
@@ -186,6 +194,8 @@ struct BatchLine {
     #[serde(default)]
     max_attempts: Option<u32>,
     #[serde(default)]
+    max_snoozes: Option<u32>,
+    #[serde(default)]
     delay: Option<String>,
     #[serde(default)]
     priority: i32,
@@ -201,6 +211,9 @@ impl BatchLine {
         }
         if let Some(n) = self.max_attempts {
             opts = opts.max_attempts(n);
+        }
+        if let Some(n) = self.max_snoozes {
+            opts = opts.max_snoozes(n);
         }
         if let Some(group) = self.group.filter(|g| !g.is_empty()) {
             opts = opts.group(group);

@@ -40,6 +40,7 @@ fn fields(job: &pb::Job) -> Table {
         ("key", or_dash(&job.key)),
         ("status", status_name(job.status).to_owned()),
         ("attempts", format!("{}/{}", job.attempts, job.max_attempts)),
+        ("snoozes", format!("{}/{}", job.snoozes, job.max_snoozes)),
         ("priority", job.priority.to_string()),
         ("group", or_dash(&job.group)),
         ("enqueued_at", timestamp_text(job.enqueued_at.as_ref())),

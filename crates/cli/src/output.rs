@@ -250,6 +250,8 @@ pub fn job_json(job: &pb::Job) -> Value {
         "status": status_name(job.status),
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
+        "snoozes": job.snoozes,
+        "max_snoozes": job.max_snoozes,
         "priority": job.priority,
         "group": empty_null(&job.group),
         "enqueued_at": timestamp_json(job.enqueued_at.as_ref()),

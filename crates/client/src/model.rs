@@ -280,6 +280,11 @@ pub struct Job {
     pub result: Option<Vec<u8>>,
     /// The group it was enqueued in (a tenant, a customer), if any.
     pub group: Option<String>,
+    /// Snoozes since enqueue (or the last retry): runs its handlers put
+    /// back without counting them as attempts.
+    pub snoozes: u32,
+    /// Snoozes allowed; a snooze past them counts as a failed attempt.
+    pub max_snoozes: u32,
 }
 
 impl Job {
@@ -327,6 +332,8 @@ impl Job {
             metadata: self.metadata,
             result: self.result.unwrap_or_default(),
             group: self.group.unwrap_or_default(),
+            snoozes: self.snoozes,
+            max_snoozes: self.max_snoozes,
             ..Default::default()
         }
     }
@@ -355,6 +362,8 @@ impl From<pb::Job> for Job {
             metadata: j.metadata,
             result: Some(j.result).filter(|r| !r.is_empty()),
             group: non_empty(j.group),
+            snoozes: j.snoozes,
+            max_snoozes: j.max_snoozes,
         }
     }
 }

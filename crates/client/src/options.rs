@@ -27,6 +27,7 @@ pub struct EnqueueOptions {
     priority: i32,
     metadata: BTreeMap<String, String>,
     group: Option<String>,
+    max_snoozes: Option<u32>,
 }
 
 impl EnqueueOptions {
@@ -48,6 +49,20 @@ impl EnqueueOptions {
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = Some(max_attempts);
         self
+    }
+
+    /// Sets how many times the job's handlers may snooze it
+    /// ([`FailOptions::snooze`]) before a snooze counts as a failed
+    /// attempt. Unset means 100.
+    pub fn max_snoozes(mut self, max_snoozes: u32) -> Self {
+        self.max_snoozes = Some(max_snoozes);
+        self
+    }
+
+    /// The snooze allowance set with [`max_snoozes`](Self::max_snoozes),
+    /// if any.
+    pub fn get_max_snoozes(&self) -> Option<u32> {
+        self.max_snoozes
     }
 
     /// Makes the job due no earlier than `delay` from now.
@@ -127,6 +142,7 @@ impl EnqueueOptions {
             metadata,
             priority: self.priority,
             group: self.group.unwrap_or_default(),
+            max_snoozes: self.max_snoozes.unwrap_or(0),
         }
     }
 }

@@ -141,6 +141,11 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_ATTEMPTS_LIMIT", default_value_t = 1000)]
     pub max_attempts_limit: u32,
 
+    /// Largest max_snoozes an enqueue may ask for (a job that does not say
+    /// may snooze 100 times).
+    #[arg(long, env = "JOBQ_MAX_SNOOZES_LIMIT", default_value_t = 10_000)]
+    pub max_snoozes_limit: u32,
+
     /// Backoff after the first failed attempt (doubles per attempt, with jitter).
     #[arg(long, env = "JOBQ_BACKOFF_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
     pub backoff_base: Duration,

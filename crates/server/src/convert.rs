@@ -98,6 +98,8 @@ impl From<Job> for pb::Job {
             metadata: job.metadata.into_iter().collect(),
             result: job.result.unwrap_or_default(),
             group: job.group.unwrap_or_default(),
+            snoozes: job.snoozes,
+            max_snoozes: job.max_snoozes,
         }
     }
 }
@@ -221,6 +223,8 @@ mod tests {
             history: vec![],
             result: None,
             group: Some("tenant-7".into()),
+            snoozes: 2,
+            max_snoozes: 5,
             metadata: [(
                 "traceparent".into(),
                 "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
@@ -233,6 +237,7 @@ mod tests {
         assert_eq!(job.id, "7");
         assert_eq!(job.key, "order-4711");
         assert_eq!(job.group, "tenant-7");
+        assert_eq!((job.snoozes, job.max_snoozes), (2, 5));
         assert_eq!(job.status, pb::JobStatus::Running as i32);
         assert_eq!(job.worker_id, "w1");
         assert_eq!(job.priority, 7);

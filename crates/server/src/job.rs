@@ -252,6 +252,11 @@ pub struct Job {
     /// The partition within the queue (a tenant, a customer) that a queue
     /// policy's `group_max_running` limits; `None`: no group.
     pub group: Option<String>,
+    /// Snoozes since enqueue (or the last operator retry): runs its worker
+    /// put back without counting them as attempts.
+    pub snoozes: u32,
+    /// Snoozes allowed; a snooze past them counts as a failed attempt.
+    pub max_snoozes: u32,
     /// What the worker's ack stored, DONE jobs only. Kept apart from the
     /// job's record (a sled tree, a PostgreSQL table of its own), so only
     /// a get reads it; `None` wherever it was not read (lists, takes, the
@@ -259,6 +264,10 @@ pub struct Job {
     #[serde(skip)]
     pub result: Option<Vec<u8>>,
 }
+
+/// The snoozes a job may take when its enqueue does not say
+/// (docs/src/design.md §1 rule 3).
+pub const DEFAULT_MAX_SNOOZES: u32 = 100;
 
 /// The lowest priority a job may have.
 pub const PRIORITY_MIN: i32 = -100;
@@ -302,6 +311,8 @@ pub struct NewJob {
     pub metadata: Metadata,
     /// The job's group (already name-checked).
     pub group: Option<String>,
+    /// Snoozes allowed (already defaulted and range-checked).
+    pub max_snoozes: u32,
 }
 
 /// A job leased to a worker: what Dequeue and the Lease stream hand out.

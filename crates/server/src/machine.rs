@@ -74,7 +74,9 @@ pub enum Event {
     /// rate limit said "later", or its worker is stopping). Back to PENDING,
     /// due after `delay`; the attempt is not counted, and its history entry
     /// ends SNOOZED with `reason`. `last_error` is unchanged: nothing
-    /// failed.
+    /// failed. A job that has used its `max_snoozes` fails instead: the
+    /// attempt counts and ends FAILED, and `delay` is its retry delay
+    /// (docs/src/design.md §1 rule 3).
     Snooze {
         /// The lease presented.
         lease_id: LeaseId,
@@ -225,6 +227,8 @@ pub fn create(id: JobId, new: NewJob, now: SystemTime) -> Job {
         history: Vec::new(),
         metadata: new.metadata,
         group: new.group,
+        snoozes: 0,
+        max_snoozes: new.max_snoozes,
         result: None,
     }
 }
@@ -311,7 +315,22 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             delay,
         } => {
             held_lease(&job, lease_id, "snooze")?;
-            end_attempt(&mut job, Outcome::Snoozed, Some(reason), now);
+            if job.snoozes >= job.max_snoozes {
+                // Past its snoozes, a job that keeps saying "later" is
+                // failing: the attempt counts, with the snooze's delay as
+                // its retry delay.
+                let error = over_snoozed(job.snoozes, &reason);
+                job.attempts += 1;
+                end_attempt(&mut job, Outcome::Failed, Some(error.clone()), now);
+                job.last_error = Some(error);
+                if job.attempts >= job.max_attempts {
+                    finish_failed(&mut job, now);
+                    return Ok(job);
+                }
+            } else {
+                job.snoozes += 1;
+                end_attempt(&mut job, Outcome::Snoozed, Some(reason), now);
+            }
             job.status = Status::Pending;
             job.run_at = now + delay;
             Ok(job)
@@ -385,6 +404,7 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             }
             job.status = Status::Pending;
             job.attempts = 0;
+            job.snoozes = 0;
             job.run_at = now;
             job.finished_at = None;
             Ok(job)
@@ -420,6 +440,14 @@ pub fn deletable(job: &Job) -> Result<(), TransitionError> {
         Status::Running => Err(TransitionError::Running { id: job.id }),
         Status::Pending | Status::Done | Status::Failed => Ok(()),
     }
+}
+
+/// The longest text [`over_snoozed`] puts before a snooze's reason.
+pub const OVER_SNOOZED_PREFIX_MAX: usize = "snoozed 4294967295 times, its max_snoozes: ".len();
+
+/// The error of a snooze past the job's `max_snoozes`, a failed attempt.
+fn over_snoozed(snoozes: u32, reason: &str) -> String {
+    format!("snoozed {snoozes} times, its max_snoozes: {reason}")
 }
 
 /// What the `last_error` of a cancelled job with a reason begins with.

@@ -108,6 +108,7 @@ async fn enqueue<S: Store>(store: &S, schedule: &Schedule, at: SystemTime) -> cr
         priority: 0,
         metadata: Metadata::from([(SCHEDULE_METADATA.to_owned(), schedule.name.clone())]),
         group: None,
+        max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
     };
     match store.fire_schedule(schedule, at, new).await? {
         Some(enqueued) if enqueued.created => {

@@ -12,7 +12,7 @@ use crate::{
     auth::Caller,
     config::{duration_text, Config},
     error::{Error, Result},
-    job::{JobId, LeaseId, NewJob, Status, PRIORITY_MAX, PRIORITY_MIN},
+    job::{JobId, LeaseId, NewJob, Status, DEFAULT_MAX_SNOOZES, PRIORITY_MAX, PRIORITY_MIN},
     store::{FailReport, ListFilter},
 };
 
@@ -188,6 +188,16 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
             req.priority
         )));
     }
+    let max_snoozes = match req.max_snoozes {
+        0 => DEFAULT_MAX_SNOOZES.min(config.max_snoozes_limit),
+        n if n > config.max_snoozes_limit => {
+            return Err(invalid(format!(
+                "max_snoozes {n} is over the limit of {} (--max-snoozes-limit)",
+                config.max_snoozes_limit
+            )))
+        }
+        n => n,
+    };
     let delay = delay("delay", req.delay, config)?.unwrap_or_default();
     let metadata = metadata(req.metadata, config)?;
     let group = optional_name("group", req.group)?;
@@ -201,6 +211,7 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
         priority: req.priority,
         metadata,
         group,
+        max_snoozes,
     })
 }
 
@@ -418,10 +429,13 @@ pub fn fail(req: pb::FailRequest, config: &Config) -> Result<(JobId, FailReport)
                 .into(),
         ));
     }
-    // A snooze spends no attempt, so nothing bounds how many a job gets
-    // but the history's length: its reason is kept short.
+    // A snooze's reason is kept short (a job may snooze many times), and
+    // leaves room for the words of a snooze past max_snoozes, a failure.
     let limit = match snooze {
-        Some(_) => config.max_error_bytes.min(MAX_SNOOZE_REASON_BYTES),
+        Some(_) => config
+            .max_error_bytes
+            .saturating_sub(crate::machine::OVER_SNOOZED_PREFIX_MAX)
+            .min(MAX_SNOOZE_REASON_BYTES),
         None => config.max_error_bytes,
     };
     let mut error = kept_text(req.error, limit);
@@ -649,6 +663,21 @@ mod tests {
             ..ok.clone()
         };
         assert!(new_job(attempts, &c).is_err());
+        assert_eq!(new_job(ok.clone(), &c).expect("valid").max_snoozes, 100);
+        let snoozes = |max_snoozes| pb::EnqueueRequest {
+            max_snoozes,
+            ..ok.clone()
+        };
+        assert_eq!(new_job(snoozes(7), &c).expect("valid").max_snoozes, 7);
+        let limit = c.max_snoozes_limit;
+        assert_eq!(
+            new_job(snoozes(limit), &c).expect("valid").max_snoozes,
+            limit
+        );
+        assert!(new_job(snoozes(limit + 1), &c)
+            .expect_err("over the limit")
+            .to_string()
+            .contains("--max-snoozes-limit"));
         let negative = pb::EnqueueRequest {
             delay: Some(prost_types::Duration {
                 seconds: -1,

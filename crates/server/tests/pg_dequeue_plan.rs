@@ -45,6 +45,7 @@ fn new_job() -> NewJob {
         priority: 0,
         metadata: Default::default(),
         group: None,
+        max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
     }
 }
 

@@ -43,6 +43,7 @@ fn job(key: &str) -> NewJob {
         priority: 0,
         metadata: Default::default(),
         group: None,
+        max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
     }
 }
 

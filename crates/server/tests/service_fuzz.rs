@@ -15,7 +15,7 @@
 //! 4. a rejected call (any error code) left the store exactly as it was:
 //!    every job (all ListJobs pages) and Stats, before and after;
 //! 5. the store is self-consistent: Stats agrees with ListJobs, attempts
-//!    never exceed max_attempts.
+//!    never exceed max_attempts, nor snoozes max_snoozes.
 //!
 //! The runtime is current-thread and the reaper is not running, so between
 //! the two snapshots around a call nothing but the call itself can touch
@@ -334,6 +334,19 @@ fn result() -> BoxedStrategy<Vec<u8>> {
     .boxed()
 }
 
+/// A snooze allowance: mostly the default or small, sometimes over the limit.
+fn max_snoozes() -> BoxedStrategy<u32> {
+    let limit = LIMITS.max_snoozes_limit;
+    prop_oneof![
+        4 => Just(0u32),
+        2 => 1u32..3,
+        1 => Just(limit),
+        1 => Just(limit + 1),
+        1 => any::<u32>(),
+    ]
+    .boxed()
+}
+
 fn max_attempts() -> BoxedStrategy<u32> {
     let limit = LIMITS.max_attempts_limit;
     prop_oneof![
@@ -477,6 +490,7 @@ struct EnqGen {
     metadata: std::collections::HashMap<String, String>,
     priority: i32,
     group: String,
+    max_snoozes: u32,
 }
 
 impl EnqGen {
@@ -488,6 +502,7 @@ impl EnqGen {
             opt_name_v(&self.group),
             bad_if(self.payload.len() > LIMITS.max_payload),
             bad_if(self.max_attempts > LIMITS.max_attempts_limit),
+            bad_if(self.max_snoozes > LIMITS.max_snoozes_limit),
             dur_v(&self.delay, DurKind::Delay),
             bad_if(!(-100..=100).contains(&self.priority)),
             all(self.metadata.keys().map(|k| name_v(k))),
@@ -510,6 +525,7 @@ impl EnqGen {
             metadata: self.metadata.clone(),
             priority: self.priority,
             group: self.group.clone(),
+            max_snoozes: self.max_snoozes,
         };
         (req, v)
     }
@@ -526,9 +542,10 @@ fn enq() -> BoxedStrategy<EnqGen> {
         metadata(),
         priority(),
         opt_name(),
+        max_snoozes(),
     )
         .prop_map(
-            |(queue, kind, payload, key, max_attempts, delay, metadata, priority, group)| EnqGen {
+            |(
                 queue,
                 kind,
                 payload,
@@ -538,6 +555,18 @@ fn enq() -> BoxedStrategy<EnqGen> {
                 metadata,
                 priority,
                 group,
+                max_snoozes,
+            )| EnqGen {
+                queue,
+                kind,
+                payload,
+                key,
+                max_attempts,
+                delay,
+                metadata,
+                priority,
+                group,
+                max_snoozes,
             },
         )
         .boxed()
@@ -550,8 +579,9 @@ fn good_enq() -> BoxedStrategy<EnqGen> {
         prop_oneof![4 => Just(""), 1 => Just("order-1"), 1 => Just("order-2")],
         prop_oneof![3 => Just(0u32), 1 => Just(1u32), 1 => Just(2u32)],
         prop_oneof![2 => Just(""), 1 => Just("tenant-1"), 1 => Just("tenant-2")],
+        prop_oneof![3 => Just(0u32), 1 => Just(1u32)],
     )
-        .prop_map(|(queue, key, max_attempts, group)| EnqGen {
+        .prop_map(|(queue, key, max_attempts, group, max_snoozes)| EnqGen {
             queue: queue.into(),
             kind: "send-email".into(),
             payload: b"order-4711".to_vec(),
@@ -561,6 +591,7 @@ fn good_enq() -> BoxedStrategy<EnqGen> {
             metadata: Default::default(),
             priority: 0,
             group: group.into(),
+            max_snoozes,
         })
         .boxed()
 }
@@ -1256,14 +1287,22 @@ impl Harness {
                         job.status
                     );
                     // A snooze fails nothing: its reason is the attempt's.
+                    // Past the job's max_snoozes it is a failure.
                     let text = match snooze {
                         None => job.last_error.clone(),
                         Some(_) => {
-                            prop_assert_eq!(job.status, pb::JobStatus::Pending as i32);
                             let last = job.history.last().ok_or_else(|| {
                                 TestCaseError::fail("a snoozed job without its attempt")
                             })?;
-                            prop_assert_eq!(last.outcome, pb::AttemptOutcome::Snoozed as i32);
+                            prop_assert!(job.snoozes <= job.max_snoozes);
+                            if last.outcome == pb::AttemptOutcome::Snoozed as i32 {
+                                prop_assert_eq!(job.status, pb::JobStatus::Pending as i32);
+                                prop_assert!(job.snoozes > 0);
+                            } else {
+                                prop_assert_eq!(last.outcome, pb::AttemptOutcome::Failed as i32);
+                                prop_assert_eq!(job.snoozes, job.max_snoozes);
+                                prop_assert!(last.error.contains("max_snoozes"), "{}", last.error);
+                            }
                             last.error.clone()
                         }
                     };
@@ -1288,6 +1327,7 @@ impl Harness {
                         .ok_or_else(|| TestCaseError::fail("retry without a job"))?;
                     prop_assert_eq!(job.status, pb::JobStatus::Pending as i32);
                     prop_assert_eq!(job.attempts, 0);
+                    prop_assert_eq!(job.snoozes, 0);
                 }
                 ("Retry", RETRY, v, code)
             }
@@ -1726,6 +1766,11 @@ impl Snapshot {
             prop_assert!(
                 job.attempts <= job.max_attempts,
                 "attempts over max_attempts: {:?}",
+                job
+            );
+            prop_assert!(
+                job.snoozes <= job.max_snoozes,
+                "snoozes over max_snoozes: {:?}",
                 job
             );
             prop_assert!((1..=4).contains(&job.status), "status {}", job.status);

@@ -64,6 +64,7 @@ fn new_job(payload: Vec<u8>) -> NewJob {
         priority: 0,
         metadata: Default::default(),
         group: None,
+        max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
     }
 }
 

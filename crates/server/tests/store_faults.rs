@@ -35,6 +35,7 @@ fn new_job(key: Option<&str>) -> NewJob {
         priority: 0,
         metadata: Default::default(),
         group: None,
+        max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
     }
 }
 

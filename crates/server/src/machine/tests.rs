@@ -27,6 +27,7 @@ fn new_job(max_attempts: u32) -> Job {
         priority: 0,
         metadata: Default::default(),
         group: None,
+        max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
     };
     create(JobId(1), new, t(0))
 }
@@ -427,6 +428,63 @@ fn a_snooze_puts_the_job_back_without_counting_the_attempt() {
         Err(TransitionError::StaleLease { .. })
     ));
     assert!(apply(in_status(Status::Pending), snooze(7, 0), t(3)).is_err());
+}
+
+#[test]
+fn a_snooze_past_max_snoozes_is_a_failed_attempt() {
+    let snooze = |lease: u64| Event::Snooze {
+        lease_id: LeaseId(lease),
+        reason: "429".into(),
+        delay: Duration::from_secs(30),
+    };
+    let mut job = Job {
+        max_snoozes: 2,
+        ..new_job(2)
+    };
+    // Two snoozes are free.
+    for lease in 1..=2 {
+        job = take(job, lease, t(lease * 100)).expect("take");
+        job = apply(job, snooze(lease), t(lease * 100)).expect("snooze");
+        assert_eq!(
+            (job.status, job.attempts, job.snoozes),
+            (Status::Pending, 0, lease as u32)
+        );
+    }
+    // The third counts: a failed attempt, due after the snooze.
+    job = take(job, 3, t(300)).expect("take");
+    job = apply(job, snooze(3), t(300)).expect("snooze");
+    assert_eq!(
+        (job.status, job.attempts, job.snoozes),
+        (Status::Pending, 1, 2)
+    );
+    assert_eq!(job.run_at, t(330));
+    let error = "snoozed 2 times, its max_snoozes: 429";
+    assert_eq!(job.last_error.as_deref(), Some(error));
+    let last = job.history.last().unwrap();
+    assert_eq!(
+        (last.outcome, last.error.as_deref()),
+        (Some(Outcome::Failed), Some(error))
+    );
+    // On the last attempt, FAILED: no job snoozes forever.
+    job = take(job, 4, t(400)).expect("take");
+    job = apply(job, snooze(4), t(400)).expect("snooze");
+    assert_eq!((job.status, job.attempts), (Status::Failed, 2));
+    assert_eq!(job.finished_at, Some(t(400)));
+    // A retry starts both counts again.
+    job = apply(job, Event::Retry, t(500)).expect("retry");
+    assert_eq!(
+        (job.status, job.attempts, job.snoozes),
+        (Status::Pending, 0, 0)
+    );
+    // None allowed: the first snooze is a failure.
+    let job = Job {
+        max_snoozes: 0,
+        ..new_job(3)
+    };
+    let job = take(job, 1, t(1)).expect("take");
+    let job = apply(job, snooze(1), t(1)).expect("snooze");
+    assert_eq!((job.attempts, job.snoozes), (1, 0));
+    assert!(OVER_SNOOZED_PREFIX_MAX >= over_snoozed(u32::MAX, "").len());
 }
 
 #[test]

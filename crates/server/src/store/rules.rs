@@ -205,6 +205,7 @@ mod tests {
             priority: 0,
             metadata: Default::default(),
             group: None,
+            max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
         }
     }
 

@@ -95,6 +95,7 @@ pub async fn page<S: Store>(
             tr { th { "kind" } td { (job.kind) } }
             tr { th { "key" } td { (job.key.as_deref().unwrap_or("—")) } }
             tr { th { "attempts" } td #attempts { (job.attempts) " of " (job.max_attempts) } }
+            tr { th { "snoozes" } td #snoozes { (job.snoozes) " of " (job.max_snoozes) } }
             tr { th { "priority" } td #priority { (job.priority) } }
             @if let Some(group) = &job.group { tr { th { "group" } td #group { (group) } } }
             tr { th { "enqueued" } td { (layout::time(job.enqueued_at)) } }

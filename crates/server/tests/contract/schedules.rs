@@ -31,6 +31,7 @@ fn tick_job(schedule: &Schedule, tick_ms: u64) -> NewJob {
         priority: 0,
         metadata: Default::default(),
         group: None,
+        max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
     }
 }
 

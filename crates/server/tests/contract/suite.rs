@@ -187,6 +187,67 @@ async fn a_snooze_puts_the_job_back_without_spending_an_attempt() {
 }
 
 #[tokio::test]
+async fn a_snooze_past_max_snoozes_spends_an_attempt_and_the_counts_are_kept() {
+    let dir = guard().await;
+    let snooze = |lease_id| FailReport {
+        lease_id,
+        error: "429".into(),
+        retry_delay: None,
+        fatal: false,
+        snooze: Some(Duration::from_millis(10)),
+    };
+    let id = {
+        let store = reopen(&dir).await;
+        let job = store
+            .enqueue(
+                NewJob {
+                    max_attempts: 2,
+                    max_snoozes: 1,
+                    ..new_job("q", None, 0)
+                },
+                at(0),
+            )
+            .await
+            .expect("enqueue")
+            .job;
+        assert_eq!((job.snoozes, job.max_snoozes), (0, 1));
+        let leased = take(&store, "q", at(1)).await.expect("due");
+        let once = store
+            .fail(job.id, snooze(leased.lease_id), at(2))
+            .await
+            .expect("snooze");
+        assert_eq!((once.status, once.attempts, once.snoozes), (Status::Pending, 0, 1));
+        job.id
+    };
+    // The count survives a restart; the next snooze is over the allowance.
+    let store = reopen(&dir).await;
+    let job = store.get(id).await.expect("get");
+    assert_eq!((job.snoozes, job.max_snoozes), (1, 1));
+    let leased = take(&store, "q", at(100)).await.expect("due");
+    let failed = store
+        .fail(id, snooze(leased.lease_id), at(101))
+        .await
+        .expect("snooze");
+    assert_eq!((failed.status, failed.attempts), (Status::Pending, 1));
+    assert_eq!(failed.run_at, at(111), "due after the snooze");
+    let entry = failed.history.last().expect("its attempt");
+    assert_eq!(entry.outcome, Some(jobq_server::job::Outcome::Failed));
+    assert_eq!(
+        failed.last_error.as_deref(),
+        Some("snoozed 1 times, its max_snoozes: 429")
+    );
+    let leased = take(&store, "q", at(200)).await.expect("due");
+    let dead = store
+        .fail(id, snooze(leased.lease_id), at(201))
+        .await
+        .expect("snooze");
+    assert_eq!((dead.status, dead.attempts), (Status::Failed, 2), "no job snoozes forever");
+    let retried = store.retry(id, at(300)).await.expect("retry");
+    assert_eq!((retried.attempts, retried.snoozes), (0, 0));
+    assert_eq!(store.get(id).await.expect("get").snoozes, 0);
+}
+
+#[tokio::test]
 async fn an_acks_result_is_kept_with_its_job_until_the_job_is_deleted() {
     let dir = guard().await;
     let (with, without, purged) = {

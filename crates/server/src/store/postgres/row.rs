@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::{types::ToSql, Row};
 
 use super::error::PgError;
-use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Outcome, Status};
+use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Outcome, Status, DEFAULT_MAX_SNOOZES};
 
 /// The columns of a job, in the order of [`JobRow::params`] (`$1`…`$20`).
 pub const COLUMNS: &str = "id, queue, kind, payload, key, status, attempts, max_attempts, \
@@ -42,7 +42,7 @@ pub const ATTEMPT_COLUMNS: &str =
     "job_id, lease_id, worker_id, started_at, ended_at, outcome, error";
 
 /// Job fields kept in the `extra` JSONB column: those no query looks at.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Extra {
     /// `Job.metadata`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -50,6 +50,39 @@ struct Extra {
     /// `Lease.owner`: the token that took the current lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     lease_owner: Option<String>,
+    /// `Job.snoozes`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    snoozes: u32,
+    /// `Job.max_snoozes`; a row without it (an SQL enqueue, or a row from
+    /// before snooze counts) has the default.
+    #[serde(
+        default = "default_max_snoozes",
+        skip_serializing_if = "is_default_max_snoozes"
+    )]
+    max_snoozes: u32,
+}
+
+impl Default for Extra {
+    fn default() -> Extra {
+        Extra {
+            metadata: Default::default(),
+            lease_owner: None,
+            snoozes: 0,
+            max_snoozes: DEFAULT_MAX_SNOOZES,
+        }
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn default_max_snoozes() -> u32 {
+    DEFAULT_MAX_SNOOZES
+}
+
+fn is_default_max_snoozes(n: &u32) -> bool {
+    *n == DEFAULT_MAX_SNOOZES
 }
 
 /// A status as stored, back.
@@ -164,6 +197,8 @@ impl JobRow {
             extra: serde_json::to_value(Extra {
                 metadata: job.metadata.clone(),
                 lease_owner: job.lease.as_ref().and_then(|l| l.owner.clone()),
+                snoozes: job.snoozes,
+                max_snoozes: job.max_snoozes,
             })
             .unwrap_or(serde_json::Value::Null),
             priority: job.priority,
@@ -258,6 +293,8 @@ pub fn job_of(row: &Row) -> Result<Job, PgError> {
     let Extra {
         metadata,
         lease_owner,
+        snoozes,
+        max_snoozes,
     } = serde_json::from_value(extra)
         .map_err(|e| PgError::Schema(format!("unreadable extra column: {e}")))?;
     let lease_id: Option<i64> = row.try_get(10)?;
@@ -296,6 +333,8 @@ pub fn job_of(row: &Row) -> Result<Job, PgError> {
         history: Vec::new(),
         metadata,
         group: row.try_get(19)?,
+        snoozes,
+        max_snoozes,
         result: None,
     })
 }

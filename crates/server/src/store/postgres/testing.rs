@@ -110,6 +110,7 @@ pub fn job(queue: &str) -> NewJob {
         priority: 0,
         metadata: Default::default(),
         group: None,
+        max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
     }
 }
 

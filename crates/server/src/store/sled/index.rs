@@ -800,6 +800,7 @@ mod tests {
             priority,
             metadata: Default::default(),
             group: None,
+            max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
         };
         machine::create(
             JobId(id),

@@ -24,7 +24,12 @@
 //!   without one is still written in layout 4 or 5, so a build from before
 //!   groups reads a store that never used them). Layouts 3 to 5 read as
 //!   [`JobV4`], with no group; a build before layout 6 refuses a record of
-//!   6 or 7.
+//!   6 or 7;
+//! - 8 and 9 (versioned, [`VERSION`] and [`FILE_VERSION`]): layouts 6 and
+//!   7 with the job's `snoozes` and `max_snoozes`, written only for a job
+//!   that has snoozed or allows other than [`DEFAULT_MAX_SNOOZES`] (any
+//!   other is still written in layouts 4 to 7, for builds from before
+//!   snooze counts). Layouts 6 and 7 read with none used of the default.
 //!
 //! An unversioned record begins with the job's id as a postcard varint, and
 //! ids are never 0, so its first byte is never 0: a leading 0 marks a
@@ -43,17 +48,27 @@ use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Metadata, Status};
+use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Metadata, Status, DEFAULT_MAX_SNOOZES};
 
 /// The first byte of a versioned record.
 const MARKER: u8 = 0;
 
 /// The layout [`encode`] writes for a payload inline or in the
 /// `payloads` tree.
-pub const VERSION: u8 = 6;
+pub const VERSION: u8 = 8;
 
 /// The layout [`encode`] writes for a payload in a file.
-pub const FILE_VERSION: u8 = 7;
+pub const FILE_VERSION: u8 = 9;
+
+/// Layout 6: [`VERSION`] before jobs counted snoozes.
+const V6: u8 = 6;
+
+/// Layout 7: [`FILE_VERSION`] before jobs counted snoozes.
+const V7: u8 = 7;
+
+/// The body's last bytes that layouts 8 and 9 add to 6 and 7: `snoozes`
+/// 0 and `max_snoozes` [`DEFAULT_MAX_SNOOZES`], each a one-byte varint.
+const SNOOZES_TAIL: [u8; 2] = [0, DEFAULT_MAX_SNOOZES as u8];
 
 /// Layout 4: [`VERSION`] before jobs had a group.
 const V4: u8 = 4;
@@ -95,12 +110,17 @@ impl Payload {
 /// and whatever `job.payload` holds is left out (and back in place on
 /// return).
 pub fn encode(job: &mut Job, payload: Payload) -> Result<Vec<u8>, postcard::Error> {
-    // A job without a group is written in layout 4 or 5, which builds
-    // from before groups read: the group is the body's last field, and
-    // `None` is its one byte, 0.
+    // A job that never snoozed, with the default allowance, is written
+    // in layouts 6 and 7 (the snooze counts are the body's last fields,
+    // two one-byte varints); one without a group too in 4 and 5 (the group
+    // comes before them, and `None` is its one byte, 0). Builds from
+    // before those fields read them.
+    let snoozed = job.snoozes != 0 || job.max_snoozes != DEFAULT_MAX_SNOOZES;
     let grouped = job.group.is_some();
-    let (inline, apart, file) = if grouped {
+    let (inline, apart, file) = if snoozed {
         (VERSION, VERSION, FILE_VERSION)
+    } else if grouped {
+        (V6, V6, V7)
     } else {
         (V4, V4, V5)
     };
@@ -118,8 +138,14 @@ pub fn encode(job: &mut Job, payload: Payload) -> Result<Vec<u8>, postcard::Erro
             record?
         }
     };
-    if !grouped && record.pop() != Some(0) {
-        return Err(postcard::Error::SerializeBufferFull);
+    if !snoozed {
+        if !record.ends_with(&SNOOZES_TAIL) {
+            return Err(postcard::Error::SerializeBufferFull);
+        }
+        record.truncate(record.len() - SNOOZES_TAIL.len());
+        if !grouped && record.pop() != Some(0) {
+            return Err(postcard::Error::SerializeBufferFull);
+        }
     }
     Ok(record)
 }
@@ -136,6 +162,14 @@ pub fn decode(value: &[u8]) -> Result<(Job, Payload), postcard::Error> {
             (len, job) if len > 0 && job.payload.is_empty() => Ok((job, Payload::File(len))),
             _ => Err(postcard::Error::DeserializeBadEncoding),
         },
+        [MARKER, version @ (V6 | V7), body @ ..] => {
+            // The current body with the default snooze counts after it.
+            let mut current = Vec::with_capacity(body.len() + SNOOZES_TAIL.len() + 2);
+            current.extend_from_slice(&[MARKER, *version + 2]);
+            current.extend_from_slice(body);
+            current.extend_from_slice(&SNOOZES_TAIL);
+            decode(&current)
+        }
         [MARKER, V4, body @ ..] => match whole::<(u64, JobV4)>(body)? {
             (0, job) => Ok((job.into(), Payload::Inline)),
             (len, job) if job.payload.is_empty() => Ok((job.into(), Payload::Apart(len))),
@@ -205,6 +239,8 @@ impl From<JobV4> for Job {
             history: j.history,
             metadata: j.metadata,
             group: None,
+            snoozes: 0,
+            max_snoozes: DEFAULT_MAX_SNOOZES,
             result: None,
         }
     }
@@ -269,6 +305,8 @@ impl From<JobV2> for Job {
             history: j.history,
             metadata: j.metadata,
             group: None,
+            snoozes: 0,
+            max_snoozes: DEFAULT_MAX_SNOOZES,
             result: None,
         }
     }
@@ -331,6 +369,8 @@ impl From<JobV1> for Job {
             history: j.history,
             metadata: Default::default(),
             group: None,
+            snoozes: 0,
+            max_snoozes: DEFAULT_MAX_SNOOZES,
             result: None,
         }
     }
@@ -527,12 +567,25 @@ mod tests {
         assert!(record.starts_with(&prefix));
     }
 
-    /// `job` (without a group) in the shape of layouts 3 to 5: the
-    /// current body less its last field, the group (`None` is one byte).
+    /// `job` (without a group, never snoozed) in the shape of layouts 3 to
+    /// 5: the current body less its last fields, the group (`None` is one
+    /// byte) and the snooze counts.
     fn without_group(job: &Job, prefix: Vec<u8>) -> Vec<u8> {
         assert_eq!(job.group, None);
+        let mut bytes = without_snoozes(job, prefix);
+        assert_eq!(bytes.pop(), Some(0), "the group comes before the snoozes");
+        bytes
+    }
+
+    /// `job` (never snoozed) in the shape of layouts 6 and 7: the current
+    /// body less its snooze counts.
+    fn without_snoozes(job: &Job, prefix: Vec<u8>) -> Vec<u8> {
         let mut bytes = postcard::to_extend(job, prefix).expect("encode");
-        assert_eq!(bytes.pop(), Some(0), "the group is the last field");
+        assert!(
+            bytes.ends_with(&SNOOZES_TAIL),
+            "the snoozes are the last fields"
+        );
+        bytes.truncate(bytes.len() - SNOOZES_TAIL.len());
         bytes
     }
 
@@ -580,7 +633,8 @@ mod tests {
             (apart.clone(), Payload::Apart(600))
         );
         // A job without a group is still written in layouts 4 and 5, as
-        // built by hand above; a grouped one in 6 and 7.
+        // built by hand above; a grouped one in 6 and 7 (and one that
+        // snoozed in 8 and 9).
         let mut plain = apart.clone();
         assert_eq!(
             encode(&mut plain, Payload::File(600)).expect("encode"),
@@ -595,7 +649,7 @@ mod tests {
             ..apart
         };
         let bytes = encode(&mut grouped, Payload::File(600)).expect("encode");
-        assert_eq!(bytes[..2], [MARKER, FILE_VERSION]);
+        assert_eq!(bytes[..2], [MARKER, V7]);
         assert_eq!(
             decode(&bytes).expect("decode"),
             (grouped, Payload::File(600))
@@ -603,10 +657,58 @@ mod tests {
     }
 
     #[test]
+    fn records_from_before_snooze_counts_read_as_none_used_of_the_default() {
+        let job = Job {
+            group: Some("tenant-7".into()),
+            ..current(true, 42)
+        };
+        let mut v6 = postcard::to_extend(&0u64, vec![MARKER, V6]).expect("encode");
+        v6.extend(without_snoozes(&job, Vec::new()));
+        assert_eq!(decode(&v6).expect("decode"), (job.clone(), Payload::Inline));
+        let apart = Job {
+            payload: Vec::new(),
+            ..job
+        };
+        let mut v7 = postcard::to_extend(&600u64, vec![MARKER, V7]).expect("encode");
+        v7.extend(without_snoozes(&apart, Vec::new()));
+        assert_eq!(
+            decode(&v7).expect("decode"),
+            (apart.clone(), Payload::File(600))
+        );
+        // A job that snoozed, or allows other than the default, is written
+        // in layouts 8 and 9, with or without a group, and reads back.
+        for (group, snoozes, max_snoozes, payload) in [
+            (None, 1, DEFAULT_MAX_SNOOZES, Payload::Inline),
+            (None, 0, 5, Payload::File(600)),
+            (Some("tenant-7"), 200, 10_000, Payload::Apart(600)),
+            (Some("tenant-7"), 0, 0, Payload::Inline),
+        ] {
+            let mut snoozed = Job {
+                group: group.map(Into::into),
+                snoozes,
+                max_snoozes,
+                ..apart.clone()
+            };
+            if payload == Payload::Inline {
+                snoozed.payload = b"order-4711".to_vec();
+            }
+            let bytes = encode(&mut snoozed, payload).expect("encode");
+            let version = if matches!(payload, Payload::File(_)) {
+                FILE_VERSION
+            } else {
+                VERSION
+            };
+            assert_eq!(bytes[..2], [MARKER, version]);
+            assert_eq!(decode(&bytes).expect("decode"), (snoozed, payload));
+        }
+    }
+
+    #[test]
     fn records_are_versioned_and_round_trip_without_their_payload() {
         let mut job = current(true, 42);
         job.priority = -100;
         job.group = Some("tenant-7".into());
+        job.snoozes = 3;
         job.payload = vec![7; 10_000];
         assert_eq!(Payload::for_len(10_000), Payload::Apart(10_000));
         assert_eq!(Payload::for_len(INLINE_MAX), Payload::Inline);

@@ -29,6 +29,7 @@ pub(super) fn new_job(payload: Vec<u8>) -> NewJob {
         priority: 0,
         metadata: Default::default(),
         group: None,
+        max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
     }
 }
 
@@ -53,6 +54,7 @@ async fn an_inline_payload_moves_apart_on_the_first_change() {
             priority: 0,
             metadata: Default::default(),
             group: None,
+            max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
         },
         now,
     );

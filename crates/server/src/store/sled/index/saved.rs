@@ -235,6 +235,7 @@ mod tests {
                 priority: (id % 3) as i32 - 1,
                 metadata: Default::default(),
                 group: (id % 2 == 0).then(|| format!("g{}", id % 5)),
+                max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
             };
             let mut job = machine::create(JobId(id), new, at(1_000));
             if id % 7 == 0 {
