@@ -1176,6 +1176,57 @@ async fn a_snooze_exit_code_puts_the_job_back_without_spending_an_attempt() {
 }
 
 #[tokio::test]
+async fn enqueue_says_what_it_did_with_a_key_and_its_rules() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let enqueue = |payload: &'static str, extra: &'static [&'static str]| {
+        let url = url.clone();
+        async move {
+            let mut args = vec![
+                "enqueue",
+                "q",
+                "reindex",
+                "--key",
+                "doc-9",
+                "--payload",
+                payload,
+                "--json",
+            ];
+            args.extend_from_slice(extra);
+            jobq(&url, &args).await.ok().json()
+        }
+    };
+    let first = enqueue("v1", &["--delay", "1h"]).await;
+    assert_eq!(first["outcome"], "CREATED");
+    let id = first["job"]["id"].as_str().unwrap().to_owned();
+    let again = enqueue("v2", &[]).await;
+    assert_eq!(
+        (again["outcome"].as_str(), again["job"]["id"].as_str()),
+        (Some("EXISTING"), Some(id.as_str()))
+    );
+    // Debounce: the PENDING job takes the latest payload, due after the delay.
+    let replaced = enqueue("v3", &["--replace", "--delay", "2h"]).await;
+    assert_eq!(
+        (replaced["outcome"].as_str(), replaced["job"]["id"].as_str()),
+        (Some("REPLACED"), Some(id.as_str()))
+    );
+    let got = jobq(&url, &["get", &id, "--json"]).await.ok().json();
+    assert_eq!(got["payload"], "v3");
+    // The rules need a key: refused before anything is sent.
+    let keyless = jobq(&url, &["enqueue", "q", "k", "--unique-for", "1h"]).await;
+    assert_eq!(keyless.code, 2, "{}", keyless.stderr);
+    let batch = jobq_in(
+        &url,
+        &["enqueue", "--batch-file", "-", "--json"],
+        Some(b"{\"queue\":\"q\",\"kind\":\"reindex\",\"key\":\"doc-9\",\"payload\":\"v4\",\"replace\":true}\n"),
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(batch["outcome"], "REPLACED");
+}
+
+#[tokio::test]
 async fn list_says_when_more_jobs_match_and_how_to_see_them() {
     let server = TestServer::start().await;
     let (url, client) = (server.url(), server.client().await);

@@ -30,7 +30,8 @@ from jobq.errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineEx
                          JobLost, JobqError, NotFound, OutOfRange, PermissionDenied,
                          ResourceExhausted, Retry, Snooze, Unauthenticated, Unavailable,
                          Unimplemented, Unknown, WaitTimeout)
-from jobq.models import (Attempt, EnqueueResult, Enqueued, Job, LeasedJob, NewJob, Outcome,
+from jobq.models import (Attempt, EnqueueOutcome, EnqueueResult, Enqueued, Job, LeasedJob,
+                         NewJob, Outcome,
                          QueuePolicy, QueueStats, RateLimit, Schedule, Status)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -39,7 +40,7 @@ from jobq.worker import Handler, Queues, Worker
 __all__ = [
     "Client", "Worker", "JobContext", "AsyncJobContext", "BaseJobContext", "Handler", "Queues",
     "Job", "Attempt", "Status", "Outcome", "QueueStats", "QueuePolicy", "RateLimit",
-    "EnqueueResult", "Enqueued",
+    "EnqueueResult", "Enqueued", "EnqueueOutcome",
     "LeasedJob", "Schedule", "NewJob",
     "Fatal", "Retry", "Snooze",
     "JobqError", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",

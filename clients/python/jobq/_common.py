@@ -254,6 +254,8 @@ def enqueue_request(
     queue: str, kind: str, payload: Union[bytes, str], key: Optional[str], max_attempts: int,
     delay: Optional[Seconds], metadata: Optional[Mapping[str, str]], priority: int = 0,
     run_at: Optional[datetime] = None, group: Optional[str] = None, max_snoozes: int = 0,
+    key_scope: Optional[str] = None, on_conflict: Optional[str] = None,
+    unique_for: Optional[Seconds] = None,
 ) -> pb.EnqueueRequest:
     if isinstance(payload, str):
         payload = payload.encode()
@@ -267,7 +269,8 @@ def enqueue_request(
         queue=queue, kind=kind, payload=payload, key=key or "",
         max_attempts=max_attempts, delay=duration(delay),
         metadata=_trace.with_trace_context(metadata), group=group or "",
-        max_snoozes=max_snoozes,
+        max_snoozes=max_snoozes, key_scope=_key_scope(key_scope),
+        on_conflict=_on_conflict(on_conflict), unique_for=duration(unique_for),
     )
     if priority:
         # EnqueueRequest.priority (-100..=100, higher first) exists once the
@@ -279,12 +282,31 @@ def enqueue_request(
     return req
 
 
+def _key_scope(scope: Optional[str]) -> "pb.KeyScope.ValueType":
+    """``key_scope=``: which jobs hold a key, "retained" (default) or "active"."""
+    names = {None: pb.KEY_SCOPE_UNSPECIFIED, "retained": pb.KEY_SCOPE_RETAINED,
+             "active": pb.KEY_SCOPE_ACTIVE}
+    if scope not in names:
+        raise ValueError(f"key_scope {scope!r}: expected 'retained' or 'active'")
+    return names[scope]
+
+
+def _on_conflict(rule: Optional[str]) -> "pb.OnConflict.ValueType":
+    """``on_conflict=``: "keep" (default) or "replace" (debounce)."""
+    names = {None: pb.ON_CONFLICT_UNSPECIFIED, "keep": pb.ON_CONFLICT_KEEP,
+             "replace": pb.ON_CONFLICT_REPLACE}
+    if rule not in names:
+        raise ValueError(f"on_conflict {rule!r}: expected 'keep' or 'replace'")
+    return names[rule]
+
+
 def batch_request(jobs: Sequence[Union[NewJob, pb.EnqueueRequest]]) -> pb.EnqueueBatchRequest:
     """NewJobs (or ready EnqueueRequests) as one EnqueueBatch."""
     reqs = [
         j if isinstance(j, pb.EnqueueRequest) else enqueue_request(
             j.queue, j.kind, j.payload, j.key, j.max_attempts, j.delay, j.metadata,
-            j.priority, j.run_at, j.group, j.max_snoozes)
+            j.priority, j.run_at, j.group, j.max_snoozes, j.key_scope, j.on_conflict,
+            j.unique_for)
         for j in jobs
     ]
     return pb.EnqueueBatchRequest(jobs=reqs)

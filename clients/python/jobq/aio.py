@@ -23,7 +23,8 @@ from jobq._trace import call_headers, job_span
 from jobq.context import AsyncJobContext
 from jobq.errors import (DeadlineExceeded, Fatal, JobFailed, JobLost, JobqError, Retry, Snooze,
                          WaitTimeout, code_of, from_rpc_error)
-from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueuePolicy, QueueStats,
+from jobq.models import (EnqueueOutcome, EnqueueResult, Enqueued, Job, LeasedJob, NewJob,
+                         QueuePolicy, QueueStats,
                          RateLimit, Status,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
@@ -120,12 +121,16 @@ class AsyncClient:
         key: Optional[str] = None, max_attempts: int = 0, delay: Optional[Seconds] = None,
         run_at: Optional[datetime] = None, metadata: Optional[Mapping[str, str]] = None,
         priority: int = 0, group: Optional[str] = None, max_snoozes: int = 0,
+        key_scope: Optional[str] = None, on_conflict: Optional[str] = None,
+        unique_for: Optional[Seconds] = None,
     ) -> Enqueued:
         """As Client.enqueue: ``(job, created)``, with the same keywords."""
         req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
-                                priority, run_at, group, max_snoozes)
+                                priority, run_at, group, max_snoozes, key_scope, on_conflict,
+                                unique_for)
         resp = await self._unary(self.stub.Enqueue, req)
-        return Enqueued(Job.from_pb(resp.job), resp.created)
+        return Enqueued(Job.from_pb(resp.job), resp.created,
+                        EnqueueOutcome.of(resp.outcome, resp.created))
 
     async def enqueue_batch(
         self, jobs: Sequence[Union[NewJob, pb.EnqueueRequest]],

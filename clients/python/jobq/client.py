@@ -14,7 +14,8 @@ from jobq import _trace
 from jobq._common import Seconds, StatusLike
 from jobq.errors import (DeadlineExceeded, JobFailed, JobLost, JobqError, WaitTimeout,
                          from_rpc_error)
-from jobq.models import (EnqueueResult, Enqueued, Job, LeasedJob, NewJob, QueuePolicy, QueueStats,
+from jobq.models import (EnqueueOutcome, EnqueueResult, Enqueued, Job, LeasedJob, NewJob,
+                         QueuePolicy, QueueStats,
                          RateLimit, Status,
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
@@ -134,6 +135,9 @@ class Client:
         priority: int = 0,
         group: Optional[str] = None,
         max_snoozes: int = 0,
+        key_scope: Optional[str] = None,
+        on_conflict: Optional[str] = None,
+        unique_for: Optional[Seconds] = None,
     ) -> Enqueued:
         """Adds a job once it is durable; returns ``(job, created)`` (an
         ``Enqueued``: ``job, created = client.enqueue(…)``).
@@ -156,12 +160,21 @@ class Client:
           ``group_max_running`` limits how many of one group run at once.
         - ``max_snoozes``: snoozes (``raise Snooze(…)``) allowed before a
           snooze counts as a failed attempt; 0 means the default (100).
+        - ``key_scope``, ``on_conflict``, ``unique_for`` (with a ``key``):
+          ``key_scope="active"`` holds the key only while a job with it is
+          PENDING or RUNNING; ``on_conflict="replace"`` gives a PENDING
+          job with the key this payload, metadata and delay (debounce);
+          ``unique_for`` (seconds or ``timedelta``) holds the key that long
+          after its job's enqueue (throttle). ``outcome`` on the result
+          says CREATED, EXISTING or REPLACED.
 
         Raises ``InvalidArgument`` for a bad name, payload or priority."""
         req = c.enqueue_request(queue, kind, payload, key, max_attempts, delay, metadata,
-                                priority, run_at, group, max_snoozes)
+                                priority, run_at, group, max_snoozes, key_scope, on_conflict,
+                                unique_for)
         resp = self._unary(self.stub.Enqueue, req)
-        return Enqueued(Job.from_pb(resp.job), resp.created)
+        return Enqueued(Job.from_pb(resp.job), resp.created,
+                        EnqueueOutcome.of(resp.outcome, resp.created))
 
     def enqueue_batch(
         self, jobs: Sequence[Union[NewJob, pb.EnqueueRequest]],

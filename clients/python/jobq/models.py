@@ -19,6 +19,7 @@ from jobq.errors import Fatal, JobqError, from_code
 from jobq.v1 import jobq_pb2 as pb
 
 __all__ = ["Status", "Outcome", "Job", "Attempt", "QueueStats", "EnqueueResult", "Enqueued",
+           "EnqueueOutcome",
            "LeasedJob", "Schedule", "NewJob"]
 
 
@@ -153,11 +154,41 @@ class Job:
             raise Fatal(f"payload is not JSON: {e}") from e
 
 
-class Enqueued(NamedTuple):
-    """What ``enqueue`` returns: unpacks as ``job, created = …``."""
+class EnqueueOutcome(enum.IntEnum):
+    """What an enqueue did (``EnqueueOutcome``)."""
+    UNSPECIFIED = 0
+    #: A new job.
+    CREATED = 1
+    #: A job held the key and is returned unchanged.
+    EXISTING = 2
+    #: A PENDING job held the key and took this enqueue's payload,
+    #: metadata and due time (``on_conflict="replace"``).
+    REPLACED = 3
+
+    @classmethod
+    def of(cls, outcome: int, created: bool) -> "EnqueueOutcome":
+        """From the wire (a server from before outcomes sends none)."""
+        if outcome in (1, 2, 3):
+            return cls(outcome)
+        return cls.CREATED if created else cls.EXISTING
+
+
+class _JobCreated(NamedTuple):
     job: Job
     #: False when the key named an existing job and nothing was added.
     created: bool
+
+
+class Enqueued(_JobCreated):
+    """What ``enqueue`` returns: unpacks as ``job, created = …``, and
+    says what it did in ``outcome`` (CREATED, EXISTING or REPLACED)."""
+    outcome: EnqueueOutcome
+
+    def __new__(cls, job: Job, created: bool,
+                outcome: Optional[EnqueueOutcome] = None) -> "Enqueued":
+        self = super().__new__(cls, job, created)
+        self.outcome = outcome if outcome is not None else EnqueueOutcome.of(0, created)
+        return self
 
 
 @dataclass(frozen=True)
@@ -167,6 +198,8 @@ class EnqueueResult:
     job: Optional[Job]
     created: bool
     error: Optional[JobqError]
+    #: What the entry did, when accepted.
+    outcome: EnqueueOutcome = EnqueueOutcome.UNSPECIFIED
 
     @property
     def ok(self) -> bool:
@@ -176,7 +209,9 @@ class EnqueueResult:
     def from_pb(cls, r: pb.EnqueueResult) -> "EnqueueResult":
         error = from_code(r.error_code, r.error_message) if r.error_code else None
         return cls(job=Job.from_pb(r.job) if r.HasField("job") else None,
-                   created=r.created, error=error)
+                   created=r.created, error=error,
+                   outcome=(EnqueueOutcome.UNSPECIFIED if error
+                            else EnqueueOutcome.of(r.outcome, r.created)))
 
 
 @dataclass(frozen=True)
@@ -316,3 +351,6 @@ class NewJob:
     priority: int = 0
     group: Optional[str] = None
     max_snoozes: int = 0
+    key_scope: Optional[str] = None
+    on_conflict: Optional[str] = None
+    unique_for: Union[int, float, timedelta, None] = None

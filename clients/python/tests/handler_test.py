@@ -18,8 +18,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Dict, List
 
 from harness import run_tests, wait_for
-from jobq import (AsyncJobContext, Client, JobContext, JobFailed, Outcome, Retry, Snooze, Status,
-                  WaitTimeout, Worker)
+from jobq import (AsyncJobContext, Client, EnqueueOutcome, InvalidArgument, JobContext,
+                  JobFailed, NewJob, Outcome, Retry, Snooze, Status, WaitTimeout, Worker)
 from jobq.aio import AsyncClient, AsyncWorker
 
 
@@ -111,6 +111,46 @@ def snooze_spends_no_attempt(tmp: str, client: Client, addr: str) -> None:
         Snooze(after=-1)
         raise AssertionError("a negative snooze was taken")
     except ValueError:
+        pass
+
+
+def key_rules_debounce_throttle_and_active(tmp: str, client: Client, addr: str) -> None:
+    """on_conflict="replace" gives a PENDING job the latest payload
+    (REPLACED); unique_for holds a key for a window; key_scope="active"
+    frees it once the job is finished."""
+    first = client.enqueue("keys", "reindex", b"v1", key="doc-9", delay=3600)
+    assert first.outcome == EnqueueOutcome.CREATED and first.created
+    job, created = client.enqueue("keys", "reindex", b"v2", key="doc-9",
+                                  on_conflict="replace", delay=7200)
+    assert (job.id, created) == (first.job.id, False)
+    again = client.enqueue("keys", "reindex", b"v3", key="doc-9")
+    assert again.outcome == EnqueueOutcome.EXISTING, again
+    assert client.enqueue("keys", "reindex", b"v4", key="doc-9",
+                          on_conflict="replace").outcome == EnqueueOutcome.REPLACED
+    assert client.get_job(first.job.id).payload == b"v4"
+    client.cancel_job(first.job.id, "finished")
+    assert client.enqueue("keys", "reindex", key="doc-9").outcome == EnqueueOutcome.EXISTING
+    fresh = client.enqueue("keys", "reindex", key="doc-9", key_scope="active")
+    assert fresh.outcome == EnqueueOutcome.CREATED and fresh.job.id != first.job.id, fresh
+    assert client.get_job(first.job.id).key is None
+    window = client.enqueue("keys", "digest", key="digest-7", unique_for=0.2)
+    wait_for(lambda: client.enqueue("keys", "digest", key="digest-7",
+                                    unique_for=0.2).outcome == EnqueueOutcome.CREATED,
+             10, "a new job once the window ended")
+    assert window.outcome == EnqueueOutcome.CREATED
+    results = client.enqueue_batch([NewJob("keys", "k", b"a", key="b-1"),
+                                    NewJob("keys", "k", b"b", key="b-1", on_conflict="replace")])
+    assert [r.outcome for r in results] == [EnqueueOutcome.CREATED, EnqueueOutcome.REPLACED]
+    for bad in (dict(key_scope="forever"), dict(on_conflict="merge")):
+        try:
+            client.enqueue("keys", "k", key="x", **bad)  # type: ignore[arg-type]
+            raise AssertionError(f"{bad} was taken")
+        except ValueError:
+            pass
+    try:
+        client.enqueue("keys", "k", unique_for=60)
+        raise AssertionError("a window without a key was taken")
+    except InvalidArgument:
         pass
 
 
@@ -261,5 +301,6 @@ def async_retry_and_cancel(tmp: str, client: Client, addr: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(run_tests("python-handler", [retry_after_delay, snooze_spends_no_attempt,
+                                               key_rules_debounce_throttle_and_active,
                                                a_returned_value_is_the_result, wait_and_watch,
                                                async_retry_and_cancel]))

@@ -8,13 +8,16 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 import { checkPlaintextToken, type Endpoint, parseServer, type Pem, resolveToken, tlsFiles } from "./config.js";
 import { isTransient, JobFailedError, JobqError, WaitTimeoutError } from "./errors.js";
 import {
+  EnqueueOutcome,
   EnqueueRequestSchema,
   type EnqueueResult,
   type Job,
   JobQueue,
   JobStatus,
+  KeyScope,
   type LeasedJob,
   type LeaseEvent,
+  OnConflict,
   type QueuePolicy,
   type RateLimit,
   type Schedule,
@@ -63,6 +66,28 @@ export interface EnqueueOptions {
   group?: string;
   /** Snoozes (HandlerError.snooze) allowed before a snooze counts as a failed attempt; default 100. */
   maxSnoozes?: number;
+  /** With a key: "active" holds it only while a job with it is PENDING or RUNNING ("unique until finished"); default "retained". */
+  keyScope?: "retained" | "active";
+  /** With a key: a PENDING job with it takes this payload, metadata and delay (debounce); a RUNNING one is left alone. */
+  replace?: boolean;
+  /** With a key: held this long after its job's enqueue, whatever its state (throttle). */
+  uniqueForMs?: number;
+}
+
+/** What an enqueue did: a new job, the job that holds the key, or that job replaced. */
+export type EnqueueOutcomeName = "CREATED" | "EXISTING" | "REPLACED";
+
+function outcomeName(outcome: EnqueueOutcome, created: boolean): EnqueueOutcomeName {
+  switch (outcome) {
+    case EnqueueOutcome.CREATED:
+      return "CREATED";
+    case EnqueueOutcome.REPLACED:
+      return "REPLACED";
+    case EnqueueOutcome.EXISTING:
+      return "EXISTING";
+    default:
+      return created ? "CREATED" : "EXISTING";
+  }
 }
 
 /** How a queue's work is shaped (setQueuePolicy); 0 means no limit. */
@@ -264,11 +289,11 @@ export class Client<Kinds extends KindMap = AnyKinds> {
     kind: K,
     payload: Kinds[K],
     options: EnqueueOptions = {},
-  ): Promise<{ job: Job; created: boolean }> {
+  ): Promise<{ job: Job; created: boolean; outcome: EnqueueOutcomeName }> {
     const req = await this.enqueueRequest(queue, kind, payload, options);
     const resp = await this.call(() => this.raw.enqueue(req, { timeoutMs: this.timeoutMs }));
     if (resp.job === undefined) throw new JobqError("INTERNAL", "Enqueue replied without a job");
-    return { job: resp.job, created: resp.created };
+    return { job: resp.job, created: resp.created, outcome: outcomeName(resp.outcome, resp.created) };
   }
 
   /** Adds many jobs, durable with one flush; one result per entry, in order (a rejected entry has errorCode set). */
@@ -290,6 +315,9 @@ export class Client<Kinds extends KindMap = AnyKinds> {
       priority: o.priority ?? 0,
       group: o.group ?? "",
       maxSnoozes: o.maxSnoozes ?? 0,
+      keyScope: o.keyScope === "active" ? KeyScope.ACTIVE : KeyScope.UNSPECIFIED,
+      onConflict: o.replace === true ? OnConflict.REPLACE : OnConflict.UNSPECIFIED,
+      uniqueFor: duration(o.uniqueForMs),
     });
   }
 

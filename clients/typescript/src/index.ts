@@ -6,6 +6,7 @@ export {
   type ClientOptions,
   type CreateScheduleOptions,
   type EnqueueOptions,
+  type EnqueueOutcomeName,
   type EnqueueSpec,
   type HeartbeatOptions,
   type LeaseRefLike,

@@ -145,6 +145,24 @@ test("snooze: past maxSnoozes a snooze is a failed attempt", async () => {
   assert.match(j.lastError, /max_snoozes/);
 });
 
+test("keys: replace debounces a PENDING job, keyScope active frees a finished one's key", async () => {
+  const first = await client.enqueue("keys", "k", { v: 1 }, { key: "doc-9", delayMs: 3_600_000 });
+  assert.equal(first.outcome, "CREATED");
+  const again = await client.enqueue("keys", "k", { v: 2 }, { key: "doc-9" });
+  assert.equal(again.outcome, "EXISTING");
+  const replaced = await client.enqueue("keys", "k", { v: 3 }, { key: "doc-9", replace: true });
+  assert.equal(replaced.outcome, "REPLACED");
+  assert.equal(replaced.job.id, first.job.id);
+  assert.deepEqual(JSON.parse(Buffer.from((await client.getJob(first.job.id)).payload).toString()), { v: 3 });
+  await client.cancelJob(first.job.id, "finished");
+  const fresh = await client.enqueue("keys", "k", {}, { key: "doc-9", keyScope: "active" });
+  assert.equal(fresh.outcome, "CREATED");
+  assert.notEqual(fresh.job.id, first.job.id);
+  const windowed = await client.enqueue("keys", "k", {}, { key: "digest-7", uniqueForMs: 60_000 });
+  assert.equal(windowed.outcome, "CREATED");
+  await assert.rejects(client.enqueue("keys", "k", {}, { uniqueForMs: 1_000 }), /key/);
+});
+
 test("result: what a handler resolves to is stored by its ack; one over --max-result-bytes fails the job", async () => {
   const { job: json } = await client.enqueue("results", "k", {}, { key: "json" });
   const { job: text } = await client.enqueue("results", "k", {}, { key: "text" });

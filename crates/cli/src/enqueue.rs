@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use jobq_client::{pb, Client, EnqueueOptions};
+use jobq_client::{pb, Client, EnqueueOptions, EnqueueOutcome, KeyScope};
 use serde::Deserialize;
 use serde_json::json;
 use tracing::Instrument;
@@ -58,6 +58,22 @@ pub struct Args {
     #[arg(long)]
     key: Option<String>,
 
+    /// Which jobs hold the key: `retained` (any job until it is deleted or
+    /// purged; the default) or `active` (PENDING and RUNNING ones: "unique
+    /// until finished").
+    #[arg(long, value_name = "SCOPE", value_parser = ["retained", "active"], requires = "key")]
+    key_scope: Option<String>,
+
+    /// Debounce: a PENDING job with the key takes this payload and
+    /// metadata, and is due after --delay (a RUNNING one is left alone).
+    #[arg(long, requires = "key")]
+    replace: bool,
+
+    /// Throttle: the key is held this long after its job's enqueue
+    /// (1h, 10m), whatever the job's state, and no longer.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration, requires = "key")]
+    unique_for: Option<Duration>,
+
     /// Attempts before the job is dead-lettered (default: the server's).
     #[arg(long, value_name = "N")]
     max_attempts: Option<u32>,
@@ -93,12 +109,13 @@ pub struct Args {
 
     /// Enqueue every line of FILE ("-" for stdin), JSON objects with
     /// "queue", "kind" and optional "payload" (a string), "key",
-    /// "max_attempts", "max_snoozes", "delay" ("30s"), "priority", "group".
+    /// "max_attempts", "max_snoozes", "delay" ("30s"), "priority", "group",
+    /// "key_scope" ("active"), "replace" (true), "unique_for" ("1h").
     /// Sent with EnqueueBatch, 1000 per call; prints one result per line.
     #[arg(
         long,
         value_name = "FILE",
-        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "max_attempts", "max_snoozes", "delay", "meta", "priority", "group"]
+        conflicts_with_all = ["queue", "kind", "payload", "payload_file", "key", "key_scope", "replace", "unique_for", "max_attempts", "max_snoozes", "delay", "meta", "priority", "group"]
     )]
     batch_file: Option<PathBuf>,
 }
@@ -123,6 +140,12 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     if let Some(key) = args.key {
         opts = opts.key(key);
     }
+    opts = key_rules(
+        opts,
+        args.key_scope.as_deref(),
+        args.replace,
+        args.unique_for,
+    )?;
     if let Some(n) = args.max_attempts {
         opts = opts.max_attempts(n);
     }
@@ -139,26 +162,68 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     for (key, value) in args.meta {
         opts = opts.metadata(key, value);
     }
-    let (job, created) = client
-        .enqueue(queue, kind, payload, opts)
+    let enqueued = client
+        .submit(queue, kind, payload, opts)
         .instrument(tracing::info_span!("jobq enqueue"))
         .await?;
+    let (created, outcome) = (enqueued.created, enqueued.outcome);
+    let job = enqueued.job.into_proto();
     if out.json {
-        out.json(&json!({ "created": created, "job": receipt_json(&job) }))?;
+        out.json(&json!({
+            "created": created,
+            "outcome": outcome_name(outcome),
+            "job": receipt_json(&job),
+        }))?;
         return Ok(());
     }
     // The id alone on stdout, so `ID=$(jobq enqueue ...)` works either way.
     out.line(&job.id)?;
-    if !created {
-        eprintln!(
+    match outcome {
+        EnqueueOutcome::Created => {}
+        EnqueueOutcome::Existing => eprintln!(
             "existing job: key {:?} already names job {} ({}) in queue {}; nothing was enqueued",
             job.key,
             job.id,
             status_name(job.status),
             job.queue
-        );
+        ),
+        EnqueueOutcome::Replaced => eprintln!(
+            "replaced: job {} with key {:?} in queue {} was PENDING and takes this payload",
+            job.id, job.key, job.queue
+        ),
     }
     Ok(())
+}
+
+/// The name of an enqueue's outcome, as `--json` prints it.
+pub fn outcome_name(outcome: EnqueueOutcome) -> &'static str {
+    match outcome {
+        EnqueueOutcome::Created => "CREATED",
+        EnqueueOutcome::Existing => "EXISTING",
+        EnqueueOutcome::Replaced => "REPLACED",
+    }
+}
+
+/// A key's rules from `--key-scope`, `--replace` and `--unique-for` (or a
+/// batch line's).
+fn key_rules(
+    mut opts: EnqueueOptions,
+    scope: Option<&str>,
+    replace: bool,
+    unique_for: Option<Duration>,
+) -> anyhow::Result<EnqueueOptions> {
+    match scope {
+        None | Some("retained") => {}
+        Some("active") => opts = opts.key_scope(KeyScope::Active),
+        Some(other) => anyhow::bail!("key_scope {other:?}: expected \"retained\" or \"active\""),
+    }
+    if replace {
+        opts = opts.replace();
+    }
+    if let Some(window) = unique_for {
+        opts = opts.unique_for(window);
+    }
+    Ok(opts)
 }
 
 /// The payload from `--payload`, `--payload-file`, or a piped stdin.
@@ -196,6 +261,12 @@ struct BatchLine {
     #[serde(default)]
     max_snoozes: Option<u32>,
     #[serde(default)]
+    key_scope: Option<String>,
+    #[serde(default)]
+    replace: bool,
+    #[serde(default)]
+    unique_for: Option<String>,
+    #[serde(default)]
     delay: Option<String>,
     #[serde(default)]
     priority: i32,
@@ -215,6 +286,11 @@ impl BatchLine {
         if let Some(n) = self.max_snoozes {
             opts = opts.max_snoozes(n);
         }
+        let unique_for = self
+            .unique_for
+            .map(|w| humantime::parse_duration(&w).with_context(|| format!("unique_for {w:?}")))
+            .transpose()?;
+        opts = key_rules(opts, self.key_scope.as_deref(), self.replace, unique_for)?;
         if let Some(group) = self.group.filter(|g| !g.is_empty()) {
             opts = opts.group(group);
         }
@@ -286,17 +362,17 @@ async fn batch(client: &Client, out: Out, path: &Path) -> anyhow::Result<()> {
         for (line, result) in lines.into_iter().zip(results) {
             match (&result.job, result.error_code) {
                 (Some(job), 0) => {
+                    let outcome = EnqueueOutcome::of(result.outcome, result.created);
                     if out.json {
-                        out.json(
-                            &json!({"line": line, "created": result.created, "job": receipt_json(job)}),
-                        )?;
+                        out.json(&json!({
+                            "line": line,
+                            "created": result.created,
+                            "outcome": outcome_name(outcome),
+                            "job": receipt_json(job),
+                        }))?;
                     } else {
-                        let what = if result.created {
-                            "created"
-                        } else {
-                            "existing"
-                        };
-                        table.row([line.to_string(), job.id.clone(), what.to_owned()]);
+                        let what = outcome_name(outcome).to_lowercase();
+                        table.row([line.to_string(), job.id.clone(), what]);
                     }
                 }
                 _ => {

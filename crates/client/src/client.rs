@@ -123,15 +123,24 @@ impl Client {
         payload: impl Into<Vec<u8>>,
         opts: EnqueueOptions,
     ) -> Result<(pb::Job, bool)> {
-        let req = opts.into_request(queue, kind, payload);
         let resp = self
+            .enqueue_reply(opts.into_request(queue, kind, payload))
+            .await?;
+        Ok((resp.job.ok_or(Error::MissingField("job"))?, resp.created))
+    }
+
+    /// One Enqueue call, its whole reply.
+    pub(crate) async fn enqueue_reply(
+        &self,
+        req: pb::EnqueueRequest,
+    ) -> Result<pb::EnqueueResponse> {
+        Ok(self
             .inner
             .clone()
             .enqueue(self.request(req))
             .await
             .map_err(|s| self.error(s))?
-            .into_inner();
-        Ok((resp.job.ok_or(Error::MissingField("job"))?, resp.created))
+            .into_inner())
     }
 
     /// [`enqueue`](Self::enqueue) with `payload` encoded as JSON.

@@ -377,10 +377,51 @@ impl From<Job> for pb::Job {
 /// What one enqueue did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Enqueued {
-    /// The job: the new one, or the retained one with the same key.
+    /// The job: the new one, or the one that holds the key.
     pub job: Job,
-    /// `false` when the key matched a retained job and nothing was added.
+    /// `false` when the key matched a job that holds it and nothing was
+    /// added.
     pub created: bool,
+    /// What the enqueue did: created a job, met one that holds the key,
+    /// or replaced that one's payload ([`EnqueueOptions::replace`](crate::EnqueueOptions::replace)).
+    pub outcome: EnqueueOutcome,
+}
+
+/// What one enqueue did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EnqueueOutcome {
+    /// A new job.
+    Created,
+    /// A job held the key and is returned unchanged.
+    Existing,
+    /// A PENDING job held the key and took this enqueue's payload,
+    /// metadata and due time.
+    Replaced,
+}
+
+impl EnqueueOutcome {
+    /// From the wire (a server from before outcomes sends none: `created`
+    /// says then).
+    pub fn of(outcome: i32, created: bool) -> EnqueueOutcome {
+        match pb::EnqueueOutcome::try_from(outcome) {
+            Ok(pb::EnqueueOutcome::Replaced) => EnqueueOutcome::Replaced,
+            Ok(pb::EnqueueOutcome::Existing) => EnqueueOutcome::Existing,
+            Ok(pb::EnqueueOutcome::Created) => EnqueueOutcome::Created,
+            _ if created => EnqueueOutcome::Created,
+            _ => EnqueueOutcome::Existing,
+        }
+    }
+}
+
+/// Which jobs hold their key against a later enqueue of it
+/// ([`EnqueueOptions::key_scope`](crate::EnqueueOptions::key_scope)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum KeyScope {
+    /// Every retained job, finished or not (the default).
+    #[default]
+    Retained,
+    /// PENDING and RUNNING jobs: "unique until finished".
+    Active,
 }
 
 /// Why the server refused one entry of a batch.
@@ -400,6 +441,7 @@ impl Enqueued {
             Some(job) if r.error_code == 0 => Ok(Enqueued {
                 job: job.into(),
                 created: r.created,
+                outcome: EnqueueOutcome::of(r.outcome, r.created),
             }),
             _ => Err(Rejected {
                 code: tonic::Code::from(r.error_code),

@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use jobq::pb;
 
-use crate::{client::pb_duration, trace};
+use crate::{client::pb_duration, model::KeyScope, trace};
 
 /// The optional parts of an enqueue: domain key, attempt limit, delay and
 /// metadata.
@@ -28,6 +28,9 @@ pub struct EnqueueOptions {
     metadata: BTreeMap<String, String>,
     group: Option<String>,
     max_snoozes: Option<u32>,
+    key_scope: KeyScope,
+    replace: bool,
+    unique_for: Option<Duration>,
 }
 
 impl EnqueueOptions {
@@ -48,6 +51,32 @@ impl EnqueueOptions {
     /// (FAILED). Unset means the server default.
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = Some(max_attempts);
+        self
+    }
+
+    /// Which jobs hold the key against this enqueue: every retained job
+    /// (the default), or with [`KeyScope::Active`] only PENDING and
+    /// RUNNING ones ("unique until finished"); a job that no longer holds
+    /// it loses it to this enqueue's new job. Needs a [`key`](Self::key).
+    pub fn key_scope(mut self, scope: KeyScope) -> Self {
+        self.key_scope = scope;
+        self
+    }
+
+    /// Debounce: a PENDING job that holds the key takes this enqueue's
+    /// payload and metadata and is due after its delay
+    /// ([`EnqueueOutcome::Replaced`](crate::EnqueueOutcome::Replaced)); a
+    /// RUNNING or finished one is returned unchanged. Needs a
+    /// [`key`](Self::key).
+    pub fn replace(mut self) -> Self {
+        self.replace = true;
+        self
+    }
+
+    /// Throttle: the key is held this long after its job's enqueue,
+    /// whatever the job's state, and no longer. Needs a [`key`](Self::key).
+    pub fn unique_for(mut self, window: Duration) -> Self {
+        self.unique_for = Some(window);
         self
     }
 
@@ -143,6 +172,16 @@ impl EnqueueOptions {
             priority: self.priority,
             group: self.group.unwrap_or_default(),
             max_snoozes: self.max_snoozes.unwrap_or(0),
+            key_scope: match self.key_scope {
+                KeyScope::Retained => pb::KeyScope::Unspecified,
+                KeyScope::Active => pb::KeyScope::Active,
+            } as i32,
+            on_conflict: if self.replace {
+                pb::OnConflict::Replace
+            } else {
+                pb::OnConflict::Unspecified
+            } as i32,
+            unique_for: self.unique_for.map(pb_duration),
         }
     }
 }

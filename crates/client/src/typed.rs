@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use jobq::pb;
 
-use crate::model::{Enqueued, Job, QueueStats, Rejected, Status};
+use crate::model::{EnqueueOutcome, Enqueued, Job, QueueStats, Rejected, Status};
 use crate::{Client, EnqueueOptions, Result};
 
 /// One job to enqueue, for [`Client::submit_batch`].
@@ -158,10 +158,14 @@ impl Client {
         payload: impl Into<Vec<u8>>,
         opts: EnqueueOptions,
     ) -> Result<Enqueued> {
-        let (job, created) = self.enqueue(queue, kind, payload, opts).await?;
+        let resp = self
+            .enqueue_reply(opts.into_request(queue, kind, payload))
+            .await?;
+        let job = resp.job.ok_or(crate::Error::MissingField("job"))?;
         Ok(Enqueued {
             job: job.into(),
-            created,
+            created: resp.created,
+            outcome: EnqueueOutcome::of(resp.outcome, resp.created),
         })
     }
 

@@ -104,6 +104,15 @@ impl From<Job> for pb::Job {
     }
 }
 
+/// What an enqueue did, on the wire.
+pub fn enqueue_outcome(e: &crate::store::Enqueued) -> pb::EnqueueOutcome {
+    match (e.created, e.replaced) {
+        (true, _) => pb::EnqueueOutcome::Created,
+        (false, true) => pb::EnqueueOutcome::Replaced,
+        (false, false) => pb::EnqueueOutcome::Existing,
+    }
+}
+
 /// The job as a write's reply (Ack, Fail, Retry) carries it: no payload,
 /// and only the latest attempt of its history. A reply never echoes the
 /// request's bytes, so it cannot be too big to send once the change is

@@ -313,6 +313,42 @@ pub struct NewJob {
     pub group: Option<String>,
     /// Snoozes allowed (already defaulted and range-checked).
     pub max_snoozes: u32,
+    /// How its key meets a job that has it already (default: the job
+    /// keeps it while retained, and is returned).
+    pub unique: Uniqueness,
+}
+
+/// How long a job holds its key against a later enqueue of the same key,
+/// and what that enqueue does to it (docs/src/shaping.md, "Uniqueness").
+/// The later enqueue's rules judge the job that holds the key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Uniqueness {
+    /// Which jobs hold a key.
+    pub scope: KeyScope,
+    /// Replace a PENDING holder's payload, metadata and due time instead
+    /// of returning it unchanged (debounce).
+    pub replace: bool,
+    /// The key is held this long after its job's enqueue, whatever the
+    /// job's state, and no longer (throttle).
+    pub unique_for: Option<Duration>,
+}
+
+/// Which jobs hold their key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeyScope {
+    /// Every retained job, finished or not.
+    #[default]
+    Retained,
+    /// PENDING and RUNNING jobs only: a finished job frees its key.
+    Active,
+}
+
+impl Uniqueness {
+    /// Whether these are the default rules (a key held while retained,
+    /// its job returned unchanged).
+    pub fn is_default(&self) -> bool {
+        *self == Uniqueness::default()
+    }
 }
 
 /// A job leased to a worker: what Dequeue and the Lease stream hand out.

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::job::{Attempt, Job, JobId, Lease, LeaseId, NewJob, Outcome, Status};
+use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Metadata, NewJob, Outcome, Status};
 
 /// Most attempts a job's history keeps (the most recent ones). A job can
 /// be retried by an operator any number of times; without a bound its
@@ -122,6 +122,23 @@ pub enum Event {
         /// The grace from startup; `None` = the lease's own duration.
         grace: Option<Duration>,
     },
+    /// A later enqueue of a PENDING job's key replaces what it will run
+    /// with (`on_conflict = REPLACE`, a debounce): its payload and
+    /// metadata, and it is due after `delay` from now. Its id, attempts,
+    /// history and place among jobs due at the same time (its id) stay.
+    Replace {
+        /// The new payload.
+        payload: Vec<u8>,
+        /// The new metadata.
+        metadata: Metadata,
+        /// Due this long from now.
+        delay: Duration,
+    },
+    /// A later enqueue of the job's key took the key over (the job no
+    /// longer held it under that enqueue's rules: finished, or past the
+    /// enqueue's `unique_for`): the job keeps everything else, without a
+    /// key, so that one job at most has a (queue, key).
+    FreeKey,
     /// An operator brings a FAILED job back.
     Retry,
     /// An operator cancels a PENDING or RUNNING job: FAILED at once with
@@ -148,6 +165,8 @@ impl Event {
             Event::Reclaim { .. } => "reclaim",
             Event::Return { .. } => "return",
             Event::RestartGrace { .. } => "restart grace",
+            Event::Replace { .. } => "replace",
+            Event::FreeKey => "free key",
             Event::Retry => "retry",
             Event::Cancel { .. } => "cancel",
         }
@@ -396,6 +415,23 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             if let Some(lease) = job.lease.as_mut() {
                 lease.expires_at = expires_at.max(until);
             }
+            Ok(job)
+        }
+        Event::Replace {
+            payload,
+            metadata,
+            delay,
+        } => {
+            if job.status != Status::Pending {
+                return Err(not_allowed(&job, "replace"));
+            }
+            job.payload = payload;
+            job.metadata = metadata;
+            job.run_at = now + delay;
+            Ok(job)
+        }
+        Event::FreeKey => {
+            job.key = None;
             Ok(job)
         }
         Event::Retry => {

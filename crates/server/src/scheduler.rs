@@ -109,6 +109,7 @@ async fn enqueue<S: Store>(store: &S, schedule: &Schedule, at: SystemTime) -> cr
         metadata: Metadata::from([(SCHEDULE_METADATA.to_owned(), schedule.name.clone())]),
         group: None,
         max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     };
     match store.fire_schedule(schedule, at, new).await? {
         Some(enqueued) if enqueued.created => {

@@ -111,9 +111,11 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         auth::authorize(&*self.store, &who, Access::Produce(vec![&new.queue])).await?;
         let enqueued = self.store.enqueue(new, self.now()).await?;
         tracing::Span::current().record("job.id", tracing::field::display(enqueued.job.id));
+        let outcome = convert::enqueue_outcome(&enqueued) as i32;
         Ok(Response::new(pb::EnqueueResponse {
             job: Some(convert::enqueue_receipt(enqueued.job)),
             created: enqueued.created,
+            outcome,
         }))
     }
 
@@ -141,6 +143,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             .map(|entry| match entry {
                 Ok(_) => match stored.next() {
                     Some(e) => pb::EnqueueResult {
+                        outcome: convert::enqueue_outcome(&e) as i32,
                         job: Some(convert::enqueue_receipt(e.job)),
                         created: e.created,
                         ..Default::default()
@@ -544,5 +547,6 @@ fn rejected(err: &Error) -> pb::EnqueueResult {
         created: false,
         error_code: err.code() as i32,
         error_message: err.to_string(),
+        outcome: pb::EnqueueOutcome::Unspecified as i32,
     }
 }

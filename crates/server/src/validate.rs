@@ -12,7 +12,10 @@ use crate::{
     auth::Caller,
     config::{duration_text, Config},
     error::{Error, Result},
-    job::{JobId, LeaseId, NewJob, Status, DEFAULT_MAX_SNOOZES, PRIORITY_MAX, PRIORITY_MIN},
+    job::{
+        JobId, KeyScope, LeaseId, NewJob, Status, Uniqueness, DEFAULT_MAX_SNOOZES, PRIORITY_MAX,
+        PRIORITY_MIN,
+    },
     store::{FailReport, ListFilter},
 };
 
@@ -159,6 +162,7 @@ pub fn lease(
 pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
     name("queue", &req.queue)?;
     name("kind", &req.kind)?;
+    let unique = uniqueness(&req, !req.key.is_empty(), config)?;
     let key = if req.key.is_empty() {
         None
     } else {
@@ -212,7 +216,40 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
         metadata,
         group,
         max_snoozes,
+        unique,
     })
+}
+
+/// An enqueue's key rules: a scope and a conflict rule from their enums,
+/// a window within `--max-delay`, and none of them without a key.
+fn uniqueness(req: &pb::EnqueueRequest, keyed: bool, config: &Config) -> Result<Uniqueness> {
+    let scope = match pb::KeyScope::try_from(req.key_scope) {
+        Ok(pb::KeyScope::Unspecified | pb::KeyScope::Retained) => KeyScope::Retained,
+        Ok(pb::KeyScope::Active) => KeyScope::Active,
+        Err(_) => return Err(invalid(format!("unknown key_scope {}", req.key_scope))),
+    };
+    let replace = match pb::OnConflict::try_from(req.on_conflict) {
+        Ok(pb::OnConflict::Unspecified | pb::OnConflict::Keep) => false,
+        Ok(pb::OnConflict::Replace) => true,
+        Err(_) => return Err(invalid(format!("unknown on_conflict {}", req.on_conflict))),
+    };
+    let unique_for = delay("unique_for", req.unique_for, config)?;
+    if unique_for == Some(Duration::ZERO) {
+        return Err(invalid(
+            "unique_for must be more than 0 (leave it unset for no window)",
+        ));
+    }
+    let unique = Uniqueness {
+        scope,
+        replace,
+        unique_for,
+    };
+    if !keyed && !unique.is_default() {
+        return Err(invalid(
+            "key_scope, on_conflict and unique_for are rules for a key: give the job a key",
+        ));
+    }
+    Ok(unique)
 }
 
 /// Enqueue metadata: keys follow the name rules; keys and values together

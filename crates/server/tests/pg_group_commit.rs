@@ -38,6 +38,7 @@ fn job(key: Option<&str>) -> NewJob {
         metadata: Default::default(),
         group: None,
         max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     }
 }
 

@@ -44,6 +44,7 @@ fn job(key: &str) -> NewJob {
         metadata: Default::default(),
         group: None,
         max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     }
 }
 

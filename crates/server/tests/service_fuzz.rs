@@ -491,6 +491,8 @@ struct EnqGen {
     priority: i32,
     group: String,
     max_snoozes: u32,
+    /// key_scope, on_conflict, unique_for.
+    unique: (i32, i32, Option<prost_types::Duration>),
 }
 
 impl EnqGen {
@@ -503,6 +505,13 @@ impl EnqGen {
             bad_if(self.payload.len() > LIMITS.max_payload),
             bad_if(self.max_attempts > LIMITS.max_attempts_limit),
             bad_if(self.max_snoozes > LIMITS.max_snoozes_limit),
+            bad_if(!(0..=2).contains(&self.unique.0) || !(0..=2).contains(&self.unique.1)),
+            dur_v(&self.unique.2, DurKind::Delay),
+            bad_if(self.unique.2 == secs(0, 0)),
+            bad_if(
+                self.key.is_empty()
+                    && (self.unique.0 == 2 || self.unique.1 == 2 || self.unique.2.is_some()),
+            ),
             dur_v(&self.delay, DurKind::Delay),
             bad_if(!(-100..=100).contains(&self.priority)),
             all(self.metadata.keys().map(|k| name_v(k))),
@@ -526,6 +535,9 @@ impl EnqGen {
             priority: self.priority,
             group: self.group.clone(),
             max_snoozes: self.max_snoozes,
+            key_scope: self.unique.0,
+            on_conflict: self.unique.1,
+            unique_for: self.unique.2,
         };
         (req, v)
     }
@@ -543,6 +555,11 @@ fn enq() -> BoxedStrategy<EnqGen> {
         priority(),
         opt_name(),
         max_snoozes(),
+        (
+            key_rule(),
+            key_rule(),
+            prop_oneof![3 => Just(None), 1 => duration()],
+        ),
     )
         .prop_map(
             |(
@@ -556,6 +573,7 @@ fn enq() -> BoxedStrategy<EnqGen> {
                 priority,
                 group,
                 max_snoozes,
+                unique,
             )| EnqGen {
                 queue,
                 kind,
@@ -567,9 +585,16 @@ fn enq() -> BoxedStrategy<EnqGen> {
                 priority,
                 group,
                 max_snoozes,
+                unique,
             },
         )
         .boxed()
+}
+
+/// A key_scope or on_conflict value: mostly unset, sometimes each known
+/// value, sometimes none known.
+fn key_rule() -> BoxedStrategy<i32> {
+    prop_oneof![6 => Just(0), 1 => Just(1), 2 => Just(2), 1 => Just(3), 1 => any::<i32>()].boxed()
 }
 
 /// A valid enqueue, due now, to a queue the valid dequeues read.
@@ -580,19 +605,30 @@ fn good_enq() -> BoxedStrategy<EnqGen> {
         prop_oneof![3 => Just(0u32), 1 => Just(1u32), 1 => Just(2u32)],
         prop_oneof![2 => Just(""), 1 => Just("tenant-1"), 1 => Just("tenant-2")],
         prop_oneof![3 => Just(0u32), 1 => Just(1u32)],
+        prop_oneof![
+            4 => Just((0, 0, None)),
+            1 => Just((2, 0, None)),
+            1 => Just((0, 2, None)),
+            1 => Just((2, 2, None)),
+            1 => Just((0, 0, secs(0, 50_000_000))),
+        ],
     )
-        .prop_map(|(queue, key, max_attempts, group, max_snoozes)| EnqGen {
-            queue: queue.into(),
-            kind: "send-email".into(),
-            payload: b"order-4711".to_vec(),
-            key: key.into(),
-            max_attempts,
-            delay: None,
-            metadata: Default::default(),
-            priority: 0,
-            group: group.into(),
-            max_snoozes,
-        })
+        .prop_map(
+            |(queue, key, max_attempts, group, max_snoozes, unique)| EnqGen {
+                queue: queue.into(),
+                kind: "send-email".into(),
+                payload: b"order-4711".to_vec(),
+                key: key.into(),
+                max_attempts,
+                delay: None,
+                metadata: Default::default(),
+                priority: 0,
+                group: group.into(),
+                max_snoozes,
+                // The rules of a key, for a job with one.
+                unique: if key.is_empty() { (0, 0, None) } else { unique },
+            },
+        )
         .boxed()
 }
 
@@ -1108,8 +1144,14 @@ impl Harness {
                 let r = self.svc.enqueue(Request::new(req.clone())).await;
                 let code = code_of(&r);
                 if let Ok(r) = r {
+                    let r = r.into_inner();
+                    let outcome = pb::EnqueueOutcome::try_from(r.outcome);
+                    prop_assert_eq!(r.created, outcome == Ok(pb::EnqueueOutcome::Created));
+                    prop_assert!(outcome.is_ok_and(|o| o != pb::EnqueueOutcome::Unspecified));
+                    if outcome == Ok(pb::EnqueueOutcome::Replaced) {
+                        prop_assert_eq!(req.on_conflict, pb::OnConflict::Replace as i32);
+                    }
                     let job = r
-                        .into_inner()
                         .job
                         .ok_or_else(|| TestCaseError::fail("enqueue without a job"))?;
                     prop_assert_eq!(&job.queue, &req.queue);

@@ -65,6 +65,7 @@ fn new_job(payload: Vec<u8>) -> NewJob {
         metadata: Default::default(),
         group: None,
         max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     }
 }
 

@@ -36,6 +36,7 @@ fn new_job(key: Option<&str>) -> NewJob {
         metadata: Default::default(),
         group: None,
         max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     }
 }
 

@@ -28,6 +28,7 @@ fn new_job(max_attempts: u32) -> Job {
         metadata: Default::default(),
         group: None,
         max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     };
     create(JobId(1), new, t(0))
 }
@@ -428,6 +429,44 @@ fn a_snooze_puts_the_job_back_without_counting_the_attempt() {
         Err(TransitionError::StaleLease { .. })
     ));
     assert!(apply(in_status(Status::Pending), snooze(7, 0), t(3)).is_err());
+}
+
+#[test]
+fn a_replace_changes_a_pending_job_and_a_freed_key_leaves_the_rest() {
+    let replace = || Event::Replace {
+        payload: b"v2".to_vec(),
+        metadata: [("edit".to_string(), "2".to_string())].into(),
+        delay: Duration::from_secs(5),
+    };
+    let job = apply(new_job(3), replace(), t(10)).expect("replace");
+    assert_eq!((job.payload.as_slice(), job.run_at), (&b"v2"[..], t(15)));
+    assert_eq!(job.metadata.get("edit").map(String::as_str), Some("2"));
+    assert_eq!(
+        (job.id, job.status, job.attempts),
+        (JobId(1), Status::Pending, 0)
+    );
+    for status in [Status::Running, Status::Done, Status::Failed] {
+        assert!(
+            apply(in_status(status), replace(), t(10)).is_err(),
+            "{status:?}"
+        );
+    }
+    for status in [
+        Status::Pending,
+        Status::Running,
+        Status::Done,
+        Status::Failed,
+    ] {
+        let before = in_status(status);
+        let freed = apply(before.clone(), Event::FreeKey, t(10)).expect("free key");
+        assert_eq!(
+            freed,
+            Job {
+                key: None,
+                ..before
+            }
+        );
+    }
 }
 
 #[test]

@@ -141,19 +141,22 @@ impl<B: Backend> Jobs<B> {
     ) -> Result<Vec<Enqueued>> {
         let rules::Deduped { unique, slots } = deduped;
         let mut stored = self.written(self.backend.insert(unique, now).await)?;
+        // A created or replaced job may be due now (a replaced one may be
+        // due sooner than it was).
         let mut created: Vec<String> = stored
             .iter()
-            .filter(|e| e.created)
+            .filter(|e| e.created || e.replaced)
             .map(|e| e.job.queue.clone())
             .collect();
         created.sort_unstable();
         created.dedup();
-        self.signals.facts(
-            stored
-                .iter()
-                .filter(|e| e.created)
-                .map(|e| Fact::Created(&e.job)),
-        );
+        self.signals.facts(stored.iter().flat_map(|e| {
+            let changed = e.changed.iter().map(|c| Fact::Changed {
+                old: &c.old,
+                new: &c.new,
+            });
+            changed.chain(e.created.then_some(Fact::Created(&e.job)))
+        }));
         for e in &mut stored {
             e.job.payload = Vec::new();
         }
@@ -161,13 +164,20 @@ impl<B: Backend> Jobs<B> {
         self.commit(&[], created).await?;
         slots
             .into_iter()
-            .map(|(at, first)| {
+            .map(|(at, occurrence)| {
                 let e = stored.get(at).ok_or_else(|| {
                     Error::Corrupt("the store returned too few enqueue results".into())
                 })?;
+                let (created, replaced) = match occurrence {
+                    rules::Occurrence::First => (e.created, e.replaced),
+                    rules::Occurrence::Again => (false, false),
+                    rules::Occurrence::Replaced => (false, e.created || e.replaced),
+                };
                 Ok(Enqueued {
                     job: e.job.clone(),
-                    created: first && e.created,
+                    created,
+                    replaced,
+                    changed: None,
                 })
             })
             .collect()

@@ -39,10 +39,41 @@ use crate::{
 /// The result of an enqueue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Enqueued {
-    /// The new job, or the retained job that already had the key.
+    /// The new job, or the job that held the key (replaced, if
+    /// `replaced`).
     pub job: Job,
-    /// False when the key matched an existing job.
+    /// False when the key matched a job that holds it.
     pub created: bool,
+    /// The job that held the key was PENDING and took this enqueue's
+    /// payload, metadata and due time (`on_conflict = REPLACE`).
+    pub replaced: bool,
+    /// The other job this enqueue changed, before and after: the holder it
+    /// replaced, or the one whose key it took over (a job that no longer
+    /// held it under this enqueue's rules). For the change's observers;
+    /// `None` when it changed none.
+    pub changed: Option<Change>,
+}
+
+impl Enqueued {
+    /// A job created by its enqueue.
+    pub fn created(job: Job) -> Enqueued {
+        Enqueued {
+            job,
+            created: true,
+            replaced: false,
+            changed: None,
+        }
+    }
+
+    /// The job that held the key, unchanged.
+    pub fn existing(job: Job) -> Enqueued {
+        Enqueued {
+            job,
+            created: false,
+            replaced: false,
+            changed: None,
+        }
+    }
 }
 
 /// A worker's failure report.

@@ -9,7 +9,7 @@ use std::{
 use super::QueueStats;
 use crate::{
     error::{Error, Result},
-    job::{Job, JobId, LeaseId, NewJob, Status},
+    job::{Job, JobId, KeyScope, LeaseId, NewJob, Status, Uniqueness},
     policy::QueuePolicy,
 };
 
@@ -151,6 +151,42 @@ pub fn mark_paused(stats: &mut Vec<QueueStats>, paused: &[String], only: Option<
     stats.sort_by(|a, b| a.queue.cmp(&b.queue));
 }
 
+/// What an enqueue whose key a job holds already does with that job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyConflict {
+    /// The job keeps the key and is returned unchanged.
+    Keep,
+    /// The job is PENDING and takes the enqueue's payload, metadata and due
+    /// time ([`crate::machine::Event::Replace`]).
+    Replace,
+    /// The job no longer holds the key under the enqueue's rules: it loses
+    /// it ([`crate::machine::Event::FreeKey`]) to the enqueue's new job.
+    TakeOver,
+}
+
+/// Judges the job that has an enqueue's key by that enqueue's rules
+/// (docs/src/shaping.md, "Uniqueness"): it holds the key while retained
+/// (or, with [`KeyScope::Active`], while PENDING or RUNNING) and, with
+/// `unique_for`, until that long after its enqueue. A holder is replaced
+/// only when PENDING: a RUNNING one's worker has its payload already.
+pub fn key_conflict(unique: &Uniqueness, holder: &Job, now: SystemTime) -> KeyConflict {
+    let active = matches!(holder.status, Status::Pending | Status::Running);
+    let in_scope = unique.scope == KeyScope::Retained || active;
+    let in_window = unique.unique_for.is_none_or(|d| {
+        holder
+            .enqueued_at
+            .checked_add(d)
+            .is_none_or(|end| now < end)
+    });
+    if !(in_scope && in_window) {
+        KeyConflict::TakeOver
+    } else if unique.replace && holder.status == Status::Pending {
+        KeyConflict::Replace
+    } else {
+        KeyConflict::Keep
+    }
+}
+
 /// A batch with its keys de-duplicated: the jobs to hand to the backend,
 /// and for each entry of the original batch, which of them it maps to and
 /// whether it is that job's first occurrence.
@@ -158,27 +194,50 @@ pub fn mark_paused(stats: &mut Vec<QueueStats>, paused: &[String], only: Option<
 pub struct Deduped {
     /// The distinct jobs, in batch order of their first occurrence.
     pub unique: Vec<NewJob>,
-    /// Per original entry: (index into `unique`, first occurrence?).
-    pub slots: Vec<(usize, bool)>,
+    /// Per original entry: the index into `unique` and what it was.
+    pub slots: Vec<(usize, Occurrence)>,
+}
+
+/// What an entry of a batch was to the job it maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Occurrence {
+    /// Its first entry: the job's own result.
+    First,
+    /// A later entry of the same (queue, key): the same job, not created.
+    Again,
+    /// A later entry with `on_conflict = REPLACE`: its payload, metadata
+    /// and delay replaced the earlier entry's.
+    Replaced,
 }
 
 /// De-duplicates a batch by (queue, key): a later entry with a key seen
 /// earlier in the batch gets the earlier one's job (`created = false`),
-/// exactly as if it had been enqueued after it.
+/// as if it had been enqueued after it; one with `on_conflict = REPLACE`
+/// gives that job its payload, metadata and delay (and replaces a PENDING
+/// job that holds the key in the store).
 pub fn dedupe(batch: Vec<NewJob>) -> Deduped {
     let mut seen: HashMap<(String, String), usize> = HashMap::new();
-    let mut unique = Vec::with_capacity(batch.len());
+    let mut unique: Vec<NewJob> = Vec::with_capacity(batch.len());
     let mut slots = Vec::with_capacity(batch.len());
     for new in batch {
         if let Some(key) = &new.key {
             let id = (new.queue.clone(), key.clone());
             if let Some(&at) = seen.get(&id) {
-                slots.push((at, false));
+                let first = &mut unique[at];
+                if new.unique.replace {
+                    first.payload = new.payload;
+                    first.metadata = new.metadata;
+                    first.delay = new.delay;
+                    first.unique.replace = true;
+                    slots.push((at, Occurrence::Replaced));
+                } else {
+                    slots.push((at, Occurrence::Again));
+                }
                 continue;
             }
             seen.insert(id, unique.len());
         }
-        slots.push((unique.len(), true));
+        slots.push((unique.len(), Occurrence::First));
         unique.push(new);
     }
     Deduped { unique, slots }
@@ -206,6 +265,7 @@ mod tests {
             metadata: Default::default(),
             group: None,
             max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
+            unique: Default::default(),
         }
     }
 
@@ -266,10 +326,86 @@ mod tests {
             new("a", None),
         ]);
         assert_eq!(d.unique.len(), 4);
+        use Occurrence::{Again, First};
         assert_eq!(
             d.slots,
-            vec![(0, true), (1, true), (0, false), (2, true), (3, true)]
+            vec![(0, First), (1, First), (0, Again), (2, First), (3, First)]
         );
+        // A later REPLACE entry gives the first its payload.
+        let replacing = NewJob {
+            payload: b"v2".to_vec(),
+            unique: Uniqueness {
+                replace: true,
+                ..Uniqueness::default()
+            },
+            ..new("a", Some("k1"))
+        };
+        let d = dedupe(vec![new("a", Some("k1")), replacing]);
+        assert_eq!(d.slots, vec![(0, First), (0, Occurrence::Replaced)]);
+        assert_eq!(d.unique[0].payload, b"v2");
+        assert!(d.unique[0].unique.replace);
+    }
+
+    #[test]
+    fn a_key_is_held_by_the_enqueues_rules() {
+        let t = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let holder = |status| {
+            let mut job = crate::machine::create(JobId(1), new("a", Some("k")), t(100));
+            job.status = status;
+            job
+        };
+        let rules = |scope, replace, unique_for: Option<u64>| Uniqueness {
+            scope,
+            replace,
+            unique_for: unique_for.map(Duration::from_secs),
+        };
+        use KeyConflict::{Keep, Replace, TakeOver};
+        use Status::{Done, Failed, Pending, Running};
+        for (unique, status, now, expected) in [
+            // Retained (the default): held by any retained job.
+            (rules(KeyScope::Retained, false, None), Done, 999, Keep),
+            (rules(KeyScope::Retained, false, None), Pending, 999, Keep),
+            // Active: a finished job frees it.
+            (rules(KeyScope::Active, false, None), Running, 999, Keep),
+            (rules(KeyScope::Active, false, None), Done, 999, TakeOver),
+            (rules(KeyScope::Active, false, None), Failed, 999, TakeOver),
+            // unique_for: held that long after the enqueue, whatever the state.
+            (
+                rules(KeyScope::Retained, false, Some(60)),
+                Pending,
+                159,
+                Keep,
+            ),
+            (
+                rules(KeyScope::Retained, false, Some(60)),
+                Pending,
+                160,
+                TakeOver,
+            ),
+            (
+                rules(KeyScope::Active, false, Some(60)),
+                Done,
+                110,
+                TakeOver,
+            ),
+            // Replace: a PENDING holder only.
+            (rules(KeyScope::Retained, true, None), Pending, 999, Replace),
+            (rules(KeyScope::Retained, true, None), Running, 999, Keep),
+            (rules(KeyScope::Retained, true, None), Done, 999, Keep),
+            (rules(KeyScope::Active, true, None), Done, 999, TakeOver),
+            (
+                rules(KeyScope::Retained, true, Some(u64::MAX)),
+                Pending,
+                999,
+                Replace,
+            ),
+        ] {
+            assert_eq!(
+                key_conflict(&unique, &holder(status), t(now)),
+                expected,
+                "{unique:?} {status:?} at {now}"
+            );
+        }
     }
 
     #[test]

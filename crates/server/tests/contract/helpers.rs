@@ -23,6 +23,7 @@ fn new_job(queue: &str, key: Option<&str>, delay_ms: u64) -> NewJob {
         metadata: Default::default(),
         group: None,
         max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     }
 }
 

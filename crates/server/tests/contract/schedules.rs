@@ -32,6 +32,7 @@ fn tick_job(schedule: &Schedule, tick_ms: u64) -> NewJob {
         metadata: Default::default(),
         group: None,
         max_snoozes: jobq_server::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     }
 }
 

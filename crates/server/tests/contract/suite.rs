@@ -13,7 +13,7 @@ use std::{
 };
 
 use jobq_server::{
-    job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
+    job::{Job, JobId, KeyScope, LeaseId, Leased, NewJob, Outcome, Status, Uniqueness},
     machine::{self, Backoff, Event},
     policy::{QueuePolicy, Rate},
     schedule::Schedule,
@@ -509,10 +509,7 @@ async fn a_key_is_held_once_per_queue() {
         .unwrap();
     assert_eq!(
         again,
-        Enqueued {
-            job: first.job.clone(),
-            created: false
-        }
+        Enqueued::existing(first.job.clone())
     );
     let other = store
         .enqueue(new_job("sms", Some("order-4711"), 0), at(2))
@@ -1366,10 +1363,7 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
             match key.as_deref().and_then(|k| model.key_holder(queue, k)) {
                 Some(holder) => assert_eq!(
                     got,
-                    Enqueued {
-                        job: receipt(holder.clone()),
-                        created: false
-                    }
+                    Enqueued::existing(receipt(holder.clone()))
                 ),
                 None => {
                     assert!(got.created);
@@ -1401,10 +1395,7 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                 {
                     Some(holder) => assert_eq!(
                         got,
-                        Enqueued {
-                            job: receipt(holder.clone()),
-                            created: false
-                        }
+                        Enqueued::existing(receipt(holder.clone()))
                     ),
                     None => {
                         assert!(got.created);
@@ -1732,6 +1723,7 @@ proptest! {
     }
 }
 
+include!("keys.rs");
 include!("operator.rs");
 include!("policies.rs");
 include!("schedules.rs");

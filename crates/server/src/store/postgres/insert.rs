@@ -3,7 +3,10 @@
 //! retained job with its key (`ON CONFLICT DO NOTHING`, which waits for a
 //! concurrent inserter of the same key to commit or roll back) returns
 //! that job instead: concurrent enqueues of one key through any number of
-//! servers make one job.
+//! servers make one job. An enqueue with other rules for its key
+//! (docs/src/shaping.md, "Uniqueness") locks that job's row, and replaces
+//! it or takes its key over (then inserts again) as
+//! [`rules::key_conflict`] says, in the same transaction.
 
 use std::time::SystemTime;
 
@@ -16,9 +19,12 @@ use super::{
     write, Core,
 };
 use crate::{
-    job::{JobId, NewJob},
-    machine,
-    store::Enqueued,
+    job::{JobId, NewJob, Uniqueness},
+    machine::{self, Event},
+    store::{
+        rules::{self, KeyConflict},
+        Change, Enqueued,
+    },
 };
 
 /// Adds the jobs of a batch whose keys are distinct, as
@@ -63,6 +69,7 @@ pub async fn insert(
     let (head, ()) = futures::try_join!(head, tx.begin())?;
     let now: SystemTime = head.try_get(0)?;
     let ids: Vec<i64> = head.try_get(1)?;
+    let rules: Vec<Uniqueness> = batch.iter().map(|new| new.unique).collect();
     let jobs: Vec<_> = batch
         .into_iter()
         .zip(ids)
@@ -124,13 +131,31 @@ pub async fn insert(
         .await?;
     let mut out = Vec::with_capacity(jobs.len());
     let mut queues: Vec<String> = Vec::new();
-    for (job, count) in jobs.into_iter().zip(inserted) {
+    for (i, (job, count)) in jobs.into_iter().zip(inserted).enumerate() {
         if count == 1 {
             if !queues.contains(&job.queue) {
                 queues.push(job.queue.clone());
             }
-            out.push(Enqueued { job, created: true });
+            out.push(Enqueued::created(job));
             continue;
+        }
+        if !rules[i].is_default() {
+            let met = meet_holder(&tx, pg, job, &rules[i], &rows[i], &insert, now).await;
+            match met {
+                Ok(enqueued) => {
+                    if (enqueued.created || enqueued.replaced)
+                        && !queues.contains(&enqueued.job.queue)
+                    {
+                        queues.push(enqueued.job.queue.clone());
+                    }
+                    out.push(enqueued);
+                    continue;
+                }
+                Err(err) => {
+                    tx.rollback().await;
+                    return Err(err);
+                }
+            }
         }
         let rows = tx.query(&existing_stmt, &[&job.queue, &job.key]).await?;
         // Empty when the job that held the key was deleted (DeleteJob,
@@ -149,14 +174,91 @@ pub async fn insert(
                 return Err(err);
             }
         };
-        out.push(Enqueued {
-            job: existing.job,
-            created: false,
-        });
+        out.push(Enqueued::existing(existing.job));
     }
     if keyed {
         tx.commit().await?;
     }
     pg.due(queues);
     Ok(out)
+}
+
+/// Meets the job that holds `job`'s key by `unique`'s rules, in the
+/// enqueue's transaction: its row locked, it is returned as it is,
+/// replaced, or loses its key before `job` (`row`) is inserted again.
+async fn meet_holder(
+    tx: &Open,
+    pg: &Core,
+    job: crate::job::Job,
+    unique: &Uniqueness,
+    row: &JobRow,
+    insert: &tokio_postgres::Statement,
+    now: SystemTime,
+) -> Result<Enqueued, PgError> {
+    let locked = tx
+        .prepare_cached(&format!(
+            "SELECT {}, lease_server FROM jobq_jobs WHERE queue = $1 AND key = $2 FOR UPDATE",
+            *row::CHANGE_COLUMNS
+        ))
+        .await?;
+    let rows = tx.query(&locked, &[&job.queue, &job.key]).await?;
+    let holder = write::with_history(tx, rows).await?.pop().ok_or_else(|| {
+        PgError::Raced(format!(
+            "the job that held key {:?} was deleted or lost the key meanwhile",
+            job.key
+        ))
+    })?;
+    let event = match rules::key_conflict(unique, &holder.job, now) {
+        KeyConflict::Keep => return Ok(Enqueued::existing(holder.job)),
+        KeyConflict::Replace => Event::Replace {
+            payload: job.payload.clone(),
+            metadata: job.metadata.clone(),
+            delay: job.run_at.duration_since(now).unwrap_or_default(),
+        },
+        KeyConflict::TakeOver => Event::FreeKey,
+    };
+    let replace = matches!(event, Event::Replace { .. });
+    let new = machine::apply(holder.job.clone(), event, now)
+        .map(row::stored)
+        .map_err(|e| PgError::Raced(format!("the job that held key {:?}: {e}", job.key)))?;
+    let change = Change {
+        old: holder.job,
+        new,
+    };
+    let server = holder.server;
+    write::write(
+        tx,
+        pg,
+        &[write::Write {
+            change: change.clone(),
+            server: server.clone(),
+            before: server,
+        }],
+    )
+    .await?;
+    if replace {
+        // The payload is the one column the write path never sets.
+        let set_payload = tx
+            .prepare_cached("UPDATE jobq_jobs SET payload = $2 WHERE id = $1")
+            .await?;
+        let id = row::to_db(change.new.id.0);
+        tx.execute(&set_payload, &[&id, &change.new.payload])
+            .await?;
+        return Ok(Enqueued {
+            job: change.new.clone(),
+            created: false,
+            replaced: true,
+            changed: Some(change),
+        });
+    }
+    if tx.execute(insert, &row.params()).await? != 1 {
+        return Err(PgError::Raced(format!(
+            "key {:?} was taken again meanwhile",
+            job.key
+        )));
+    }
+    Ok(Enqueued {
+        changed: Some(change),
+        ..Enqueued::created(job)
+    })
 }

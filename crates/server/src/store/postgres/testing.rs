@@ -111,6 +111,7 @@ pub fn job(queue: &str) -> NewJob {
         metadata: Default::default(),
         group: None,
         max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
+        unique: Default::default(),
     }
 }
 

@@ -801,6 +801,7 @@ mod tests {
             metadata: Default::default(),
             group: None,
             max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
+            unique: Default::default(),
         };
         machine::create(
             JobId(id),

@@ -50,6 +50,7 @@ mod backend;
 mod error;
 pub mod flusher;
 mod index;
+mod keys;
 mod list;
 mod open;
 mod payload;
@@ -249,8 +250,8 @@ impl Sled {
     }
 
     /// Loads a job the index says exists.
-    fn load_indexed(&self, id: JobId) -> Result<Job> {
-        self.load(id).map_err(|e| match e {
+    fn load_indexed(&self, id: JobId) -> Result<(Job, Payload)> {
+        self.load_record(id).map_err(|e| match e {
             Error::NotFound(id) => Error::Corrupt(format!("job {id} is indexed but has no record")),
             e => e,
         })

@@ -3,7 +3,13 @@
 
 use std::{collections::HashMap, fs::File, time::SystemTime};
 
-use super::{encode, index::Index, record::Payload, record_key, Sled, SledError, PURGE_CHUNK};
+use super::{
+    encode,
+    index::Index,
+    keys::{Leftovers, Met},
+    record::Payload,
+    record_key, Sled, SledError, PURGE_CHUNK,
+};
 use crate::{
     error::{Error, Result},
     job::{Job, JobId, LeaseId, NewJob, Status},
@@ -133,9 +139,13 @@ impl Sled {
             batch
                 .iter()
                 .map(|new| {
-                    new.key
-                        .as_deref()
-                        .is_some_and(|k| index.key(&new.queue, k).is_some())
+                    // (A job whose key has other rules may take the key
+                    // over: it gets an id.)
+                    new.unique.is_default()
+                        && new
+                            .key
+                            .as_deref()
+                            .is_some_and(|k| index.key(&new.queue, k).is_some())
                 })
                 .collect()
         };
@@ -184,13 +194,17 @@ impl Sled {
         self.check_open()?;
         let mut out: Vec<Enqueued> = Vec::with_capacity(batch.len());
         let mut writes = Vec::with_capacity(batch.len());
+        let mut leftovers = Leftovers::default();
         for (i, new) in batch.into_iter().enumerate() {
-            if let Some(existing) = new.key.as_deref().and_then(|k| index.key(&new.queue, k)) {
-                out.push(Enqueued {
-                    job: self.load_indexed(existing)?,
-                    created: false,
-                });
-                continue;
+            let mut taken_over = None;
+            if let Some(holder) = new.key.as_deref().and_then(|k| index.key(&new.queue, k)) {
+                match self.meet_holder(holder, &new, now, &mut writes, &mut leftovers)? {
+                    Met::Done(enqueued) => {
+                        out.push(*enqueued);
+                        continue;
+                    }
+                    Met::TakenOver(change) => taken_over = Some(*change),
+                }
             }
             let taken = ids.get(i).copied().flatten();
             let id = match taken {
@@ -208,12 +222,21 @@ impl Sled {
                 self.put_payload(job.id, &job.payload)?;
             }
             writes.push((record_key(job.id), Some(encode(&mut job, placed)?)));
-            out.push(Enqueued { job, created: true });
+            out.push(Enqueued {
+                changed: taken_over,
+                ..Enqueued::created(job)
+            });
         }
         self.write(writes)?;
-        for enqueued in out.iter().filter(|e| e.created) {
-            index.insert(&enqueued.job);
+        for enqueued in &out {
+            if let Some(change) = &enqueued.changed {
+                index.update(&change.old, &change.new);
+            }
+            if enqueued.created {
+                index.insert(&enqueued.job);
+            }
         }
+        self.clear_leftovers(leftovers)?;
         Ok(out)
     }
 

@@ -236,6 +236,7 @@ mod tests {
                 metadata: Default::default(),
                 group: (id % 2 == 0).then(|| format!("g{}", id % 5)),
                 max_snoozes: crate::job::DEFAULT_MAX_SNOOZES,
+                unique: Default::default(),
             };
             let mut job = machine::create(JobId(id), new, at(1_000));
             if id % 7 == 0 {

@@ -1,0 +1,106 @@
+//! An enqueue that meets the job holding its key (docs/src/shaping.md,
+//! "Uniqueness"): that job is returned as it is, replaced, or loses its
+//! key to the enqueue's new job, as [`rules::key_conflict`] says. Its new
+//! record goes into the enqueue's write, so the change and the new job are
+//! durable together or not at all.
+
+use std::time::SystemTime;
+
+use super::{encode, record::Payload, record_key, Sled};
+use crate::{
+    error::Result,
+    job::{JobId, NewJob},
+    machine::{self, Event},
+    store::{
+        rules::{self, KeyConflict},
+        Change, Enqueued,
+    },
+};
+
+/// What meeting the holder left to do.
+pub(super) enum Met {
+    /// Nothing more: the enqueue's result is the holder, kept or replaced.
+    Done(Box<Enqueued>),
+    /// The holder lost its key: the enqueue creates its job, which takes
+    /// the key over.
+    TakenOver(Box<Change>),
+}
+
+/// What is done once the enqueue's records are written: payloads that a
+/// replace left behind.
+#[derive(Default)]
+pub(super) struct Leftovers {
+    /// Payloads in the `payloads` tree that a replaced job keeps inline now.
+    payloads: Vec<JobId>,
+    /// Payload files of replaced jobs.
+    files: Vec<JobId>,
+}
+
+impl Sled {
+    /// Meets the job `holder` that has `new`'s key, adding its new record
+    /// (if it changes) to `writes`.
+    pub(super) fn meet_holder(
+        &self,
+        holder: JobId,
+        new: &NewJob,
+        now: SystemTime,
+        writes: &mut Vec<([u8; 8], Option<Vec<u8>>)>,
+        leftovers: &mut Leftovers,
+    ) -> Result<Met> {
+        let (old, loaded) = self.load_indexed(holder)?;
+        let event = match rules::key_conflict(&new.unique, &old, now) {
+            KeyConflict::Keep => return Ok(Met::Done(Box::new(Enqueued::existing(old)))),
+            KeyConflict::Replace => Event::Replace {
+                payload: new.payload.clone(),
+                metadata: new.metadata.clone(),
+                delay: new.delay,
+            },
+            KeyConflict::TakeOver => Event::FreeKey,
+        };
+        let replace = matches!(event, Event::Replace { .. });
+        let mut changed = machine::apply(old.clone(), event, now)?;
+        let placed = match (replace, loaded) {
+            // The new payload goes inline or to the tree (not to a file:
+            // its bytes are here already), and the old one's place is
+            // cleared once the record no longer points at it.
+            (true, _) => {
+                let placed = Payload::for_len(changed.payload.len());
+                match placed {
+                    Payload::Apart(_) => self.put_payload(holder, &changed.payload)?,
+                    _ if matches!(loaded, Payload::Apart(_)) => leftovers.payloads.push(holder),
+                    _ => {}
+                }
+                if matches!(loaded, Payload::File(_)) {
+                    leftovers.files.push(holder);
+                }
+                placed
+            }
+            (false, Payload::Inline) => Payload::for_len(changed.payload.len()),
+            (false, apart) => apart,
+        };
+        if !replace && loaded == Payload::Inline && placed != Payload::Inline {
+            // An older record with a big payload inline: it moves apart
+            // now, as any change moves it.
+            self.put_payload(holder, &changed.payload)?;
+        }
+        writes.push((record_key(holder), Some(encode(&mut changed, placed)?)));
+        let change = Change { old, new: changed };
+        Ok(match replace {
+            true => Met::Done(Box::new(Enqueued {
+                job: change.new.clone(),
+                created: false,
+                replaced: true,
+                changed: Some(change),
+            })),
+            false => Met::TakenOver(Box::new(change)),
+        })
+    }
+
+    /// Clears what replaced jobs left behind, once their records are
+    /// written (a file once they are durable).
+    pub(super) fn clear_leftovers(&self, leftovers: Leftovers) -> Result<()> {
+        self.remove_payloads(leftovers.payloads)?;
+        self.remove_files_when_durable(leftovers.files);
+        Ok(())
+    }
+}
