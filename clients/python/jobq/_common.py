@@ -253,7 +253,8 @@ class Backoff:
 def enqueue_request(
     queue: str, kind: str, payload: Union[bytes, str], key: Optional[str], max_attempts: int,
     delay: Optional[Seconds], metadata: Optional[Mapping[str, str]], priority: int = 0,
-    run_at: Optional[datetime] = None, group: Optional[str] = None, max_snoozes: int = 0,
+    run_at: Optional[datetime] = None, group: Optional[str] = None,
+    max_snoozes: Optional[int] = None,
     key_scope: Optional[str] = None, on_conflict: Optional[str] = None,
     unique_for: Optional[Seconds] = None,
 ) -> pb.EnqueueRequest:
@@ -269,9 +270,11 @@ def enqueue_request(
         queue=queue, kind=kind, payload=payload, key=key or "",
         max_attempts=max_attempts, delay=duration(delay),
         metadata=_trace.with_trace_context(metadata), group=group or "",
-        max_snoozes=max_snoozes, key_scope=_key_scope(key_scope),
+        key_scope=_key_scope(key_scope),
         on_conflict=_on_conflict(on_conflict), unique_for=duration(unique_for),
     )
+    if max_snoozes is not None:
+        req.max_snoozes = max_snoozes
     if priority:
         # EnqueueRequest.priority (-100..=100, higher first) exists once the
         # proto this package was built from has it.

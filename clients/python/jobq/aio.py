@@ -120,7 +120,8 @@ class AsyncClient:
         self, queue: str, kind: str, payload: Union[bytes, str] = b"", *,
         key: Optional[str] = None, max_attempts: int = 0, delay: Optional[Seconds] = None,
         run_at: Optional[datetime] = None, metadata: Optional[Mapping[str, str]] = None,
-        priority: int = 0, group: Optional[str] = None, max_snoozes: int = 0,
+        priority: int = 0, group: Optional[str] = None,
+        max_snoozes: Optional[int] = None,
         key_scope: Optional[str] = None, on_conflict: Optional[str] = None,
         unique_for: Optional[Seconds] = None,
     ) -> Enqueued:

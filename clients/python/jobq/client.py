@@ -134,7 +134,7 @@ class Client:
         metadata: Optional[Mapping[str, str]] = None,
         priority: int = 0,
         group: Optional[str] = None,
-        max_snoozes: int = 0,
+        max_snoozes: Optional[int] = None,
         key_scope: Optional[str] = None,
         on_conflict: Optional[str] = None,
         unique_for: Optional[Seconds] = None,
@@ -159,7 +159,7 @@ class Client:
         - ``group``: a tenant or customer id; a queue policy's
           ``group_max_running`` limits how many of one group run at once.
         - ``max_snoozes``: snoozes (``raise Snooze(…)``) allowed before a
-          snooze counts as a failed attempt; 0 means the default (100).
+          snooze counts as a failed attempt; None means 100, 0 none.
         - ``key_scope``, ``on_conflict``, ``unique_for`` (with a ``key``):
           ``key_scope="active"`` holds the key only while a job with it is
           PENDING or RUNNING; ``on_conflict="replace"`` gives a PENDING

@@ -350,7 +350,7 @@ class NewJob:
     metadata: Optional[Mapping[str, str]] = None
     priority: int = 0
     group: Optional[str] = None
-    max_snoozes: int = 0
+    max_snoozes: Optional[int] = None
     key_scope: Optional[str] = None
     on_conflict: Optional[str] = None
     unique_for: Union[int, float, timedelta, None] = None

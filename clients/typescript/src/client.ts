@@ -64,7 +64,7 @@ export interface EnqueueOptions {
   priority?: number;
   /** A tenant or customer id: a queue policy's groupMaxRunning limits how many of one group run at once. */
   group?: string;
-  /** Snoozes (HandlerError.snooze) allowed before a snooze counts as a failed attempt; default 100. */
+  /** Snoozes (HandlerError.snooze) allowed before a snooze counts as a failed attempt; default 100 (0: every snooze counts). */
   maxSnoozes?: number;
   /** With a key: "active" holds it only while a job with it is PENDING or RUNNING ("unique until finished"); default "retained". */
   keyScope?: "retained" | "active";
@@ -314,7 +314,7 @@ export class Client<Kinds extends KindMap = AnyKinds> {
       metadata: await withTraceContext(o.metadata),
       priority: o.priority ?? 0,
       group: o.group ?? "",
-      maxSnoozes: o.maxSnoozes ?? 0,
+      maxSnoozes: o.maxSnoozes,
       keyScope: o.keyScope === "active" ? KeyScope.ACTIVE : KeyScope.UNSPECIFIED,
       onConflict: o.replace === true ? OnConflict.REPLACE : OnConflict.UNSPECIFIED,
       uniqueFor: duration(o.uniqueForMs),

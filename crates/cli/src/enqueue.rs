@@ -79,7 +79,7 @@ pub struct Args {
     max_attempts: Option<u32>,
 
     /// Snoozes its handlers may take before a snooze counts as a failed
-    /// attempt (default 100).
+    /// attempt (default 100; 0: every snooze counts).
     #[arg(long, value_name = "N")]
     max_snoozes: Option<u32>,
 

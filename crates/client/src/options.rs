@@ -82,7 +82,7 @@ impl EnqueueOptions {
 
     /// Sets how many times the job's handlers may snooze it
     /// ([`FailOptions::snooze`]) before a snooze counts as a failed
-    /// attempt. Unset means 100.
+    /// attempt (0: none, every snooze counts). Unset means 100.
     pub fn max_snoozes(mut self, max_snoozes: u32) -> Self {
         self.max_snoozes = Some(max_snoozes);
         self
@@ -171,7 +171,7 @@ impl EnqueueOptions {
             metadata,
             priority: self.priority,
             group: self.group.unwrap_or_default(),
-            max_snoozes: self.max_snoozes.unwrap_or(0),
+            max_snoozes: self.max_snoozes,
             key_scope: match self.key_scope {
                 KeyScope::Retained => pb::KeyScope::Unspecified,
                 KeyScope::Active => pb::KeyScope::Active,

@@ -193,14 +193,14 @@ pub fn new_job(req: pb::EnqueueRequest, config: &Config) -> Result<NewJob> {
         )));
     }
     let max_snoozes = match req.max_snoozes {
-        0 => DEFAULT_MAX_SNOOZES.min(config.max_snoozes_limit),
-        n if n > config.max_snoozes_limit => {
+        None => DEFAULT_MAX_SNOOZES.min(config.max_snoozes_limit),
+        Some(n) if n > config.max_snoozes_limit => {
             return Err(invalid(format!(
                 "max_snoozes {n} is over the limit of {} (--max-snoozes-limit)",
                 config.max_snoozes_limit
             )))
         }
-        n => n,
+        Some(n) => n,
     };
     let delay = delay("delay", req.delay, config)?.unwrap_or_default();
     let metadata = metadata(req.metadata, config)?;
@@ -295,7 +295,31 @@ pub fn batch(reqs: Vec<pb::EnqueueRequest>, config: &Config) -> Result<Vec<Resul
             config.max_batch
         )));
     }
-    Ok(reqs.into_iter().map(|r| new_job(r, config)).collect())
+    let mut rules: std::collections::HashMap<(String, String), (KeyScope, Option<Duration>)> =
+        std::collections::HashMap::new();
+    Ok(reqs
+        .into_iter()
+        .map(|r| {
+            let new = new_job(r, config)?;
+            // Entries of one key are one enqueue (a later REPLACE entry
+            // gives the first its payload): they must agree on how long
+            // the key is held.
+            if let Some(key) = &new.key {
+                let rule = (new.unique.scope, new.unique.unique_for);
+                let first = *rules
+                    .entry((new.queue.clone(), key.clone()))
+                    .or_insert(rule);
+                if first != rule {
+                    return Err(invalid(format!(
+                        "an earlier entry of the batch has key {key:?} in queue {:?} with another \
+                         key_scope or unique_for; enqueue them apart",
+                        new.queue
+                    )));
+                }
+            }
+            Ok(new)
+        })
+        .collect())
 }
 
 /// What a Dequeue or a Lease stream takes: from which queues, for whom, for
@@ -682,6 +706,34 @@ mod tests {
     }
 
     #[test]
+    fn a_batchs_entries_of_one_key_agree_on_its_rules() {
+        let c = config();
+        let entry = |key: &str, scope: i32, on_conflict: i32| pb::EnqueueRequest {
+            queue: "q".into(),
+            kind: "k".into(),
+            key: key.into(),
+            key_scope: scope,
+            on_conflict,
+            ..Default::default()
+        };
+        let checked = batch(
+            vec![
+                entry("a", 0, 0),
+                entry("a", 1, 2),
+                entry("a", 2, 0),
+                entry("b", 2, 0),
+                entry("", 0, 2),
+            ],
+            &c,
+        )
+        .expect("a batch");
+        let ok: Vec<bool> = checked.iter().map(Result::is_ok).collect();
+        // Retained is the default; a replace may differ; a scope may not;
+        // another key has its own; no rule without a key.
+        assert_eq!(ok, [true, true, false, true, false]);
+    }
+
+    #[test]
     fn enqueue_limits() {
         let c = config();
         let ok = pb::EnqueueRequest {
@@ -702,10 +754,11 @@ mod tests {
         assert!(new_job(attempts, &c).is_err());
         assert_eq!(new_job(ok.clone(), &c).expect("valid").max_snoozes, 100);
         let snoozes = |max_snoozes| pb::EnqueueRequest {
-            max_snoozes,
+            max_snoozes: Some(max_snoozes),
             ..ok.clone()
         };
         assert_eq!(new_job(snoozes(7), &c).expect("valid").max_snoozes, 7);
+        assert_eq!(new_job(snoozes(0), &c).expect("valid").max_snoozes, 0);
         let limit = c.max_snoozes_limit;
         assert_eq!(
             new_job(snoozes(limit), &c).expect("valid").max_snoozes,

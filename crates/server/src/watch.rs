@@ -197,9 +197,10 @@ fn state(mut job: Job) -> pb::Job {
 }
 
 /// What a watcher compares to tell a change from the state it sent: the
-/// status, the attempts and how they ended, when it runs, its lease (a
-/// new take), its error and result; not the lease's deadline, which every
-/// heartbeat moves.
+/// status, the attempts and how they ended, when it runs (a replace moves
+/// it), its lease (a new take), its error and result, whether it still has
+/// its key (another enqueue may take it over); not the lease's deadline,
+/// which every heartbeat moves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
     status: Status,
@@ -210,6 +211,7 @@ struct Seen {
     lease: Option<LeaseId>,
     last_error: Option<String>,
     result: bool,
+    keyed: bool,
 }
 
 impl Seen {
@@ -223,6 +225,7 @@ impl Seen {
             lease: job.lease_id(),
             last_error: job.last_error.clone(),
             result: job.result.is_some(),
+            keyed: job.key.is_some(),
         }
     }
 }

@@ -335,14 +335,14 @@ fn result() -> BoxedStrategy<Vec<u8>> {
 }
 
 /// A snooze allowance: mostly the default or small, sometimes over the limit.
-fn max_snoozes() -> BoxedStrategy<u32> {
+fn max_snoozes() -> BoxedStrategy<Option<u32>> {
     let limit = LIMITS.max_snoozes_limit;
     prop_oneof![
-        4 => Just(0u32),
-        2 => 1u32..3,
-        1 => Just(limit),
-        1 => Just(limit + 1),
-        1 => any::<u32>(),
+        4 => Just(None),
+        2 => (0u32..3).prop_map(Some),
+        1 => Just(Some(limit)),
+        1 => Just(Some(limit + 1)),
+        1 => any::<u32>().prop_map(Some),
     ]
     .boxed()
 }
@@ -490,7 +490,7 @@ struct EnqGen {
     metadata: std::collections::HashMap<String, String>,
     priority: i32,
     group: String,
-    max_snoozes: u32,
+    max_snoozes: Option<u32>,
     /// key_scope, on_conflict, unique_for.
     unique: (i32, i32, Option<prost_types::Duration>),
 }
@@ -504,7 +504,7 @@ impl EnqGen {
             opt_name_v(&self.group),
             bad_if(self.payload.len() > LIMITS.max_payload),
             bad_if(self.max_attempts > LIMITS.max_attempts_limit),
-            bad_if(self.max_snoozes > LIMITS.max_snoozes_limit),
+            bad_if(self.max_snoozes > Some(LIMITS.max_snoozes_limit)),
             bad_if(!(0..=2).contains(&self.unique.0) || !(0..=2).contains(&self.unique.1)),
             dur_v(&self.unique.2, DurKind::Delay),
             bad_if(self.unique.2 == secs(0, 0)),
@@ -591,6 +591,29 @@ fn enq() -> BoxedStrategy<EnqGen> {
         .boxed()
 }
 
+/// Entries of one key in a batch must agree on its scope and window: a
+/// valid entry that differs from the first valid one of its key is not.
+fn agree_on_keys(entries: Vec<(pb::EnqueueRequest, V)>) -> Vec<(pb::EnqueueRequest, V)> {
+    let mut first: std::collections::HashMap<
+        (String, String),
+        (bool, Option<prost_types::Duration>),
+    > = std::collections::HashMap::new();
+    entries
+        .into_iter()
+        .map(|(req, v)| {
+            if v != V::Valid || req.key.is_empty() {
+                return (req, v);
+            }
+            let rule = (req.key_scope == 2, req.unique_for);
+            let agreed = *first
+                .entry((req.queue.clone(), req.key.clone()))
+                .or_insert(rule)
+                == rule;
+            (req, if agreed { v } else { V::Invalid })
+        })
+        .collect()
+}
+
 /// A key_scope or on_conflict value: mostly unset, sometimes each known
 /// value, sometimes none known.
 fn key_rule() -> BoxedStrategy<i32> {
@@ -604,7 +627,7 @@ fn good_enq() -> BoxedStrategy<EnqGen> {
         prop_oneof![4 => Just(""), 1 => Just("order-1"), 1 => Just("order-2")],
         prop_oneof![3 => Just(0u32), 1 => Just(1u32), 1 => Just(2u32)],
         prop_oneof![2 => Just(""), 1 => Just("tenant-1"), 1 => Just("tenant-2")],
-        prop_oneof![3 => Just(0u32), 1 => Just(1u32)],
+        prop_oneof![3 => Just(None), 1 => Just(Some(1u32)), 1 => Just(Some(0u32))],
         prop_oneof![
             4 => Just((0, 0, None)),
             1 => Just((2, 0, None)),
@@ -1168,7 +1191,7 @@ impl Harness {
             }
             Op::EnqueueBatch(g) => {
                 let entries: Vec<(pb::EnqueueRequest, V)> = match g {
-                    BatchGen::Jobs(jobs) => jobs.iter().map(EnqGen::build).collect(),
+                    BatchGen::Jobs(jobs) => agree_on_keys(jobs.iter().map(EnqGen::build).collect()),
                     BatchGen::OverLimit => {
                         let one = pb::EnqueueRequest {
                             queue: "default".into(),

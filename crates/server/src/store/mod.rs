@@ -175,15 +175,16 @@ pub type Extended = Result<Job>;
 /// Every method that changes a job goes through [`crate::machine::apply`];
 /// methods that promise durability return only once the change is durable.
 /// The job a change returns (enqueue, ack, fail, retry, cancel, a
-/// heartbeat's extensions, reclaims, give-back) has an empty payload: the
-/// payload never changes after enqueue, and the sled store keeps it apart
+/// heartbeat's extensions, reclaims, give-back) has an empty payload: no
+/// change of status changes the payload, and the sled store keeps it apart
 /// from the record a change rewrites. Take, get and list hand it out;
 /// peek does not.
 /// After a durability failure every method returns
 /// [`crate::Error::FailStopped`] (fail-stop).
 pub trait Store: Send + Sync + 'static {
-    /// Adds a job, or returns the retained job of the same (queue, key).
-    /// Durable on return.
+    /// Adds a job, or returns (or replaces) the job that holds its (queue,
+    /// key) under its rules ([`crate::job::Uniqueness`]). Durable on
+    /// return.
     fn enqueue(
         &self,
         new: NewJob,

@@ -211,10 +211,13 @@ pub enum Occurrence {
 }
 
 /// De-duplicates a batch by (queue, key): a later entry with a key seen
-/// earlier in the batch gets the earlier one's job (`created = false`),
-/// as if it had been enqueued after it; one with `on_conflict = REPLACE`
-/// gives that job its payload, metadata and delay (and replaces a PENDING
-/// job that holds the key in the store).
+/// earlier in the batch gets the earlier one's job (`created = false`);
+/// one with `on_conflict = REPLACE` gives that job its payload, metadata
+/// and delay (and replaces a PENDING job that holds the key in the
+/// store). Entries of one key agree on its scope and window
+/// (`crate::validate::batch`), so this is what enqueueing them one after
+/// the other would do, but for the outcome: every entry of the key reports
+/// the one enqueue they make.
 pub fn dedupe(batch: Vec<NewJob>) -> Deduped {
     let mut seen: HashMap<(String, String), usize> = HashMap::new();
     let mut unique: Vec<NewJob> = Vec::with_capacity(batch.len());

@@ -8,7 +8,7 @@
 //! it or takes its key over (then inserts again) as
 //! [`rules::key_conflict`] says, in the same transaction.
 
-use std::time::SystemTime;
+use std::{collections::HashMap, time::SystemTime};
 
 use futures::future::join_all;
 
@@ -129,6 +129,25 @@ pub async fn insert(
             *row::CHANGE_COLUMNS
         ))
         .await?;
+    // The jobs holding keys that enqueues with other rules meet, locked in
+    // (queue, key) order, as the inserts took the keys: two batches never
+    // wait on each other in a cycle.
+    let mut meet: Vec<usize> = (0..jobs.len())
+        .filter(|&i| inserted[i] != 1 && !rules[i].is_default())
+        .collect();
+    meet.sort_by(|&a, &b| (&jobs[a].queue, &jobs[a].key).cmp(&(&jobs[b].queue, &jobs[b].key)));
+    let mut met: HashMap<usize, Enqueued> = HashMap::new();
+    for i in meet {
+        match meet_holder(&tx, pg, &jobs[i], &rules[i], &rows[i], &insert, now).await {
+            Ok(enqueued) => {
+                met.insert(i, enqueued);
+            }
+            Err(err) => {
+                tx.rollback().await;
+                return Err(err);
+            }
+        }
+    }
     let mut out = Vec::with_capacity(jobs.len());
     let mut queues: Vec<String> = Vec::new();
     for (i, (job, count)) in jobs.into_iter().zip(inserted).enumerate() {
@@ -139,23 +158,12 @@ pub async fn insert(
             out.push(Enqueued::created(job));
             continue;
         }
-        if !rules[i].is_default() {
-            let met = meet_holder(&tx, pg, job, &rules[i], &rows[i], &insert, now).await;
-            match met {
-                Ok(enqueued) => {
-                    if (enqueued.created || enqueued.replaced)
-                        && !queues.contains(&enqueued.job.queue)
-                    {
-                        queues.push(enqueued.job.queue.clone());
-                    }
-                    out.push(enqueued);
-                    continue;
-                }
-                Err(err) => {
-                    tx.rollback().await;
-                    return Err(err);
-                }
+        if let Some(enqueued) = met.remove(&i) {
+            if (enqueued.created || enqueued.replaced) && !queues.contains(&enqueued.job.queue) {
+                queues.push(enqueued.job.queue.clone());
             }
+            out.push(enqueued);
+            continue;
         }
         let rows = tx.query(&existing_stmt, &[&job.queue, &job.key]).await?;
         // Empty when the job that held the key was deleted (DeleteJob,
@@ -183,13 +191,18 @@ pub async fn insert(
     Ok(out)
 }
 
+/// How many times an enqueue looks again for the job holding its key when
+/// that job let the key go (to another enqueue that took it over, or by a
+/// delete) while this one waited for its row.
+const MEET_TRIES: usize = 3;
+
 /// Meets the job that holds `job`'s key by `unique`'s rules, in the
 /// enqueue's transaction: its row locked, it is returned as it is,
 /// replaced, or loses its key before `job` (`row`) is inserted again.
 async fn meet_holder(
     tx: &Open,
     pg: &Core,
-    job: crate::job::Job,
+    job: &crate::job::Job,
     unique: &Uniqueness,
     row: &JobRow,
     insert: &tokio_postgres::Statement,
@@ -201,10 +214,23 @@ async fn meet_holder(
             *row::CHANGE_COLUMNS
         ))
         .await?;
-    let rows = tx.query(&locked, &[&job.queue, &job.key]).await?;
-    let holder = write::with_history(tx, rows).await?.pop().ok_or_else(|| {
+    let mut holder = None;
+    for _ in 0..MEET_TRIES {
+        let rows = tx.query(&locked, &[&job.queue, &job.key]).await?;
+        if let Some(found) = write::with_history(tx, rows).await?.pop() {
+            holder = Some(found);
+            break;
+        }
+        // The row this statement waited for no longer has the key, and
+        // what took it committed after the statement began: a new
+        // statement sees it. The key may be free, too.
+        if tx.execute(insert, &row.params()).await? == 1 {
+            return Ok(Enqueued::created(job.clone()));
+        }
+    }
+    let holder = holder.ok_or_else(|| {
         PgError::Raced(format!(
-            "the job that held key {:?} was deleted or lost the key meanwhile",
+            "the job that held key {:?} changed hands {MEET_TRIES} times meanwhile",
             job.key
         ))
     })?;
@@ -259,6 +285,6 @@ async fn meet_holder(
     }
     Ok(Enqueued {
         changed: Some(change),
-        ..Enqueued::created(job)
+        ..Enqueued::created(job.clone())
     })
 }

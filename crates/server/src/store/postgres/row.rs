@@ -24,7 +24,7 @@ pub const COLUMNS: &str = "id, queue, kind, payload, key, status, attempts, max_
 pub const AFTER_COLUMNS: usize = 20;
 
 /// [`COLUMNS`] with an empty payload in the payload's place, for loads that
-/// change or check a job: the payload never changes after enqueue, so only
+/// change or check a job: no change of status changes the payload, so only
 /// a take (and get, list) reads it, and no UPDATE writes it.
 pub static CHANGE_COLUMNS: LazyLock<String> =
     LazyLock::new(|| COLUMNS.replacen("payload", "''::bytea AS payload", 1));

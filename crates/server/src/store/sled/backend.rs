@@ -138,9 +138,9 @@ impl Backend for Sled {
             let (job, payload) = self.load_record(id)?;
             machine::deletable(&job)?;
             self.write(vec![(record_key(id), None)])?;
-            if let Payload::Apart(_) = payload {
-                self.remove_payloads([id])?;
-            }
+            // Whatever the record said: a replace a crash cut short may
+            // have left a payload in the tree (removing none is a look-up).
+            self.remove_payloads([id])?;
             self.remove_results([id])?;
             index.remove(&job);
             payload

@@ -36,6 +36,15 @@ pub(super) struct Leftovers {
     files: Vec<JobId>,
 }
 
+// A replaced job's new payload goes into its record, whatever its size:
+// nothing the old record points to is touched before the new record is
+// written, so a crash or an error before then leaves the job as it was.
+// Its next change (its take) moves a big payload apart, as it does any
+// record's. The old payload's place is cleared after the write (a file
+// once the write is durable); one that a crash leaves behind is removed
+// with the job (the tree's), or by the next start (a file its record no
+// longer names).
+
 impl Sled {
     /// Meets the job `holder` that has `new`'s key, adding its new record
     /// (if it changes) to `writes`.
@@ -59,30 +68,19 @@ impl Sled {
         };
         let replace = matches!(event, Event::Replace { .. });
         let mut changed = machine::apply(old.clone(), event, now)?;
-        let placed = match (replace, loaded) {
-            // The new payload goes inline or to the tree (not to a file:
-            // its bytes are here already), and the old one's place is
-            // cleared once the record no longer points at it.
-            (true, _) => {
-                let placed = Payload::for_len(changed.payload.len());
-                match placed {
-                    Payload::Apart(_) => self.put_payload(holder, &changed.payload)?,
-                    _ if matches!(loaded, Payload::Apart(_)) => leftovers.payloads.push(holder),
-                    _ => {}
-                }
-                if matches!(loaded, Payload::File(_)) {
-                    leftovers.files.push(holder);
-                }
-                placed
+        let placed = if replace {
+            match loaded {
+                Payload::Inline => {}
+                Payload::Apart(_) => leftovers.payloads.push(holder),
+                Payload::File(_) => leftovers.files.push(holder),
             }
-            (false, Payload::Inline) => Payload::for_len(changed.payload.len()),
-            (false, apart) => apart,
+            Payload::Inline
+        } else {
+            // The key alone changes: the payload stays where it is (an
+            // older record's big inline payload stays too, until a change
+            // of its status moves it).
+            loaded
         };
-        if !replace && loaded == Payload::Inline && placed != Payload::Inline {
-            // An older record with a big payload inline: it moves apart
-            // now, as any change moves it.
-            self.put_payload(holder, &changed.payload)?;
-        }
         writes.push((record_key(holder), Some(encode(&mut changed, placed)?)));
         let change = Change { old, new: changed };
         Ok(match replace {

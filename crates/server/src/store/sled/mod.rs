@@ -4,8 +4,10 @@
 //! Records live in the `jobs` tree, keyed by the job id as a big-endian
 //! `u64` (so a range scan is id order, which is enqueue order), valued by
 //! the `Job` in postcard ([`record`]). A payload over
-//! [`record::INLINE_MAX`] bytes lives apart, written once at enqueue and
-//! read only to hand the job out (take, get, list): a transition rewrites
+//! [`record::INLINE_MAX`] bytes lives apart, written once at enqueue (a
+//! debounce's replace writes its new payload into the record, which the
+//! job's next change moves apart) and read only to hand the job out
+//! (take, get, list): a transition rewrites
 //! a record of a few hundred bytes whatever the payload's size, and the
 //! startup scan never reads payloads. Apart is the `payloads` tree under
 //! the same key, or from `--payload-file-bytes` on a file of its own

@@ -14,8 +14,8 @@ use std::{
 
 use super::{
     decode, flusher, flusher::Flusher, index::Index, payload_files::PayloadFiles, record,
-    schedules, Rebuilt, Sled, SledError, PAYLOAD_LEAF_BYTES, SAVED_FILE, SAVED_TOKEN_KEY,
-    SAVED_TOKEN_TAG,
+    record_key, schedules, Rebuilt, Sled, SledError, PAYLOAD_LEAF_BYTES, SAVED_FILE,
+    SAVED_TOKEN_KEY, SAVED_TOKEN_TAG,
 };
 use crate::{
     config::Config,
@@ -72,11 +72,25 @@ impl Sled {
             .unwrap_or(usize::MAX)
             .max(record::INLINE_MAX + 1);
         let files = PayloadFiles::open(&config.data, file_min)?;
-        let orphans = files.collect(|id| index.contains(id))?;
+        // A file is its job's while the job's record says so: not after an
+        // enqueue a crash cut short, nor after a replace put the job's new
+        // payload in its record.
+        // (A record that cannot be read keeps its file: only a record read
+        // in another layout frees it.)
+        let orphans = files.collect(|id| {
+            index.contains(id)
+                && match jobs.get(record_key(id)) {
+                    Ok(Some(value)) => decode(&record_key(id), &value)
+                        .map_or(true, |(_, payload)| {
+                            matches!(payload, record::Payload::File(_))
+                        }),
+                    Ok(None) | Err(_) => true,
+                }
+        })?;
         if orphans > 0 {
             tracing::info!(
                 orphans,
-                "removed payload files of enqueues cut short by a crash"
+                "removed payload files of enqueues or replaces cut short by a crash"
             );
         }
         let results = db.open_tree("results").map_err(SledError::from)?;

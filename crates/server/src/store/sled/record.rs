@@ -2,7 +2,8 @@
 //! version), then in postcard the length of the payload stored apart (0:
 //! none) and the `Job`; and the older layouts still read. A payload over
 //! [`INLINE_MAX`] bytes is stored apart (the `payloads` tree), written once
-//! at enqueue, and left out of the record: a change of status, lease or
+//! at enqueue (or by the first change after a debounce replaced it in the
+//! record), and left out of the record: a change of status, lease or
 //! history rewrites only the small record, whatever the size of the
 //! payload. A smaller one stays in the record, which costs a change at most
 //! [`INLINE_MAX`] more bytes and spares an enqueue a second write.

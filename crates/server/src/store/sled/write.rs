@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    job::{Job, JobId, LeaseId, NewJob, Status},
+    job::{Job, JobId, KeyScope, LeaseId, NewJob, Status},
     machine::{self, Event},
     store::{rules::Retention, Change, Enqueued},
 };
@@ -139,9 +139,11 @@ impl Sled {
             batch
                 .iter()
                 .map(|new| {
-                    // (A job whose key has other rules may take the key
-                    // over: it gets an id.)
-                    new.unique.is_default()
+                    // (A job whose key is held only while active or for a
+                    // window may take the key over: it gets an id.)
+                    let may_take_over =
+                        new.unique.scope == KeyScope::Active || new.unique.unique_for.is_some();
+                    !may_take_over
                         && new
                             .key
                             .as_deref()
@@ -379,10 +381,12 @@ impl Sled {
             match self.load_record(id) {
                 Ok((job, payload)) if retention.purgeable(&job) => {
                     writes.push((record_key(id), None));
-                    match payload {
-                        Payload::Inline => {}
-                        Payload::Apart(_) => apart.push(id),
-                        Payload::File(_) => files.push(id),
+                    // An inline record's job may have a payload in the tree
+                    // left by a replace a crash cut short (removing none is
+                    // a look-up).
+                    apart.push(id);
+                    if let Payload::File(_) = payload {
+                        files.push(id);
                     }
                     gone.push(job);
                 }
