@@ -18,7 +18,8 @@
 //! - `hist`: latency histograms (hdrhistogram) and their summaries.
 //! - `progress`: the indicatif bar of each workload.
 //! - `workloads`: one module per workload (`enqueue` covers A and A-batch,
-//!   `drain` B, `latency` C, `mixed`), plus `worker`, the Lease-stream
+//!   `drain` B, `latency` C, `held` C over a held backlog, `mixed`), plus
+//!   `worker`, the Lease-stream
 //!   take-and-ack loop they share.
 //! - `report`: the [`Outcome`] of a workload, the table and the JSON lines.
 #![warn(missing_docs)]
@@ -66,6 +67,14 @@ pub struct BenchArgs {
     /// workers' capacity holds nothing back.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub policy_max_running: u32,
+
+    /// c-held: PENDING jobs held back while C runs.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    pub held_jobs: u64,
+
+    /// c-held: the groups they are spread over (each with one job running).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub held_groups: u64,
 
     /// Jobs per throughput workload (A, A-batch, B).
     #[arg(long, default_value_t = 20_000)]
@@ -287,6 +296,11 @@ pub enum Workload {
     /// capacity 1.
     #[value(name = "c-own", alias = "latency-own-conn")]
     LatencyOwn,
+    /// `c-own` over a held backlog: `--held-jobs` PENDING jobs in
+    /// `--held-groups` groups that a policy holds back (one running job per
+    /// group, each group's running), each C job in a group of its own.
+    #[value(name = "c-held", alias = "latency-held-backlog")]
+    LatencyHeld,
     /// `b-own-cap1` after `ANALYZE jobq_jobs` on `--pg`'s database (run
     /// between the fill and the drain).
     #[value(name = "b-own-cap1-analyzed", alias = "drain-own-conn-cap1-analyzed")]
@@ -320,6 +334,7 @@ impl Workload {
             Workload::DrainOwnCap1 => "drain-own-conn-cap1",
             Workload::DrainOwnCap4 => "drain-own-conn-cap4",
             Workload::LatencyOwn => "latency-own-conn",
+            Workload::LatencyHeld => "latency-held-backlog",
             Workload::DrainOwnCap1Analyzed => "drain-own-conn-cap1-analyzed",
             Workload::LoopEnqueue => "loop-enqueue",
             Workload::LoopDrain => "loop-drain",
@@ -337,6 +352,7 @@ impl Workload {
                 | Workload::DrainOwnCap1
                 | Workload::DrainOwnCap4
                 | Workload::LatencyOwn
+                | Workload::LatencyHeld
                 | Workload::DrainOwnCap1Analyzed
         )
     }

@@ -36,9 +36,25 @@ pub async fn run(
     pool: &Pool,
     progress: &Progress,
 ) -> anyhow::Result<Outcome> {
+    let queue = pool.queue_for(workload.name()).await?;
+    run_on(workload, args, pool, progress, &queue, |_| {
+        EnqueueOptions::new()
+    })
+    .await
+}
+
+/// Runs C on `queue`, each job `seq` enqueued with `options(seq)`.
+pub async fn run_on(
+    workload: Workload,
+    args: &BenchArgs,
+    pool: &Pool,
+    progress: &Progress,
+    queue: &str,
+    options: fn(u64) -> EnqueueOptions,
+) -> anyhow::Result<Outcome> {
     anyhow::ensure!(args.rate > 0, "--rate must be at least 1");
     let name = workload.name();
-    let queue = pool.queue_for(name).await?;
+    let queue = queue.to_owned();
     let total = args.latency_jobs;
     let bar = progress.bar(name, total);
     let shared = worker::Shared::new(Some(total), bar.clone(), true);
@@ -72,7 +88,7 @@ pub async fn run(
                 .unwrap_or_else(|e| e.into_inner())
                 .record(sent.saturating_duration_since(due));
             client
-                .enqueue(queue.as_str(), KIND, payload, EnqueueOptions::new())
+                .enqueue(queue.as_str(), KIND, payload, options(seq))
                 .await
                 .context("Enqueue failed")?;
             let took = sent.elapsed();

@@ -3,6 +3,7 @@
 
 mod drain;
 mod enqueue;
+mod held;
 mod latency;
 mod mixed;
 pub mod pgloop;
@@ -42,6 +43,7 @@ pub async fn run(
         Workload::DrainOwnCap1 => drain::run(workload, &own(Some(1)), pool, progress).await,
         Workload::DrainOwnCap4 => drain::run(workload, &own(Some(4)), pool, progress).await,
         Workload::LatencyOwn => latency::run(workload, &own(Some(1)), pool, progress).await,
+        Workload::LatencyHeld => held::run(workload, &own(Some(1)), pool, progress).await,
         Workload::DrainOwnCap1Analyzed => {
             let pg = args.pg.as_deref();
             drain::run_analyzed(workload, &own(Some(1)), pool, progress, pg).await
@@ -74,7 +76,9 @@ pub fn clients(workload: Workload, args: &BenchArgs) -> usize {
         | Workload::LoopDrainAnalyzed
         | Workload::LoopLatency => 1,
         // The producer comes after the workers.
-        Workload::Latency | Workload::LatencyOwn => args.latency_workers + 1,
+        Workload::Latency | Workload::LatencyOwn | Workload::LatencyHeld => {
+            args.latency_workers + 1
+        }
         Workload::Mixed => args.workers + args.mixed_producers,
     }
     .max(1)
