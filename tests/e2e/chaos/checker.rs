@@ -38,6 +38,8 @@ pub(super) struct Attempt {
     pub(super) started: u64,
     pub(super) ended: u64,
     pub(super) outcome: String,
+    /// The job's group.
+    pub(super) group: String,
 }
 
 pub(super) struct Final {
@@ -62,7 +64,7 @@ pub(super) async fn final_state(db: &tokio_postgres::Client) -> Final {
             "SELECT a.job_id::text, a.lease_id, a.worker_id, \
                     (extract(epoch FROM a.started_at) * 1e6)::int8, \
                     (extract(epoch FROM coalesce(a.ended_at, a.started_at)) * 1e6)::int8, \
-                    coalesce(a.outcome, '') \
+                    coalesce(a.outcome, ''), coalesce(j.grp, '') \
              FROM jobq_attempts a JOIN jobq_jobs j ON j.id = a.job_id WHERE j.queue = $1",
             &[&QUEUE],
         )
@@ -77,6 +79,7 @@ pub(super) async fn final_state(db: &tokio_postgres::Client) -> Final {
             started: u64::try_from(r.get::<_, i64>(3)).unwrap_or(0) * 1000,
             ended: u64::try_from(r.get::<_, i64>(4)).unwrap_or(0) * 1000,
             outcome: r.get(5),
+            group: r.get(6),
         })
         .collect();
     Final { status, attempts }

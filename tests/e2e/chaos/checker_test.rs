@@ -23,6 +23,7 @@ fn chaos_checker_reports_each_broken_promise() {
         started,
         ended,
         outcome: outcome.into(),
+        group: String::new(),
     };
     let enqueued: BTreeMap<String, String> = [("k1".into(), "1".into())].into();
     let s = 1_000_000_000;

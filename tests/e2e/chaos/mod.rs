@@ -17,7 +17,7 @@
 //! lease honoured, no job held by two workers at once, no attempt spent
 //! while its holder heartbeated on time, a killed worker's and a dead
 //! server's jobs due again in time, every schedule tick once and never
-//! early.
+//! early, and the queue's policy never exceeded.
 //!
 //! `JOBQ_CHAOS_LONG=1` runs the long profile (more faults, more jobs);
 //! see docs/src/operations/fault-suite.md. PostgreSQL (`scripts/pg-test.sh`
@@ -53,6 +53,7 @@ mod checker;
 mod checker_test;
 mod client_worker;
 mod cluster;
+mod limits;
 mod pg;
 mod producer;
 mod proxy;
@@ -64,6 +65,7 @@ mod worker;
 use checker::*;
 use client_worker::*;
 use cluster::*;
+use limits::*;
 use pg::*;
 use producer::*;
 use proxy::*;
@@ -231,6 +233,7 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cluster = Cluster::start(dir).await;
     let urls = cluster.urls();
+    set_policy(&Client::connect_lazy(urls[0].clone()).expect("a client")).await;
     let pulse_from = create_pulse(&urls, &cluster.db).await;
     let history_dir = cluster.dir.path().to_owned();
     let mut next_worker = 0;
@@ -437,6 +440,17 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     let (mut bad, summary) = check(&enqueued, &lines, &killed, &cluster.faults, &fin, origin);
     let (late, timing) = check_timing(&lines, &killed, &cluster.faults, &fin, origin);
     bad.extend(late);
+    let runs: Vec<Run<'_>> = fin
+        .attempts
+        .iter()
+        .map(|a| Run {
+            group: &a.group,
+            started: a.started,
+            ended: a.ended,
+        })
+        .collect();
+    let (over, limited) = check_limits("postgres", &runs);
+    bad.extend(over);
     let all: Vec<(String, Runtime)> = workers
         .iter()
         .chain(&gone)
@@ -458,7 +472,7 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
     bad.extend(exits);
     bad.extend(findings.lock().unwrap().iter().cloned());
     println!(
-        "fault suite: {} faults ({tally}) in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}; recorded by {recorded}; {ticked}; {}",
+        "fault suite: {} faults ({tally}) in {:?}, drained in {drained:?}, {:?} in all; {summary}; {timing}; {limited}; recorded by {recorded}; {ticked}; {}",
         cluster.faults.len(),
         p.faults_for,
         began.elapsed(),

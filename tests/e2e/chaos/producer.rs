@@ -36,6 +36,7 @@ pub(super) async fn produce(
             let c = &clients[rng.random_range(0..clients.len())];
             let opts = EnqueueOptions::new()
                 .key(key.clone())
+                .group(format!("g{}", i % GROUPS))
                 .max_attempts(MAX_ATTEMPTS);
             match c
                 .enqueue(QUEUE, "chaos", key.clone().into_bytes(), opts)

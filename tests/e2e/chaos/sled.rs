@@ -43,6 +43,7 @@ pub(super) async fn sled_run(
     let data = dir.path().join("sled");
     let port = free_port();
     let mut server = start_sled(&data, port);
+    set_policy(&server.client().await).await;
     let urls = vec![server.url()];
     let mut next = 0;
     let start_worker = |next: &mut usize| {
@@ -117,9 +118,21 @@ pub(super) async fn sled_run(
 
     // Every acknowledged enqueue is DONE with one acked attempt.
     let enqueued = enqueued.lock().unwrap().clone();
+    let mut recorded: Vec<(String, u64, u64)> = Vec::new();
+    let ns = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref().map_or(0, |t| {
+            u64::try_from(t.seconds).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(t.nanos).unwrap_or(0)
+        })
+    };
     for (key, id) in &enqueued {
         match client.get_job(id.clone()).await {
             Ok(job) => {
+                for a in &job.history {
+                    let started = ns(&a.started_at);
+                    let ended = a.ended_at.as_ref().map_or(started, |_| ns(&a.ended_at));
+                    recorded.push((job.group.clone(), started, ended));
+                }
                 let acked = job
                     .history
                     .iter()
@@ -156,12 +169,22 @@ pub(super) async fn sled_run(
             ));
         }
     }
+    let runs: Vec<Run<'_>> = recorded
+        .iter()
+        .map(|(group, started, ended)| Run {
+            group,
+            started: *started,
+            ended: *ended,
+        })
+        .collect();
+    let (over, limited) = check_limits("sled", &runs);
+    bad.extend(over);
     bad.extend(findings.lock().unwrap().iter().cloned());
     SledRun {
         violations: bad,
         summary: format!(
             "sled: {server_kills} server kills, {worker_kills} worker kills, {} jobs \
-             enqueued, {} acked by workers, {delivered} leases delivered",
+             enqueued, {} acked by workers, {delivered} leases delivered; {limited}",
             enqueued.len(),
             acked.len()
         ),
