@@ -305,6 +305,18 @@ def check_priority(cb, block, r):
     return ["Dequeue -> the priority 10 job first"]
 
 
+def check_debounce(cb, block, r):
+    reply = r.ok().json()
+    expect(reply.get("outcome") == "ENQUEUE_OUTCOME_REPLACED", reply)
+    expect(not reply.get("created", False), reply)
+    job = reply["job"]
+    expect(job["key"] == "report-2026-11" and job["status"] == "JOB_STATUS_PENDING", job)
+    got = cb.run("grpcurl -plaintext -d '{\"id\": \"" + job["id"] + "\"}' "
+                 "127.0.0.1:50051 jobq.v1.JobQueue/GetJob").ok().json()
+    expect(got.get("payload") == "eyJtb250aCI6IjIwMjYtMTEifQ==", got)
+    return ["GetJob -> the replaced payload"]
+
+
 def check_grouped_batch(cb, block, r):
     results = r.ok().json()["results"]
     expect([x["job"]["key"] for x in results] == ["import-1", "import-2"], results)
@@ -383,6 +395,7 @@ STEPS = [
     ("jobq.v1.JobQueue/DeleteJob", check_delete),
     ("jobq.v1.JobQueue/PurgeJobs", check_purge),
     ("jobq.v1.JobQueue/EnqueueBatch", check_priority),
+    ("jobq.v1.JobQueue/Enqueue", check_debounce),
     ("jobq.v1.JobQueue/SetQueuePolicy", check_empty_reply),
     ("jobq.v1.JobQueue/EnqueueBatch", check_grouped_batch),
     ("jobq.v1.JobQueue/Stats", check_policy_stats),
