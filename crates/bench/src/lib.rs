@@ -54,7 +54,8 @@ pub struct BenchArgs {
     /// like-for-like shapes where each producer and each worker has its own
     /// connection: a-own (enqueue-own-conn), b-own-cap1
     /// (drain-own-conn-cap1), b-own-cap4 (drain-own-conn-cap4), c-own
-    /// (latency-own-conn, capacity 1).
+    /// (latency-own-conn, capacity 1); and c-held (latency-held-backlog:
+    /// c-own past a backlog a policy holds back, `--held-jobs`).
     #[arg(
         long,
         value_delimiter = ',',
@@ -435,7 +436,7 @@ pub async fn measure(
     // Checked before anything runs: a zero here would hang a workload
     // (nothing to wait for never arrives) or end the run only after the
     // workloads before it.
-    let at_least_one: [(&str, u64); 10] = [
+    let at_least_one: [(&str, u64); 11] = [
         ("--capacity", u64::from(args.capacity)),
         ("--batch-size", args.batch_size as u64),
         ("--jobs", args.jobs),
@@ -446,6 +447,7 @@ pub async fn measure(
         ("--latency-workers", args.latency_workers as u64),
         ("--mixed-producers", args.mixed_producers as u64),
         ("--mixed-jobs", args.mixed_jobs.unwrap_or(1)),
+        ("--held-groups", args.held_groups),
     ];
     for (flag, value) in at_least_one {
         anyhow::ensure!(value > 0, "{flag} must be at least 1");
@@ -453,6 +455,12 @@ pub async fn measure(
     anyhow::ensure!(
         args.mixed_backlog != Some(0),
         "--mixed-backlog must be at least 1"
+    );
+    anyhow::ensure!(
+        !args.workloads.contains(&Workload::LatencyHeld)
+            || args.policy_max_running == 0
+            || u64::from(args.policy_max_running) > args.held_groups.min(args.held_jobs),
+        "c-held keeps one job of each of --held-groups running: --policy-max-running must be above it (or 0)"
     );
     anyhow::ensure!(
         args.mixed_jobs.is_some() || !args.duration.is_zero(),

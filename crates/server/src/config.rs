@@ -304,7 +304,9 @@ pub struct Config {
     /// Payloads of this many bytes or more are stored each in a file of
     /// its own (`<data-dir>/payloads/`), outside sled's page cache, which
     /// would otherwise hold them in memory. Smaller ones stay in sled, and
-    /// those of up to 512 bytes in the job's record whatever this says.
+    /// those of up to 512 bytes in the job's record whatever this says. A
+    /// payload a debounce replaced (`on_conflict = REPLACE`) stays in sled
+    /// too, whatever its size.
     #[arg(long, env = "JOBQ_PAYLOAD_FILE_BYTES", default_value_t = 16 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
     pub payload_file_bytes: u64,
 

@@ -449,7 +449,7 @@ async fn chaos_three_servers_under_faults_keep_every_promise() {
             ended: a.ended,
         })
         .collect();
-    let (over, limited) = check_limits("postgres", &runs);
+    let (over, limited) = check_limits("postgres", &runs, PG_SLACK);
     bad.extend(over);
     let all: Vec<(String, Runtime)> = workers
         .iter()

@@ -177,7 +177,7 @@ pub(super) async fn sled_run(
             ended: *ended,
         })
         .collect();
-    let (over, limited) = check_limits("sled", &runs);
+    let (over, limited) = check_limits("sled", &runs, SLED_SLACK);
     bad.extend(over);
     bad.extend(findings.lock().unwrap().iter().cloned());
     SledRun {

@@ -28,7 +28,6 @@ pub async fn run(
     pool: &Pool,
     progress: &Progress,
 ) -> anyhow::Result<Outcome> {
-    anyhow::ensure!(args.held_groups > 0, "--held-groups must be at least 1");
     let queue = pool.queue_for(workload.name()).await?;
     let client = pool.client(0);
     let mut policy = QueuePolicy::new().group_max_running(1);

@@ -130,8 +130,10 @@ pub async fn insert(
         ))
         .await?;
     // The jobs holding keys that enqueues with other rules meet, locked in
-    // (queue, key) order, as the inserts took the keys: two batches never
-    // wait on each other in a cycle.
+    // (queue, key) order, as the inserts took the keys. (A take-over's
+    // insert after a holder let its key go may still wait on another
+    // batch that waits on this one: PostgreSQL ends one as a deadlock,
+    // which the caller sees as UNAVAILABLE and retries.)
     let mut meet: Vec<usize> = (0..jobs.len())
         .filter(|&i| inserted[i] != 1 && !rules[i].is_default())
         .collect();

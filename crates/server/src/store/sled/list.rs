@@ -32,7 +32,7 @@ impl Sled {
                             job.payload = Vec::new();
                             vec![job]
                         } else {
-                            match self.fill(&mut job, payload) {
+                            match self.fill_settled(&mut job, payload) {
                                 Ok(()) => vec![job],
                                 Err(Error::NotFound(_)) => vec![],
                                 Err(e) => return Err(e),
@@ -102,7 +102,7 @@ impl Sled {
                 break;
             }
             if !filter.omit_payload {
-                match self.fill(&mut job, payload) {
+                match self.fill_settled(&mut job, payload) {
                     Ok(()) => {}
                     // Purged meanwhile: not listed.
                     Err(Error::NotFound(_)) => continue,

@@ -10,19 +10,57 @@ use crate::{
     job::{Job, JobId},
 };
 
+/// How many times a reader without the lock reads a record again whose
+/// payload moved while it read.
+const REREADS: usize = 3;
+
 impl Sled {
     /// A job with its payload, to hand out.
     pub(super) async fn load_full(&self, id: JobId) -> Result<Job> {
-        let (mut job, payload) = self.load_record(id)?;
-        match payload {
-            Payload::File(len) => {
-                let file = self.files.open_file(id)?;
-                let stored = self.read_file(id, file).await?;
-                self.place(&mut job, stored, len)?;
+        let mut tries = 0;
+        loop {
+            let (mut job, payload) = self.load_record(id)?;
+            let read = match payload {
+                Payload::File(len) => {
+                    let file = self.files.open_file(id)?;
+                    let stored = self.read_file(id, file).await?;
+                    self.place(&mut job, stored, len)
+                }
+                payload => self.fill(&mut job, payload),
+            };
+            match read {
+                Err(Error::Corrupt(_)) if tries < REREADS && self.moved(id, payload)? => tries += 1,
+                read => return read.map(|()| job),
             }
-            payload => self.fill(&mut job, payload)?,
         }
-        Ok(job)
+    }
+
+    /// Whether the record of `id` no longer says its payload is at
+    /// `payload`: a debounce replaced it while a reader without the lock
+    /// read the old place, which the replace clears once its record is
+    /// written. That reader reads the record again.
+    fn moved(&self, id: JobId, payload: Payload) -> Result<bool> {
+        match self.load_record(id) {
+            Ok((_, now)) => Ok(now != payload),
+            Err(Error::NotFound(_)) => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`fill`](Self::fill) for a reader without the lock (a list): a
+    /// payload that a debounce moved meanwhile is read from the record
+    /// that moved it, which replaces `job`.
+    pub(super) fn fill_settled(&self, job: &mut Job, mut payload: Payload) -> Result<()> {
+        let mut tries = 0;
+        loop {
+            match self.fill(job, payload) {
+                Err(Error::Corrupt(_)) if tries < REREADS && self.moved(job.id, payload)? => {
+                    tries += 1;
+                    (*job, payload) = self.load_record(job.id)?;
+                }
+                read => return read,
+            }
+        }
     }
 
     /// Reads an opened payload file (`None`: there was none) on tokio's

@@ -590,3 +590,46 @@ async fn a_payload_deleted_after_its_record_was_read_is_not_found() {
     sled.payloads.remove(record_key(other)).unwrap();
     assert!(matches!(store.get(other).await, Err(Error::Corrupt(_))));
 }
+
+/// A reader without the lock that read a job's record before a debounce
+/// replaced its payload (and cleared the old one's place) reads the new
+/// record, not a "corrupt" job; a record that did not move still is.
+#[tokio::test]
+async fn a_reader_of_a_record_a_replace_moved_reads_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&Config::with_data(dir.path())).unwrap();
+    let keyed = |payload: Vec<u8>, replace: bool| NewJob {
+        key: Some("doc-9".into()),
+        unique: crate::job::Uniqueness {
+            replace,
+            ..Default::default()
+        },
+        ..new_job(payload)
+    };
+    let now = SystemTime::now();
+    let id = store
+        .enqueue(keyed(vec![7; 2_000], false), now)
+        .await
+        .unwrap()
+        .job
+        .id;
+    let sled = store.backend();
+    let (before, placed) = sled.load_record(id).unwrap();
+    assert_eq!(placed, record::Payload::Apart(2_000));
+    let replaced = store
+        .enqueue(keyed(b"v2".to_vec(), true), now)
+        .await
+        .unwrap();
+    assert!(replaced.replaced);
+    let mut job = before.clone();
+    sled.fill_settled(&mut job, placed).unwrap();
+    assert_eq!(job.payload, b"v2");
+    assert_eq!(store.get(id).await.unwrap().payload, b"v2");
+    // The old place is cleared: read by the old record alone, without
+    // reading the record again, the job would be taken for corrupt.
+    let mut stale = before;
+    assert!(matches!(
+        sled.fill(&mut stale, placed),
+        Err(Error::Corrupt(_))
+    ));
+}
