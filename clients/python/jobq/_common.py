@@ -9,7 +9,7 @@ import logging
 import os
 import random
 from datetime import datetime, timedelta, timezone
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 from google.protobuf import duration_pb2
@@ -270,8 +270,9 @@ def enqueue_request(
         queue=queue, kind=kind, payload=payload, key=key or "",
         max_attempts=max_attempts, delay=duration(delay),
         metadata=_trace.with_trace_context(metadata), group=group or "",
-        key_scope=_key_scope(key_scope),
-        on_conflict=_on_conflict(on_conflict), unique_for=duration(unique_for),
+        key_scope=_named("key_scope", key_scope, _KEY_SCOPES),
+        on_conflict=_named("on_conflict", on_conflict, _ON_CONFLICTS),
+        unique_for=duration(unique_for),
     )
     if max_snoozes is not None:
         req.max_snoozes = max_snoozes
@@ -285,22 +286,22 @@ def enqueue_request(
     return req
 
 
-def _key_scope(scope: Optional[str]) -> "pb.KeyScope.ValueType":
-    """``key_scope=``: which jobs hold a key, "retained" (default) or "active"."""
-    names = {None: pb.KEY_SCOPE_UNSPECIFIED, "retained": pb.KEY_SCOPE_RETAINED,
-             "active": pb.KEY_SCOPE_ACTIVE}
-    if scope not in names:
-        raise ValueError(f"key_scope {scope!r}: expected 'retained' or 'active'")
-    return names[scope]
+_Wire = TypeVar("_Wire")
+
+# ``key_scope=``: which jobs hold a key; ``on_conflict=``: what an enqueue
+# does with a PENDING one that holds it.
+_KEY_SCOPES = {None: pb.KEY_SCOPE_UNSPECIFIED, "retained": pb.KEY_SCOPE_RETAINED,
+               "active": pb.KEY_SCOPE_ACTIVE}
+_ON_CONFLICTS = {None: pb.ON_CONFLICT_UNSPECIFIED, "keep": pb.ON_CONFLICT_KEEP,
+                 "replace": pb.ON_CONFLICT_REPLACE}
 
 
-def _on_conflict(rule: Optional[str]) -> "pb.OnConflict.ValueType":
-    """``on_conflict=``: "keep" (default) or "replace" (debounce)."""
-    names = {None: pb.ON_CONFLICT_UNSPECIFIED, "keep": pb.ON_CONFLICT_KEEP,
-             "replace": pb.ON_CONFLICT_REPLACE}
-    if rule not in names:
-        raise ValueError(f"on_conflict {rule!r}: expected 'keep' or 'replace'")
-    return names[rule]
+def _named(keyword: str, value: Optional[str], names: Mapping[Optional[str], _Wire]) -> _Wire:
+    """The wire value of a keyword given by name; ValueError for another."""
+    if value not in names:
+        expected = " or ".join(repr(n) for n in names if n is not None)
+        raise ValueError(f"{keyword} {value!r}: expected {expected}")
+    return names[value]
 
 
 def batch_request(jobs: Sequence[Union[NewJob, pb.EnqueueRequest]]) -> pb.EnqueueBatchRequest:

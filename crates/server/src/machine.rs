@@ -316,16 +316,8 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             jitter,
         } => {
             held_lease(&job, lease_id, "fail")?;
-            job.attempts += 1;
-            end_attempt(&mut job, Outcome::Failed, Some(error.clone()), now);
-            job.last_error = Some(error);
-            if fatal || job.attempts >= job.max_attempts {
-                finish_failed(&mut job, now);
-            } else {
-                let delay = retry_delay.unwrap_or_else(|| backoff.delay(job.attempts, jitter));
-                job.status = Status::Pending;
-                job.run_at = now + delay;
-            }
+            let delay = |attempts| retry_delay.unwrap_or_else(|| backoff.delay(attempts, jitter));
+            fail_attempt(&mut job, error, fatal, delay, now);
             Ok(job)
         }
         Event::Snooze {
@@ -339,19 +331,13 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
                 // failing: the attempt counts, with the snooze's delay as
                 // its retry delay.
                 let error = over_snoozed(job.snoozes, &reason);
-                job.attempts += 1;
-                end_attempt(&mut job, Outcome::Failed, Some(error.clone()), now);
-                job.last_error = Some(error);
-                if job.attempts >= job.max_attempts {
-                    finish_failed(&mut job, now);
-                    return Ok(job);
-                }
+                fail_attempt(&mut job, error, false, |_| delay, now);
             } else {
                 job.snoozes += 1;
                 end_attempt(&mut job, Outcome::Snoozed, Some(reason), now);
+                job.status = Status::Pending;
+                job.run_at = now + delay;
             }
-            job.status = Status::Pending;
-            job.run_at = now + delay;
             Ok(job)
         }
         Event::Extend {
@@ -545,6 +531,27 @@ fn end_attempt(job: &mut Job, outcome: Outcome, error: Option<String>, now: Syst
         attempt.error = error;
     }
     job.lease = None;
+}
+
+/// Ends the running attempt as a failure with `error`: counted, and the
+/// job FAILED when `fatal` or out of attempts, else PENDING again after
+/// `delay` of the attempts spent.
+fn fail_attempt(
+    job: &mut Job,
+    error: String,
+    fatal: bool,
+    delay: impl FnOnce(u32) -> Duration,
+    now: SystemTime,
+) {
+    job.attempts += 1;
+    end_attempt(job, Outcome::Failed, Some(error.clone()), now);
+    job.last_error = Some(error);
+    if fatal || job.attempts >= job.max_attempts {
+        finish_failed(job, now);
+    } else {
+        job.status = Status::Pending;
+        job.run_at = now + delay(job.attempts);
+    }
 }
 
 fn finish_failed(job: &mut Job, now: SystemTime) {

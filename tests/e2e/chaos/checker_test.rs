@@ -154,3 +154,39 @@ fn chaos_checker_reports_each_broken_promise() {
         "{bad:?}"
     );
 }
+
+/// The limits checker on made-up runs: six at once pass, a seventh that
+/// overlaps them is reported however short, an end stamped within the
+/// slack after the next start is not, and so is a third run of a group.
+#[test]
+fn chaos_limits_checker_reports_a_broken_limit() {
+    const MS: u64 = 1_000_000;
+    let run = |group: &'static str, started: u64, ended: u64| Run {
+        group,
+        started: started * MS,
+        ended: ended * MS,
+    };
+    let six: Vec<Run<'_>> = (0..6)
+        .map(|i| run(["a", "b", "c"][i % 3], 0, 1_000))
+        .collect();
+    let (bad, _) = check_limits("test", &six, PG_SLACK);
+    assert!(bad.is_empty(), "{bad:?}");
+    // A seventh, 5 ms long, while the six run.
+    let mut seven = six;
+    seven.push(run("d", 500, 505));
+    let (bad, _) = check_limits("test", &seven, PG_SLACK);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    // A seventh that starts as one of the six ends, that end stamped 5 ms
+    // late: stamps out of order, not seven at once.
+    let mut handover: Vec<Run<'_>> = (0..6)
+        .map(|i| run(["a", "b", "c"][i % 3], 0, 1_000))
+        .collect();
+    handover[0].ended = 1_005 * MS;
+    handover.push(run("d", 1_000, 2_000));
+    let (bad, _) = check_limits("test", &handover, PG_SLACK);
+    assert!(bad.is_empty(), "{bad:?}");
+    // Three of group a at once.
+    let group = vec![run("a", 0, 100), run("a", 10, 100), run("a", 20, 30)];
+    let (bad, _) = check_limits("test", &group, PG_SLACK);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+}

@@ -64,16 +64,24 @@ pub(super) struct Run<'a> {
 /// other begun by then and still running `slack` later (so a run of any
 /// length counts, and an end stamped up to `slack` late does not).
 fn most_at_once(runs: &[&Run<'_>], slack: u64) -> usize {
+    use std::{cmp::Reverse, collections::BinaryHeap};
     let mut by_start: Vec<&Run<'_>> = runs.to_vec();
     by_start.sort_by_key(|r| r.started);
+    // The ends of the runs begun so far that are still open `slack` after
+    // the current start (an end gone by one start is gone by every later
+    // one).
+    let mut open: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
     let mut most = 0;
-    for (i, r) in by_start.iter().enumerate() {
-        let others = by_start
-            .iter()
-            .enumerate()
-            .filter(|&(j, q)| j != i && q.started <= r.started && q.ended > r.started + slack)
-            .count();
-        most = most.max(others + 1);
+    for same in by_start.chunk_by(|a, b| a.started == b.started) {
+        let at = same[0].started + slack;
+        open.extend(same.iter().map(|r| Reverse(r.ended)));
+        while open.peek().is_some_and(|&Reverse(end)| end <= at) {
+            open.pop();
+        }
+        // A run starting here counts itself even if it ends within the
+        // slack.
+        let short = same.iter().any(|r| r.ended <= at);
+        most = most.max(open.len() + usize::from(short));
     }
     most
 }

@@ -164,6 +164,27 @@ pub enum KeyConflict {
     TakeOver,
 }
 
+impl KeyConflict {
+    /// The change it makes to the holder ([`KeyConflict::Keep`]: none), a
+    /// replace giving it the enqueue's `payload`, `metadata` and `delay`.
+    pub fn event(
+        self,
+        payload: &[u8],
+        metadata: &crate::job::Metadata,
+        delay: Duration,
+    ) -> Option<crate::machine::Event> {
+        match self {
+            KeyConflict::Keep => None,
+            KeyConflict::Replace => Some(crate::machine::Event::Replace {
+                payload: payload.to_vec(),
+                metadata: metadata.clone(),
+                delay,
+            }),
+            KeyConflict::TakeOver => Some(crate::machine::Event::FreeKey),
+        }
+    }
+}
+
 /// Judges the job that has an enqueue's key by that enqueue's rules
 /// (docs/src/shaping.md, "Uniqueness"): it holds the key while retained
 /// (or, with [`KeyScope::Active`], while PENDING or RUNNING) and, with

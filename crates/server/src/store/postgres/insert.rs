@@ -21,10 +21,7 @@ use super::{
 use crate::{
     job::{JobId, NewJob, Uniqueness},
     machine::{self, Event},
-    store::{
-        rules::{self, KeyConflict},
-        Change, Enqueued,
-    },
+    store::{rules, Change, Enqueued},
 };
 
 /// Adds the jobs of a batch whose keys are distinct, as
@@ -236,14 +233,10 @@ async fn meet_holder(
             job.key
         ))
     })?;
-    let event = match rules::key_conflict(unique, &holder.job, now) {
-        KeyConflict::Keep => return Ok(Enqueued::existing(holder.job)),
-        KeyConflict::Replace => Event::Replace {
-            payload: job.payload.clone(),
-            metadata: job.metadata.clone(),
-            delay: job.run_at.duration_since(now).unwrap_or_default(),
-        },
-        KeyConflict::TakeOver => Event::FreeKey,
+    let delay = job.run_at.duration_since(now).unwrap_or_default();
+    let conflict = rules::key_conflict(unique, &holder.job, now);
+    let Some(event) = conflict.event(&job.payload, &job.metadata, delay) else {
+        return Ok(Enqueued::existing(holder.job));
     };
     let replace = matches!(event, Event::Replace { .. });
     let new = machine::apply(holder.job.clone(), event, now)

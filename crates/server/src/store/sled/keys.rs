@@ -11,10 +11,7 @@ use crate::{
     error::Result,
     job::{JobId, NewJob},
     machine::{self, Event},
-    store::{
-        rules::{self, KeyConflict},
-        Change, Enqueued,
-    },
+    store::{rules, Change, Enqueued},
 };
 
 /// What meeting the holder left to do.
@@ -57,14 +54,9 @@ impl Sled {
         leftovers: &mut Leftovers,
     ) -> Result<Met> {
         let (old, loaded) = self.load_indexed(holder)?;
-        let event = match rules::key_conflict(&new.unique, &old, now) {
-            KeyConflict::Keep => return Ok(Met::Done(Box::new(Enqueued::existing(old)))),
-            KeyConflict::Replace => Event::Replace {
-                payload: new.payload.clone(),
-                metadata: new.metadata.clone(),
-                delay: new.delay,
-            },
-            KeyConflict::TakeOver => Event::FreeKey,
+        let conflict = rules::key_conflict(&new.unique, &old, now);
+        let Some(event) = conflict.event(&new.payload, &new.metadata, new.delay) else {
+            return Ok(Met::Done(Box::new(Enqueued::existing(old))));
         };
         let replace = matches!(event, Event::Replace { .. });
         let mut changed = machine::apply(old.clone(), event, now)?;
