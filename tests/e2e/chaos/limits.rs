@@ -30,9 +30,10 @@ pub(super) const GROUPS: usize = 7;
 
 /// Two changes applied in turn may carry stamps a little out of that
 /// order: an ack's end stamped after the take it made room for began. On
-/// PostgreSQL a take of a limited queue is stamped once it holds the
-/// policy lock and an ack with its transaction's start, so an end is never
-/// late; allow 10 ms. sled reads its clock before its lock, so a take that
+/// PostgreSQL a take of a limited queue is stamped when it counted the
+/// running jobs under the policy lock, and an ack with its transaction's
+/// start (before it committed, so before that count saw it), so an end is
+/// never late; allow 10 ms. sled reads its clock before its lock, so a take that
 /// waited for the lock is stamped before the ack that went first; allow
 /// 50 ms.
 pub(super) const PG_SLACK: u64 = 10_000_000;
@@ -60,10 +61,11 @@ pub(super) struct Run<'a> {
     pub(super) ended: u64,
 }
 
-/// The most runs at one instant: at each run's start, that run and every
-/// other begun by then and still running `slack` later (so a run of any
-/// length counts, and an end stamped up to `slack` late does not).
-fn most_at_once(runs: &[&Run<'_>], slack: u64) -> usize {
+/// The most runs at one instant, and the first instant with that many: at
+/// each run's start, that run and every other begun by then and still
+/// running `slack` later (so a run of any length counts, and an end
+/// stamped up to `slack` late does not).
+fn most_at_once(runs: &[&Run<'_>], slack: u64) -> (usize, u64) {
     use std::{cmp::Reverse, collections::BinaryHeap};
     let mut by_start: Vec<&Run<'_>> = runs.to_vec();
     by_start.sort_by_key(|r| r.started);
@@ -71,7 +73,7 @@ fn most_at_once(runs: &[&Run<'_>], slack: u64) -> usize {
     // the current start (an end gone by one start is gone by every later
     // one).
     let mut open: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
-    let mut most = 0;
+    let (mut most, mut when) = (0, 0);
     for same in by_start.chunk_by(|a, b| a.started == b.started) {
         let at = same[0].started + slack;
         open.extend(same.iter().map(|r| Reverse(r.ended)));
@@ -81,9 +83,12 @@ fn most_at_once(runs: &[&Run<'_>], slack: u64) -> usize {
         // A run starting here counts itself even if it ends within the
         // slack.
         let short = same.iter().any(|r| r.ended <= at);
-        most = most.max(open.len() + usize::from(short));
+        let now = open.len() + usize::from(short);
+        if now > most {
+            (most, when) = (now, same[0].started);
+        }
     }
-    most
+    (most, when)
 }
 
 /// The violations of the policy in `runs` (`what` names the store), and a
@@ -91,11 +96,11 @@ fn most_at_once(runs: &[&Run<'_>], slack: u64) -> usize {
 pub(super) fn check_limits(what: &str, runs: &[Run<'_>], slack: u64) -> (Vec<String>, String) {
     let mut bad = Vec::new();
     let all: Vec<&Run<'_>> = runs.iter().collect();
-    let most = most_at_once(&all, slack);
+    let (most, when) = most_at_once(&all, slack);
     let max_running = max_running();
     if most > max_running as usize {
         bad.push(format!(
-            "{what}: {most} jobs ran at once; max_running is {max_running}"
+            "{what}: {most} jobs ran at once (at {when} ns past the epoch); max_running is {max_running}"
         ));
     }
     let mut groups: BTreeMap<&str, Vec<&Run<'_>>> = BTreeMap::new();
@@ -104,11 +109,12 @@ pub(super) fn check_limits(what: &str, runs: &[Run<'_>], slack: u64) -> (Vec<Str
     }
     let mut most_of_one = 0;
     for (group, runs) in &groups {
-        let n = most_at_once(runs, slack);
+        let (n, when) = most_at_once(runs, slack);
         most_of_one = most_of_one.max(n);
         if n > GROUP_MAX_RUNNING as usize {
             bad.push(format!(
-                "{what}: {n} jobs of group {group} ran at once; group_max_running is {GROUP_MAX_RUNNING}"
+                "{what}: {n} jobs of group {group} ran at once (at {when} ns past the epoch); \
+                 group_max_running is {GROUP_MAX_RUNNING}"
             ));
         }
     }

@@ -269,6 +269,13 @@ fn spend_group_token() -> String {
 /// Takes (locks) up to `left` due jobs of `queue` that `policy` allows,
 /// in delivery order; the caller holds the queue's policy lock. `plain`
 /// is the statement of a queue without a group limit.
+///
+/// Also returns when the running jobs were counted, for a policy that
+/// limits them: the take's stamp. Every change that freed a slot this
+/// take fills committed before that count, so it was stamped (with its
+/// transaction's start) before it; the lock's own time is not enough, as
+/// a take whose next statement is slow (a loaded or cut connection)
+/// counts after changes that began once it held the lock.
 pub async fn dequeue(
     tx: &Open,
     queue: &str,
@@ -276,7 +283,7 @@ pub async fn dequeue(
     (at, caller): (SystemTime, Option<SystemTime>),
     left: i64,
     plain: &str,
-) -> Result<Vec<Row>, PgError> {
+) -> Result<(Vec<Row>, Option<SystemTime>), PgError> {
     let now = Some(at);
     let mut room = left;
     // Rate buckets are counted when the policy lock was got
@@ -312,7 +319,8 @@ pub async fn dequeue(
         }
         None => None,
     };
-    let rows = dequeue_within(tx, queue, policy, (now, clock), room, plain).await?;
+    let (rows, counted) =
+        dequeue_within(tx, queue, policy, (now, caller, clock), room, plain).await?;
     if let (Some((rate, mut bucket)), false) = (bucket, rows.is_empty()) {
         #[allow(clippy::cast_precision_loss)]
         bucket.spend(&rate, rows.len() as f64, clock);
@@ -325,53 +333,58 @@ pub async fn dequeue(
         tx.execute(&stmt, &[&queue, &bucket.tokens, &bucket.at])
             .await?;
     }
-    Ok(rows)
+    Ok((rows, counted))
 }
 
+/// The RUNNING jobs of `$1`: when they were counted (`$2`, or
+/// `clock_timestamp()`, read after the statement's snapshot), how many,
+/// and how many of each group.
+const RUNNING: &str = "SELECT coalesce($2::timestamptz, clock_timestamp()), \
+       coalesce(sum(n), 0)::int8, \
+       coalesce(array_agg(grp) FILTER (WHERE grp IS NOT NULL), '{}'), \
+       coalesce(array_agg(n) FILTER (WHERE grp IS NOT NULL), '{}') \
+       FROM (SELECT grp, count(*) AS n FROM jobq_jobs WHERE queue = $1 AND status = 'running' \
+             GROUP BY grp) g";
+
 /// [`dequeue`] within `left` takes of the rate limit: its running limits.
+/// The running jobs are counted in one statement (one snapshot), so one
+/// stamp is true of every count.
 async fn dequeue_within(
     tx: &Open,
     queue: &str,
     policy: QueuePolicy,
-    (now, clock): (Option<SystemTime>, SystemTime),
+    (now, caller, clock): (Option<SystemTime>, Option<SystemTime>, SystemTime),
     left: i64,
     plain: &str,
-) -> Result<Vec<Row>, PgError> {
+) -> Result<(Vec<Row>, Option<SystemTime>), PgError> {
     let mut room = left;
-    if policy.max_running > 0 {
-        let stmt = tx
-            .prepare_cached(
-                "SELECT count(*) FROM jobq_jobs WHERE queue = $1 AND status = 'running'",
-            )
-            .await?;
-        let running: i64 = tx.query_one(&stmt, &[&queue]).await?.try_get(0)?;
-        room = room.min(i64::from(policy.max_running) - running);
+    let k = i64::from(policy.group_max_running);
+    let mut running: HashMap<String, i64> = HashMap::new();
+    let mut counted = None;
+    if policy.max_running > 0 || k > 0 {
+        let stmt = tx.prepare_cached(RUNNING).await?;
+        let row = tx.query_one(&stmt, &[&queue, &caller]).await?;
+        counted = Some(row.try_get::<_, SystemTime>(0)?);
+        if policy.max_running > 0 {
+            let all: i64 = row.try_get(1)?;
+            room = room.min(i64::from(policy.max_running) - all);
+        }
+        let groups: Vec<String> = row.try_get(2)?;
+        let counts: Vec<i64> = row.try_get(3)?;
+        running = groups.into_iter().zip(counts).collect();
     }
     if room <= 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), counted));
     }
-    let k = i64::from(policy.group_max_running);
     if k == 0 && policy.group_rate.is_none() {
         let stmt = tx.prepare_cached(plain).await?;
-        return Ok(tx.query(&stmt, &[&queue, &now, &room]).await?);
+        return Ok((tx.query(&stmt, &[&queue, &now, &room]).await?, counted));
     }
     let (per_second, capacity) = match policy.group_rate {
         Some(r) => (Some(r.per_second()), r.capacity()),
         None => (None, 0.0),
     };
     let spend = tx.prepare_cached(&spend_group_token()).await?;
-    let stmt = tx
-        .prepare_cached(
-            "SELECT grp, count(*) FROM jobq_jobs WHERE queue = $1 AND status = 'running' \
-             AND grp IS NOT NULL GROUP BY grp",
-        )
-        .await?;
-    let mut running: HashMap<String, i64> = tx
-        .query(&stmt, &[&queue])
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .collect::<Result<_, tokio_postgres::Error>>()?;
     let stmt = tx.prepare_cached(&grouped_dequeue()).await?;
     let sequence = k == 1;
     let mut taken: Vec<i64> = Vec::new();
@@ -406,5 +419,5 @@ async fn dequeue_within(
         }
         rows.push(row);
     }
-    Ok(rows)
+    Ok((rows, counted))
 }

@@ -235,11 +235,12 @@ async fn take_in(
         .filter(|q| policies.contains_key(*q))
         .collect();
     if !limited.is_empty() {
-        // A take of a queue with a policy is made, and stamped, when it
-        // holds the lock (on the database's clock: not the transaction's
-        // start, which may precede the change that freed its slot).
-        // (Never earlier than the transaction's: the other queues' jobs
-        // were found due at that time.)
+        // A take of a queue with a policy is made when it holds the lock,
+        // and stamped when it counted the running jobs under it (on the
+        // database's clock: not the transaction's start, which may precede
+        // the change that freed its slot; see `limited::dequeue`). Never
+        // earlier than the transaction's: the other queues' jobs were
+        // found due at that time.
         now = now.max(limited::lock(tx, &limited, now_param).await?);
     }
     let mut first = first;
@@ -251,7 +252,11 @@ async fn take_in(
         }
         let found = match (first.take(), policies.get(queue)) {
             (_, Some(&policy)) => {
-                limited::dequeue(tx, queue, policy, (now, now_param), left, &DEQUEUE_ROW).await?
+                let (found, counted) =
+                    limited::dequeue(tx, queue, policy, (now, now_param), left, &DEQUEUE_ROW)
+                        .await?;
+                now = now.max(counted.unwrap_or(now));
+                found
             }
             (Some(found), None) if Some(queue) == queues.first() => found,
             _ => {
