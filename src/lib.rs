@@ -8,7 +8,8 @@
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set, for gRPC server
 //!   reflection and for tools that need the schema at run time.
 //! - The limits client and server share: [`MAX_HEARTBEAT_LEASES`],
-//!   [`MAX_DECODE_BYTES`]; and [`code_name`], how status codes are written.
+//!   [`MAX_DECODE_BYTES`], [`PROGRESS_MESSAGE_BYTES`]; and [`code_name`],
+//!   how status codes are written.
 #![warn(missing_docs)]
 
 /// Generated protobuf messages and gRPC stubs for package `jobq.v1`.
@@ -32,6 +33,11 @@ pub const STREAM_TOKEN_HEADER: &str = "jobq-stream-token";
 /// worker may hold leases of several streams (after a reconnect), and a
 /// server with a small `--max-capacity` must still take its heartbeats.
 pub const MAX_HEARTBEAT_LEASES: usize = 1000;
+
+/// The longest progress message the server takes by default
+/// (`--max-progress-message-bytes`): clients cut a longer one to this
+/// many bytes, at a character boundary, before they send it.
+pub const PROGRESS_MESSAGE_BYTES: usize = 256;
 
 /// The largest reply jobq's clients decode: 64 MiB, above the server's
 /// largest message by default (`--max-message-bytes`, 16 MiB), so a job

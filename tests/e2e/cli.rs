@@ -1384,6 +1384,41 @@ async fn watch_prints_each_state_until_the_job_is_final() {
     .unwrap();
     assert_eq!(running["status"], "RUNNING");
     assert_eq!(running["worker_id"], "w");
+    // A heartbeat's progress report is a state of its own, and `jobq get`
+    // shows it.
+    let lost = client
+        .heartbeat(
+            "w",
+            vec![pb::LeaseRef {
+                job_id: id.clone(),
+                lease_id: leased.lease_id.clone(),
+                progress: Some(pb::Progress {
+                    percent: 40,
+                    message: "row 4,000 of 10,000".into(),
+                    reported_at: None,
+                }),
+            }],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(lost.is_empty());
+    let reported: Value = serde_json::from_str(
+        &tokio::time::timeout(LIMIT, lines.next_line())
+            .await
+            .expect("the progress")
+            .unwrap()
+            .expect("a line"),
+    )
+    .unwrap();
+    assert_eq!(reported["progress"]["percent"], 40);
+    assert_eq!(reported["progress"]["message"], "row 4,000 of 10,000");
+    let got = jobq(&url, &["get", &id]).await;
+    assert!(
+        got.stdout.contains("40% row 4,000 of 10,000"),
+        "{}",
+        got.stdout
+    );
     client
         .ack_with_result(id.clone(), leased.lease_id.clone(), "sent")
         .await

@@ -286,6 +286,7 @@ async fn a_stream_ending_late_on_one_server_leaves_a_lease_another_adopted() {
     let held = vec![pb::LeaseRef {
         job_id: job_id(&leased),
         lease_id: leased.lease_id.clone(),
+        progress: None,
     }];
     let (_new, _token) = c2
         .lease_with_token(["q"], "w", 1, Some(Duration::from_secs(60)), held)
@@ -490,6 +491,7 @@ async fn a_lease_adopted_by_another_server_outlives_its_dead_server() {
     let held = vec![pb::LeaseRef {
         job_id: job.id.clone(),
         lease_id: leased.lease_id.clone(),
+        progress: None,
     }];
     let (_adopting, _) = c2
         .lease_with_token(["q"], "w", 1, Some(Duration::from_secs(60)), held)

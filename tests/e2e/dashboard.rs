@@ -140,6 +140,22 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
         },
     )
     .await;
+    // Its second run reported progress before its ack.
+    c.heartbeat(
+        "w2",
+        vec![pb::LeaseRef {
+            job_id: stream_job.clone(),
+            lease_id: again.lease_id.clone(),
+            progress: Some(pb::Progress {
+                percent: 90,
+                message: "rendered the receipt".into(),
+                reported_at: None,
+            }),
+        }],
+        None,
+    )
+    .await
+    .expect("heartbeat");
     c.ack(stream_job.clone(), again.lease_id)
         .await
         .expect("ack");
@@ -227,6 +243,8 @@ async fn the_dashboard_shows_the_queue_and_retries_a_dead_letter() {
         text(&b, "#trace-id").await,
         "0af7651916cd43dd8448eb211c80319c"
     );
+    let progress = text(&b, "#progress").await;
+    assert!(progress.contains("90% rendered the receipt"), "{progress}");
     let shot = b.screenshot().await.expect("screenshot");
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-job.png");
     std::fs::write(&path, &shot).expect("save the screenshot");

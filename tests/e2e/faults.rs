@@ -63,6 +63,7 @@ fn lease_ref(l: &pb::LeasedJob) -> pb::LeaseRef {
     pb::LeaseRef {
         job_id: job_id(l),
         lease_id: l.lease_id.clone(),
+        progress: None,
     }
 }
 

@@ -215,6 +215,7 @@ async fn a_heartbeat_within_the_grace_keeps_the_lease() {
     let kept = pb::LeaseRef {
         job_id: a.job.clone().expect("job").id,
         lease_id: a.lease_id.clone(),
+        progress: None,
     };
     assert!(c
         .heartbeat("w1", vec![kept], None)
@@ -256,6 +257,7 @@ async fn a_draining_worker_gets_no_new_jobs_and_loses_nothing_when_it_closes() {
     let lease = pb::LeaseRef {
         job_id: a.job.clone().expect("job").id,
         lease_id: a.lease_id.clone(),
+        progress: None,
     };
     c.heartbeat_draining("w1", vec![lease], None, token)
         .await

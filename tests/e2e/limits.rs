@@ -269,10 +269,12 @@ async fn heartbeats_are_bounded_per_call_not_by_max_capacity() {
     let held = pb::LeaseRef {
         job_id: job.id.clone(),
         lease_id: leased.lease_id.clone(),
+        progress: None,
     };
     let stranger = |i: usize| pb::LeaseRef {
         job_id: (1_000_000 + i).to_string(),
         lease_id: "1".into(),
+        progress: None,
     };
     let mut refs: Vec<pb::LeaseRef> = (0..599).map(stranger).collect();
     refs.push(held.clone());

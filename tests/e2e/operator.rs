@@ -79,6 +79,7 @@ async fn cancel_revokes_a_running_job_on_its_lease_stream() {
     let lease = pb::LeaseRef {
         job_id: job.id.clone(),
         lease_id: leased.lease_id.clone(),
+        progress: None,
     };
     let lost = c
         .heartbeat("w1", vec![lease], None)

@@ -300,6 +300,7 @@ async fn a_running_lease_survives_a_server_restart_and_still_acks() {
     let held = pb::LeaseRef {
         job_id: leased.job.clone().expect("job").id,
         lease_id: leased.lease_id.clone(),
+        progress: None,
     };
     assert!(c
         .heartbeat("w1", vec![held], None)
@@ -384,6 +385,7 @@ async fn the_status_machine_over_grpc() {
             vec![pb::LeaseRef {
                 job_id: job.id.clone(),
                 lease_id: leased.lease_id.clone(),
+                progress: None,
             }],
             None,
         )
@@ -506,6 +508,7 @@ async fn heartbeats_keep_a_lease_alive() {
     let lease = pb::LeaseRef {
         job_id: job.id.clone(),
         lease_id: leased.lease_id.clone(),
+        progress: None,
     };
     let until_t = Instant::now() + Duration::from_millis(3000);
     while Instant::now() < until_t {

@@ -31,7 +31,7 @@ from jobq.errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineEx
                          ResourceExhausted, Retry, Snooze, Unauthenticated, Unavailable,
                          Unimplemented, Unknown, WaitTimeout)
 from jobq.models import (Attempt, EnqueueOutcome, EnqueueResult, Enqueued, Job, LeasedJob,
-                         NewJob, Outcome,
+                         NewJob, Outcome, Progress,
                          QueuePolicy, QueueStats, RateLimit, Schedule, Status)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
@@ -39,7 +39,7 @@ from jobq.worker import Handler, Queues, Worker
 
 __all__ = [
     "Client", "Worker", "JobContext", "AsyncJobContext", "BaseJobContext", "Handler", "Queues",
-    "Job", "Attempt", "Status", "Outcome", "QueueStats", "QueuePolicy", "RateLimit",
+    "Job", "Attempt", "Progress", "Status", "Outcome", "QueueStats", "QueuePolicy", "RateLimit",
     "EnqueueResult", "Enqueued", "EnqueueOutcome",
     "LeasedJob", "Schedule", "NewJob",
     "Fatal", "Retry", "Snooze",

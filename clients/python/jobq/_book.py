@@ -62,6 +62,25 @@ class Book:
         with self._lock:
             return sorted((j, e.ctx.lease_id) for j, e in self._jobs.items())
 
+    def reports(self) -> Dict[str, Tuple[int, str]]:
+        """The progress reports no heartbeat has carried yet, by job id."""
+        with self._lock:
+            entries = list(self._jobs.items())
+        out: Dict[str, Tuple[int, str]] = {}
+        for j, e in entries:
+            r = e.ctx._report()
+            if r is not None:
+                out[j] = r
+        return out
+
+    def reported(self, sent: Dict[str, Tuple[int, str]]) -> None:
+        """The reports ``sent`` were carried (or refused): forgotten, unless
+        their handlers reported again."""
+        with self._lock:
+            entries = [(e.ctx, sent[j]) for j, e in self._jobs.items() if j in sent]
+        for ctx, r in entries:
+            ctx._reported(r)
+
     def contexts(self) -> List[JobContext]:
         with self._lock:
             return [e.ctx for e in self._jobs.values()]

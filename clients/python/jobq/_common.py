@@ -32,6 +32,13 @@ DEFAULT_SERVER = "http://127.0.0.1:50051"
 #: client's jobq::MAX_HEARTBEAT_LEASES); heartbeat() splits.
 MAX_HEARTBEAT_LEASES = 1000
 
+#: The longest progress message the server takes by default
+#: (--max-progress-message-bytes): ctx.progress() cuts a longer one.
+PROGRESS_MESSAGE_BYTES = 256
+
+#: A progress report: (percent, message).
+Report = Tuple[int, str]
+
 #: The largest reply decoded (64 MiB, above the server's default
 #: --max-message-bytes of 16 MiB): a page of big jobs, or one job with a long
 #: history, is over gRPC's 4 MiB default.
@@ -328,20 +335,36 @@ def fail_request(
 
 def heartbeat_requests(
     worker_id: str, leases: Sequence[Tuple[str, str]], extend_by: Optional[Seconds],
-    draining: bool, stream_token: str,
+    draining: bool, stream_token: str, progress: Optional[Mapping[str, Report]] = None,
 ) -> List[pb.HeartbeatRequest]:
-    """One request per MAX_HEARTBEAT_LEASES leases (at least one)."""
+    """One request per MAX_HEARTBEAT_LEASES leases (at least one), each
+    lease with the progress reported for its job in ``progress``."""
     leases = list(leases)
+    reports = progress or {}
     chunks = [leases[i:i + MAX_HEARTBEAT_LEASES]
               for i in range(0, len(leases), MAX_HEARTBEAT_LEASES)] or [[]]
+
+    def ref(j: str, lid: str) -> pb.LeaseRef:
+        r = reports.get(j)
+        if r is None:
+            return pb.LeaseRef(job_id=j, lease_id=lid)
+        return pb.LeaseRef(job_id=j, lease_id=lid,
+                           progress=pb.Progress(percent=r[0], message=r[1]))
     return [
         pb.HeartbeatRequest(
             worker_id=worker_id,
-            leases=[pb.LeaseRef(job_id=j, lease_id=lid) for j, lid in chunk],
+            leases=[ref(j, lid) for j, lid in chunk],
             extend_by=duration(extend_by), draining=draining, stream_token=stream_token,
         )
         for chunk in chunks
     ]
+
+
+def report(percent: int, message: str) -> Report:
+    """A progress report as sent: percent within 0..100, the message cut
+    to PROGRESS_MESSAGE_BYTES bytes of UTF-8 at a character boundary."""
+    data = message.encode("utf-8")[:PROGRESS_MESSAGE_BYTES]
+    return (max(0, min(100, int(percent))), data.decode("utf-8", errors="ignore"))
 
 
 def purge_request(queue: str, status: StatusLike,

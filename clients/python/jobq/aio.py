@@ -178,9 +178,11 @@ class AsyncClient:
         self, worker_id: str, leases: Sequence[Tuple[str, str]], *,
         extend_by: Optional[Seconds] = None, draining: bool = False,
         stream_token: str = "", timeout: Optional[float] = None,
+        progress: Optional[Mapping[str, Tuple[int, str]]] = None,
     ) -> List[Tuple[str, str]]:
         lost: List[Tuple[str, str]] = []
-        for req in c.heartbeat_requests(worker_id, leases, extend_by, draining, stream_token):
+        for req in c.heartbeat_requests(worker_id, leases, extend_by, draining, stream_token,
+                                        progress):
             resp = await self._unary(self.stub.Heartbeat, req, timeout)
             lost.extend((r.job_id, r.lease_id) for r in resp.lost)
         return lost
@@ -611,13 +613,28 @@ class AsyncWorker:
         if not sent and not self._draining and not self._stream_token:
             return
         sent_at = time.time()
+        reports = self._book.reports()
         try:
-            lost = await self.client.heartbeat(
-                self.worker_id, sent, extend_by=self.lease, draining=self._draining,
-                stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every))
+            try:
+                lost = await self.client.heartbeat(
+                    self.worker_id, sent, extend_by=self.lease, draining=self._draining,
+                    stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every),
+                    progress=reports)
+            except JobqError as e:
+                if not (reports and e.code() == grpc.StatusCode.INVALID_ARGUMENT):
+                    raise
+                # A server with a lower --max-progress-message-bytes: the
+                # reports go; the leases are extended at once without them.
+                log.warning("the server refused a progress report (%s); extending without it", e)
+                self._book.reported(reports)
+                reports = {}
+                lost = await self.client.heartbeat(
+                    self.worker_id, sent, extend_by=self.lease, draining=self._draining,
+                    stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every))
         except JobqError as e:
             log.warning("heartbeat failed (%s); %d leases", e.code(), len(sent))
             return
+        self._book.reported(reports)
         for ctx in self._book.apply_heartbeat(sent, lost, sent_at + self.lease):
             log.warning("job %s: lease lost; cancelling its handler", ctx.id)
             ctx._cancel("lease lost (heartbeat)")

@@ -250,14 +250,17 @@ class Client:
         draining: bool = False,
         stream_token: str = "",
         timeout: Optional[float] = None,
+        progress: Optional[Mapping[str, Tuple[int, str]]] = None,
     ) -> List[Tuple[str, str]]:
         """Extends leases [(job_id, lease_id)]; returns the ones lost, same shape.
 
         ``stream_token`` is the ``jobq-stream-token`` header of the sender's
-        Lease stream: ``draining`` applies to that stream alone. One call per
+        Lease stream: ``draining`` applies to that stream alone. ``progress``
+        maps a job id to its (percent, message) report. One call per
         MAX_HEARTBEAT_LEASES leases (the server's per-call limit)."""
         lost: List[Tuple[str, str]] = []
-        for req in c.heartbeat_requests(worker_id, leases, extend_by, draining, stream_token):
+        for req in c.heartbeat_requests(worker_id, leases, extend_by, draining, stream_token,
+                                        progress):
             resp = self._unary(self.stub.Heartbeat, req, timeout)
             lost.extend((r.job_id, r.lease_id) for r in resp.lost)
         return lost

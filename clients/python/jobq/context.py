@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from jobq._common import report
 from jobq.models import Job
 from jobq.v1 import jobq_pb2 as pb
 
@@ -50,6 +51,8 @@ class BaseJobContext:
         self._on_cancel: List[Callable[[], object]] = []
         # What the handler returned, encoded: sent with the ack.
         self._result = b""
+        # The latest progress report no heartbeat has carried yet.
+        self._unsent: Optional[Tuple[int, str]] = None
 
     @property
     def id(self) -> str:
@@ -106,7 +109,28 @@ class BaseJobContext:
         Fatal: retrying cannot fix it, so it must not burn every attempt."""
         return self.job.json()
 
+    def progress(self, percent: int, message: str = "") -> None:
+        """Reports how far the job has come: ``percent`` (kept within 0 to
+        100) and a short message (cut to 256 bytes). The worker's next
+        heartbeat (every lease/3) carries the latest report, which the
+        server keeps with the job: ``get_job(id).progress``, ``watch`` and
+        the dashboard show it. Reports between two heartbeats cost nothing
+        but the last."""
+        r = report(percent, message)
+        with self._lock:
+            self._unsent = r
+
     # -- the worker's side --------------------------------------------------
+    def _report(self) -> Optional[Tuple[int, str]]:
+        with self._lock:
+            return self._unsent
+
+    def _reported(self, sent: Tuple[int, str]) -> None:
+        # Carried (or refused): forgotten, unless the handler reported again.
+        with self._lock:
+            if self._unsent == sent:
+                self._unsent = None
+
     def _set_deadline(self, deadline: float) -> None:
         # Only later: of two heartbeats that overlap, the older one may
         # answer last.

@@ -85,6 +85,22 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """How far a job has come, as its handler reported it
+    (``ctx.progress(percent, message)``)."""
+    #: 0 to 100.
+    percent: int
+    message: str
+    #: When the server took the report.
+    reported_at: Optional[datetime]
+
+    @classmethod
+    def from_pb(cls, p: pb.Progress) -> "Progress":
+        return cls(percent=p.percent, message=p.message,
+                   reported_at=_time(p, "reported_at"))
+
+
+@dataclass(frozen=True)
 class Job:
     """A job and what the queue remembers about it. Replies to writes
     (enqueue, ack, fail, retry, cancel) leave ``payload`` empty and keep
@@ -126,6 +142,9 @@ class Job:
     snoozes: int = 0
     #: Snoozes allowed; a snooze past them counts as a failed attempt.
     max_snoozes: int = 0
+    #: The latest progress its handler reported, or None. Kept after the
+    #: job ends; one reported before ``taken_at`` came from an earlier run.
+    progress: Optional[Progress] = None
 
     @classmethod
     def from_pb(cls, j: pb.Job) -> "Job":
@@ -140,6 +159,7 @@ class Job:
             metadata=dict(j.metadata), priority=j.priority,
             result=j.result or None, group=j.group or None,
             snoozes=j.snoozes, max_snoozes=j.max_snoozes,
+            progress=Progress.from_pb(j.progress) if j.HasField("progress") else None,
         )
 
     def result_json(self) -> Any:

@@ -1,7 +1,8 @@
 """What a handler can say and see, against a real `jobq serve`:
 `raise Retry(after=…)` picks the retry delay (sync and asyncio),
 `raise Snooze(after=…)` puts the job back without spending an attempt, what
-a handler returns is the job's result (which `wait` hands the producer), and an
+a handler returns is the job's result (which `wait` hands the producer),
+`ctx.progress()` reaches the producer with the heartbeats, and an
 AsyncWorker handler's `ctx.cancelled` is an asyncio.Event it can await,
 set with the operator's reason when its job is cancelled.
 
@@ -17,7 +18,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Dict, List
 
-from harness import run_tests, wait_for
+from harness import Server, run_tests, wait_for
 from jobq import (AsyncJobContext, Client, EnqueueOutcome, InvalidArgument, JobContext,
                   JobFailed, NewJob, Outcome, Retry, Snooze, Status, WaitTimeout, Worker)
 from jobq.aio import AsyncClient, AsyncWorker
@@ -200,6 +201,77 @@ def a_returned_value_is_the_result(tmp: str, client: Client, addr: str) -> None:
     asyncio.run(main())
 
 
+def progress_rides_on_the_heartbeats(tmp: str, client: Client, addr: str) -> None:
+    """``ctx.progress(percent, message)`` reaches the producer with the
+    worker's next heartbeat, and stays with the job after its ack, for sync
+    and asyncio handlers; a report a server refuses (its
+    --max-progress-message-bytes below the client's cut) is dropped and the
+    lease is extended without it."""
+    go_on = threading.Event()
+
+    def handler(ctx: JobContext) -> None:
+        ctx.progress(140, "row 4,000 of 10,000")
+        go_on.wait(20)
+
+    job, _ = client.enqueue("progress", "k")
+    with Running(Worker(client, ["progress"], handler, lease=3)):
+        wait_for(lambda: client.get_job(job.id).progress is not None, 20, "the report")
+        p = client.get_job(job.id).progress
+        assert p is not None and (p.percent, p.message) == (100, "row 4,000 of 10,000"), p
+        assert p.reported_at is not None
+        go_on.set()
+        wait_for(lambda: client.get_job(job.id).status == Status.DONE, 20, "the ack")
+    assert client.get_job(job.id).progress == p
+
+    strict = Server(tmp, "--max-progress-message-bytes", "8", name="strict")
+    try:
+        sc = Client(strict.url)
+        sc.wait_ready()
+        go_on.clear()
+
+        def wordy(ctx: JobContext) -> None:
+            ctx.progress(10, "a message longer than eight bytes")
+            go_on.wait(20)
+
+        job, _ = sc.enqueue("progress", "k")
+        with Running(Worker(sc, ["progress"], wordy, lease=3)):
+            wait_for(lambda: sc.get_job(job.id).status == Status.RUNNING, 20, "the take")
+            first = sc.get_job(job.id).lease_expires_at
+            assert first is not None
+            wait_for(lambda: (sc.get_job(job.id).lease_expires_at or first) > first, 20,
+                     "a heartbeat that extends the lease without the refused report")
+            got = sc.get_job(job.id)
+            assert got.progress is None and got.attempts == 0, got
+            go_on.set()
+            wait_for(lambda: sc.get_job(job.id).status == Status.DONE, 20, "the ack")
+        sc.close()
+    finally:
+        strict.stop()
+
+    async def main() -> None:
+        async with AsyncClient("http://" + addr) as aio:
+            release = asyncio.Event()
+
+            async def handler(ctx: AsyncJobContext) -> None:
+                ctx.progress(50, "half")
+                await release.wait()
+
+            job, _ = await aio.enqueue("progress-aio", "k")
+            worker = AsyncWorker(aio, ["progress-aio"], handler, lease=3)
+            running = asyncio.create_task(worker.run(handle_signals=False))
+            deadline = time.monotonic() + 20
+            while (await aio.get_job(job.id)).progress is None:
+                assert time.monotonic() < deadline, "the asyncio report did not arrive"
+                await asyncio.sleep(0.05)
+            p = (await aio.get_job(job.id)).progress
+            assert p is not None and (p.percent, p.message) == (50, "half"), p
+            release.set()
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+
+    asyncio.run(main())
+
+
 def wait_and_watch(tmp: str, client: Client, addr: str) -> None:
     """``wait`` returns the DONE job with its result, raises JobFailed for a
     cancelled one and WaitTimeout when nothing works the queue;
@@ -302,5 +374,6 @@ def async_retry_and_cancel(tmp: str, client: Client, addr: str) -> None:
 if __name__ == "__main__":
     sys.exit(run_tests("python-handler", [retry_after_delay, snooze_spends_no_attempt,
                                                key_rules_debounce_throttle_and_active,
-                                               a_returned_value_is_the_result, wait_and_watch,
+                                               a_returned_value_is_the_result,
+                                               progress_rides_on_the_heartbeats, wait_and_watch,
                                                async_retry_and_cancel]))

@@ -42,10 +42,13 @@ export class Book {
     return this.jobs.get(ctx.id)?.ctx.leaseId === ctx.leaseId;
   }
 
-  /** Every lease, sorted by job id. */
+  /** Every lease, with the progress its handler reported since the last heartbeat that carried one, sorted by job id. */
   snapshot(): LeaseRefLike[] {
     return [...this.jobs.entries()]
-      .map(([jobId, e]) => ({ jobId, leaseId: e.ctx.leaseId }))
+      .map(([jobId, e]) => {
+        const progress = e.ctx.report();
+        return progress === undefined ? { jobId, leaseId: e.ctx.leaseId } : { jobId, leaseId: e.ctx.leaseId, progress };
+      })
       .sort((a, b) => (a.jobId < b.jobId ? -1 : a.jobId > b.jobId ? 1 : 0));
   }
 
@@ -71,6 +74,14 @@ export class Book {
       if (e !== undefined && e.ctx.leaseId === r.leaseId) e.ctx.extendTo(newDeadline);
     }
     return out;
+  }
+
+  /** The reports `sent` carried were taken (or refused): forgotten, unless their handlers reported again. */
+  reported(sent: readonly LeaseRefLike[]): void {
+    for (const r of sent) {
+      const e = this.jobs.get(r.jobId);
+      if (r.progress !== undefined && e !== undefined && e.ctx.leaseId === r.leaseId) e.ctx.reported(r.progress);
+    }
   }
 
   /** A `revoked` event: the lease leaves the book if held (and not settling). */

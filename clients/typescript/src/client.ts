@@ -28,6 +28,19 @@ import { traceContext, withTraceContext } from "./trace.js";
 
 /** Most leases in one Heartbeat call: the server refuses more; heartbeat() splits. */
 export const MAX_HEARTBEAT_LEASES = 1000;
+
+/**
+ * The longest progress message the server takes by default
+ * (--max-progress-message-bytes): `ctx.progress()` cuts a longer one.
+ */
+export const PROGRESS_MESSAGE_BYTES = 256;
+
+/** A progress report as a heartbeat carries it. */
+export interface ProgressReport {
+  /** 0 to 100. */
+  percent: number;
+  message: string;
+}
 /** The largest reply decoded (64 MiB, above the server's default --max-message-bytes). */
 export const MAX_RECEIVE_BYTES = 64 * 1024 * 1024;
 
@@ -156,6 +169,8 @@ export interface QueuePolicyView {
 export interface LeaseRefLike {
   jobId: string;
   leaseId: string;
+  /** In a heartbeat: the job's progress, kept with it by the server. */
+  progress?: ProgressReport;
 }
 
 export interface HeartbeatOptions {
@@ -395,7 +410,11 @@ export class Client<Kinds extends KindMap = AnyKinds> {
     for (const chunk of chunks) {
       const req = {
         workerId,
-        leases: chunk.map((l) => ({ jobId: l.jobId, leaseId: l.leaseId })),
+        leases: chunk.map((l) => ({
+          jobId: l.jobId,
+          leaseId: l.leaseId,
+          progress: l.progress === undefined ? undefined : { percent: l.progress.percent, message: l.progress.message },
+        })),
         extendBy: duration(options.extendByMs),
         draining: options.draining ?? false,
         streamToken: options.streamToken ?? "",

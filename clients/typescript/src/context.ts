@@ -1,9 +1,12 @@
 // JobContext: what a handler gets, the job plus its lease.
 
+import { PROGRESS_MESSAGE_BYTES, type ProgressReport } from "./client.js";
 import { HandlerError } from "./errors.js";
 import type { Job } from "./gen/jobq/v1/jobq_pb.js";
 
 const decoder = new TextDecoder("utf-8", { fatal: true });
+const encoder = new TextEncoder();
+
 
 /**
  * One leased job as its handler sees it. `T` is the payload type of the
@@ -25,6 +28,7 @@ export class JobContext<T = unknown> {
   private readonly abort = new AbortController();
   private deadline: number;
   private decoded: { value: T } | undefined;
+  private unsent: ProgressReport | undefined;
 
   /** @internal The worker makes these. */
   constructor(job: Job, leaseId: string, workerId: string, leaseDeadlineMs: number) {
@@ -99,6 +103,35 @@ export class JobContext<T = unknown> {
   /** The payload as UTF-8 text. */
   text(): string {
     return new TextDecoder().decode(this.job.payload);
+  }
+
+  /**
+   * Reports how far the job has come: `percent` (kept within 0 to 100) and a
+   * short message (cut to 256 bytes of UTF-8). The worker's next heartbeat
+   * (every lease/3) carries the latest report, which the server keeps with
+   * the job: `getJob(id)`, `watch` and the dashboard show it as
+   * `job.progress`. Reports between two heartbeats cost nothing but the last.
+   */
+  progress(percent: number, message = ""): void {
+    let bytes = encoder.encode(message);
+    if (bytes.length > PROGRESS_MESSAGE_BYTES) {
+      let cut = PROGRESS_MESSAGE_BYTES;
+      // Back to the start of a UTF-8 character.
+      while (cut > 0 && ((bytes[cut] ?? 0) & 0xc0) === 0x80) cut--;
+      bytes = bytes.subarray(0, cut);
+    }
+    const p = Math.round(Number.isFinite(percent) ? percent : 0);
+    this.unsent = { percent: Math.max(0, Math.min(100, p)), message: new TextDecoder().decode(bytes) };
+  }
+
+  /** @internal The report no heartbeat has carried yet. */
+  report(): ProgressReport | undefined {
+    return this.unsent;
+  }
+
+  /** @internal `sent` was carried (or refused): forgotten, unless reported again since. */
+  reported(sent: ProgressReport): void {
+    if (this.unsent === sent) this.unsent = undefined;
   }
 
   /** @internal The lease deadline as epoch ms. */

@@ -12,6 +12,8 @@ export {
   type LeaseRefLike,
   type ListJobsOptions,
   MAX_HEARTBEAT_LEASES,
+  PROGRESS_MESSAGE_BYTES,
+  type ProgressReport,
   type QueueCounts,
   type QueuePolicyLimits,
   type QueuePolicyView,

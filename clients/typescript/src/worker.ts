@@ -490,20 +490,36 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
     // pushes) and while a stream is open (it says the worker is alive).
     if (sent.length === 0 && !this.draining && this.streamToken === "") return;
     const sentAt = Date.now();
+    const options = {
+      extendByMs: this.leaseMs,
+      draining: this.draining,
+      streamToken: this.streamToken,
+      timeoutMs: Math.max(1000, this.heartbeatEveryMs),
+    };
     let lost;
     try {
-      lost = await this.client.heartbeat(this.workerId, sent, {
-        extendByMs: this.leaseMs,
-        draining: this.draining,
-        streamToken: this.streamToken,
-        timeoutMs: Math.max(1000, this.heartbeatEveryMs),
-      });
+      try {
+        lost = await this.client.heartbeat(this.workerId, sent, options);
+      } catch (err) {
+        const e = JobqError.from(err);
+        if (e.code !== "INVALID_ARGUMENT" || !sent.some((r) => r.progress !== undefined)) throw err;
+        // A server with a lower --max-progress-message-bytes: the reports
+        // go; the leases are extended at once without them.
+        this.log.warn(`the server refused a progress report (${e.message}); extending without it`);
+        this.book.reported(sent);
+        lost = await this.client.heartbeat(
+          this.workerId,
+          sent.map((r) => ({ jobId: r.jobId, leaseId: r.leaseId })),
+          options,
+        );
+      }
     } catch (err) {
       // The leases may well still be valid (a restarting server): handlers
       // keep running until their deadline.
       this.log.warn(`heartbeat failed (${JobqError.from(err).code}); ${sent.length} leases`);
       return;
     }
+    this.book.reported(sent);
     for (const ctx of this.book.applyHeartbeat(sent, lost, sentAt + this.leaseMs)) {
       this.log.warn(`job ${ctx.id}: lease lost; cancelling its handler`);
       ctx.cancel("lease lost (heartbeat)");

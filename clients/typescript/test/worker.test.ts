@@ -1,5 +1,5 @@
 // The Worker against a real `jobq serve`, in process: ack, retry (with and
-// without a delay), fatal, an unknown kind, cancel, the drain deadline, a
+// without a delay), progress, fatal, an unknown kind, cancel, the drain deadline, a
 // refused stream, heartbeats, $JOBQ_SERVER and trace context.
 
 import assert from "node:assert/strict";
@@ -193,6 +193,74 @@ test("result: what a handler resolves to is stored by its ack; one over --max-re
   assert.equal(failed.attempts, 1);
   assert.match(failed.lastError, /the server refused the result/);
   assert.equal(failed.result.length, 0);
+});
+
+test("progress: ctx.progress() reaches the producer with the heartbeats; a refused report is dropped, the lease still extended", async () => {
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  const { job } = await client.enqueue("progress", "k", {});
+  await running(
+    {
+      queues: ["progress"],
+      handlers: {
+        k: async (ctx) => {
+          ctx.progress(140, "row 4,000 of 10,000");
+          await released;
+        },
+      },
+      leaseMs: 3_000,
+    },
+    async () => {
+      await waitFor(async () => (await client.getJob(job.id)).progress !== undefined, 20_000, "the report");
+      const p = (await client.getJob(job.id)).progress;
+      assert.equal(p?.percent, 100);
+      assert.equal(p?.message, "row 4,000 of 10,000");
+      assert.ok(p?.reportedAt !== undefined);
+      release();
+      await waitFor(async () => (await status(job.id)) === JobStatus.DONE, 20_000, "the ack");
+    },
+  );
+  assert.equal((await client.getJob(job.id)).progress?.percent, 100, "kept after the ack");
+
+  const strict = await Server.start(dir, ["--max-progress-message-bytes", "8"], "strict");
+  const sc = new Client<Kinds>({ server: strict.url });
+  try {
+    await sc.waitReady();
+    let go!: () => void;
+    const gone = new Promise<void>((resolve) => (go = resolve));
+    const { job: wordy } = await sc.enqueue("progress", "k", {});
+    await running(
+      {
+        queues: ["progress"],
+        handlers: {
+          k: async (ctx) => {
+            ctx.progress(10, "a message longer than eight bytes");
+            await gone;
+          },
+        },
+        leaseMs: 3_000,
+      },
+      async () => {
+        await waitFor(async () => (await status(wordy.id, sc)) === JobStatus.RUNNING, 20_000, "the take");
+        const first = (await sc.getJob(wordy.id)).leaseExpiresAt;
+        const ms = (t: typeof first) => (t === undefined ? 0 : Number(t.seconds) * 1000 + t.nanos / 1e6);
+        await waitFor(
+          async () => ms((await sc.getJob(wordy.id)).leaseExpiresAt) > ms(first),
+          20_000,
+          "a heartbeat that extends the lease without the refused report",
+        );
+        const got = await sc.getJob(wordy.id);
+        assert.equal(got.progress, undefined);
+        assert.equal(got.attempts, 0);
+        go();
+        await waitFor(async () => (await status(wordy.id, sc)) === JobStatus.DONE, 20_000, "the ack");
+      },
+      sc,
+    );
+  } finally {
+    sc.close();
+    await strict.stop();
+  }
 });
 
 test("wait and watchJob: the DONE job with its result, JobFailedError, WaitTimeoutError", async () => {

@@ -3,7 +3,8 @@
 use jobq_client::{pb, Client};
 
 use crate::output::{
-    job_json, or_dash, outcome_name, payload_display, status_name, timestamp_text, Out, Table,
+    job_json, or_dash, outcome_name, payload_display, progress_text, status_name, timestamp_text,
+    Out, Table,
 };
 
 /// Options of `jobq get`.
@@ -57,6 +58,13 @@ fn fields(job: &pb::Job) -> Table {
     ];
     for (name, value) in rows {
         t.row([name.to_owned(), value]);
+    }
+    if let Some(p) = &job.progress {
+        t.row(["progress".to_owned(), progress_text(p)]);
+        t.row([
+            "progress_at".to_owned(),
+            timestamp_text(p.reported_at.as_ref()),
+        ]);
     }
     if !job.result.is_empty() {
         t.row(["result".to_owned(), payload_display(&job.result)]);

@@ -196,6 +196,17 @@ pub fn or_dash(text: &str) -> String {
     }
 }
 
+/// A progress report as `40% row 4,000 of 10,000` (a message of several
+/// lines on one).
+pub fn progress_text(p: &pb::Progress) -> String {
+    let message = p.message.replace(['\n', '\r'], " ");
+    if message.is_empty() {
+        format!("{}%", p.percent)
+    } else {
+        format!("{}% {message}", p.percent)
+    }
+}
+
 /// `text` cut to `max` characters with an ellipsis, on one line.
 pub fn truncate(text: &str, max: usize) -> String {
     let one_line = text.replace(['\n', '\r'], " ");
@@ -267,6 +278,13 @@ pub fn job_json(job: &pb::Job) -> Value {
     match payload_text(&job.payload) {
         Some(text) => v["payload"] = Value::String(text.to_owned()),
         None => v["payload_hex"] = Value::String(hex(&job.payload)),
+    }
+    if let Some(p) = &job.progress {
+        v["progress"] = json!({
+            "percent": p.percent,
+            "message": p.message,
+            "reported_at": timestamp_json(p.reported_at.as_ref()),
+        });
     }
     if !job.result.is_empty() {
         match payload_text(&job.result) {

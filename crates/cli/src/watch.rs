@@ -5,7 +5,8 @@ use futures::StreamExt;
 use jobq_client::{pb, Client};
 
 use crate::output::{
-    job_json, or_dash, outcome_name, payload_display, status_name, timestamp_text, Out,
+    job_json, or_dash, outcome_name, payload_display, progress_text, status_name, timestamp_text,
+    Out,
 };
 
 /// Options of `jobq watch`.
@@ -55,13 +56,21 @@ pub async fn run(client: &Client, out: Out, args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `<time> <id> <STATUS> attempts N/M [<last outcome>: <error>] [result …]`.
+/// `<time> <id> <STATUS> attempts N/M [progress P% <message>]
+/// [<last outcome>: <error>] [result …]`, at the time of the latest of the
+/// attempt's start or end and the progress report.
 fn line(job: &pb::Job) -> String {
-    let when = job
+    let stamp = job
         .history
         .last()
         .and_then(|a| a.ended_at.as_ref().or(a.started_at.as_ref()))
         .or(job.enqueued_at.as_ref());
+    let reported = job.progress.as_ref().and_then(|p| p.reported_at.as_ref());
+    let when = match (stamp, reported) {
+        (Some(s), Some(r)) if (r.seconds, r.nanos) > (s.seconds, s.nanos) => Some(r),
+        (None, r) => r,
+        (s, _) => s,
+    };
     let mut text = format!(
         "{} {} {} attempts {}/{}",
         timestamp_text(when),
@@ -70,6 +79,9 @@ fn line(job: &pb::Job) -> String {
         job.attempts,
         job.max_attempts
     );
+    if let Some(p) = &job.progress {
+        text.push_str(&format!(" progress {}", progress_text(p)));
+    }
     if let Some(last) = job.history.last().filter(|a| a.ended_at.is_some()) {
         text.push_str(&format!(
             " last {}: {}",

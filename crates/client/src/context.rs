@@ -7,7 +7,7 @@ use jobq::pb;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::inflight::Deadline;
+use crate::inflight::{Deadline, Unsent};
 use crate::HandlerError;
 
 /// The job a handler runs, under which lease, and a signal for when to stop.
@@ -25,6 +25,7 @@ struct Inner {
     lease_id: String,
     worker_id: Arc<str>,
     deadline: Deadline,
+    progress: Unsent,
     cancel: CancellationToken,
     draining: CancellationToken,
     /// What the handler set as the job's result, sent with its ack.
@@ -36,7 +37,7 @@ impl JobContext {
         job: pb::Job,
         lease_id: String,
         worker_id: Arc<str>,
-        deadline: Deadline,
+        (deadline, progress): (Deadline, Unsent),
         cancel: CancellationToken,
         draining: CancellationToken,
     ) -> Self {
@@ -46,6 +47,7 @@ impl JobContext {
                 lease_id,
                 worker_id,
                 deadline,
+                progress,
                 cancel,
                 draining,
                 result: std::sync::Mutex::new(None),
@@ -116,6 +118,35 @@ impl JobContext {
     /// failed instead, for good, with the server's reason.
     pub fn set_result(&self, result: impl Into<Vec<u8>>) {
         *self.inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(result.into());
+    }
+
+    /// Reports how far the job has come: `percent` (over 100 counts as
+    /// 100) and a short message (cut to [`jobq::PROGRESS_MESSAGE_BYTES`]
+    /// bytes). The worker's next heartbeat (every lease/3) carries the
+    /// latest report, which the server keeps with the job: [`Client::job`]
+    /// and [`Client::watch`] show it as [`Job::progress`](crate::Job::progress).
+    /// Reports made between two heartbeats cost nothing but the last one.
+    ///
+    /// [`Client::job`]: crate::Client::job
+    /// [`Client::watch`]: crate::Client::watch
+    pub fn progress(&self, percent: u32, message: impl Into<String>) {
+        let mut message = message.into();
+        if message.len() > jobq::PROGRESS_MESSAGE_BYTES {
+            let mut cut = jobq::PROGRESS_MESSAGE_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        *self
+            .inner
+            .progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(pb::Progress {
+            percent: percent.min(100),
+            message,
+            reported_at: None,
+        });
     }
 
     /// [`set_result`](Self::set_result) with `value` as JSON.
@@ -236,7 +267,7 @@ mod tests {
             job,
             "l1".into(),
             "w1".into(),
-            deadline,
+            (deadline, Arc::new(Mutex::new(None))),
             CancellationToken::new(),
             CancellationToken::new(),
         )

@@ -15,11 +15,18 @@ use tokio_util::sync::CancellationToken;
 /// heartbeat) and the handler's [`JobContext`](crate::JobContext).
 pub(crate) type Deadline = Arc<Mutex<SystemTime>>;
 
+/// The progress a handler reported that no heartbeat has carried yet,
+/// shared between the book (which sends it with the next heartbeat and
+/// forgets it once the server took it) and the handler's
+/// [`JobContext`](crate::JobContext), which replaces it with a newer one.
+pub(crate) type Unsent = Arc<Mutex<Option<pb::Progress>>>;
+
 #[derive(Debug)]
 struct Entry {
     lease_id: String,
     cancel: CancellationToken,
     deadline: Deadline,
+    progress: Unsent,
     /// Its ack or fail has been sent: the server's answer to that call,
     /// not a heartbeat that crossed it, says whether the lease was lost.
     settling: bool,
@@ -42,6 +49,7 @@ impl InFlight {
         lease_id: String,
         cancel: CancellationToken,
         deadline: Deadline,
+        progress: Unsent,
     ) -> Option<CancellationToken> {
         let old = self.jobs.insert(
             job_id,
@@ -49,6 +57,7 @@ impl InFlight {
                 lease_id,
                 cancel,
                 deadline,
+                progress,
                 settling: false,
             },
         );
@@ -79,8 +88,9 @@ impl InFlight {
         }
     }
 
-    /// Every lease to extend, sorted by job id (so one tick's request is
-    /// deterministic).
+    /// Every lease to extend, with the progress its handler reported since
+    /// the last heartbeat that carried one, sorted by job id (so one tick's
+    /// request is deterministic).
     pub(crate) fn snapshot(&self) -> Vec<pb::LeaseRef> {
         let mut refs: Vec<_> = self
             .jobs
@@ -88,6 +98,7 @@ impl InFlight {
             .map(|(job_id, e)| pb::LeaseRef {
                 job_id: job_id.clone(),
                 lease_id: e.lease_id.clone(),
+                progress: e.progress.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             })
             .collect();
         refs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
@@ -124,9 +135,31 @@ impl InFlight {
                 .filter(|e| e.lease_id == r.lease_id)
             {
                 *e.deadline.lock().unwrap_or_else(|p| p.into_inner()) = new_deadline;
+                // Taken: unless the handler reported again meanwhile.
+                let mut unsent = e.progress.lock().unwrap_or_else(|p| p.into_inner());
+                if r.progress.is_some() && *unsent == r.progress {
+                    *unsent = None;
+                }
             }
         }
         cancelled
+    }
+
+    /// Forgets the progress `sent` carried (the server refused it): the
+    /// next heartbeat goes without it, unless its handler reports again.
+    pub(crate) fn drop_progress(&self, sent: &[pb::LeaseRef]) {
+        for r in sent.iter().filter(|r| r.progress.is_some()) {
+            if let Some(e) = self
+                .jobs
+                .get(&r.job_id)
+                .filter(|e| e.lease_id == r.lease_id)
+            {
+                let mut unsent = e.progress.lock().unwrap_or_else(|p| p.into_inner());
+                if *unsent == r.progress {
+                    *unsent = None;
+                }
+            }
+        }
     }
 
     /// Handles a `revoked` event: if the book holds that lease, it leaves
@@ -158,11 +191,16 @@ mod tests {
         pb::LeaseRef {
             job_id: job.into(),
             lease_id: lease.into(),
+            progress: None,
         }
     }
 
     fn deadline(t: SystemTime) -> Deadline {
         Arc::new(Mutex::new(t))
+    }
+
+    fn unsent() -> Unsent {
+        Arc::new(Mutex::new(None))
     }
 
     fn book(entries: &[(&str, &str)]) -> (InFlight, Vec<(CancellationToken, Deadline)>) {
@@ -172,7 +210,13 @@ mod tests {
             .map(|(job, l)| {
                 let (token, d) = (CancellationToken::new(), deadline(SystemTime::UNIX_EPOCH));
                 assert!(book
-                    .insert(job.to_string(), l.to_string(), token.clone(), d.clone())
+                    .insert(
+                        job.to_string(),
+                        l.to_string(),
+                        token.clone(),
+                        d.clone(),
+                        unsent()
+                    )
                     .is_none());
                 (token, d)
             })
@@ -231,7 +275,7 @@ mod tests {
         // leased to us again under a new lease.
         assert!(book.remove("j1", "l1"));
         let (token, d) = (CancellationToken::new(), deadline(SystemTime::UNIX_EPOCH));
-        book.insert("j1".into(), "l9".into(), token.clone(), d.clone());
+        book.insert("j1".into(), "l9".into(), token.clone(), d.clone(), unsent());
         let later = SystemTime::UNIX_EPOCH + Duration::from_secs(60);
         assert!(book
             .apply_heartbeat(&sent, &[lease("j1", "l1")], later)
@@ -262,6 +306,7 @@ mod tests {
             "l2".into(),
             CancellationToken::new(),
             deadline(SystemTime::UNIX_EPOCH),
+            unsent(),
         );
         old.expect("old lease token").cancel();
         assert!(handles[0].0.is_cancelled());

@@ -106,8 +106,8 @@ pub use handler::{HandlerError, HandlerResult};
 pub use jobq::pb;
 pub use kind::JobKind;
 pub use model::{
-    Attempt, EnqueueOutcome, Enqueued, Job, JobId, KeyScope, Outcome, QueuePolicy, QueueStats,
-    RateLimit, Rejected, Schedule, Status,
+    Attempt, EnqueueOutcome, Enqueued, Job, JobId, KeyScope, Outcome, Progress, QueuePolicy,
+    QueueStats, RateLimit, Rejected, Schedule, Status,
 };
 pub use options::{EnqueueOptions, FailOptions};
 /// The shutdown token [`WorkerBuilder::shutdown`] takes, re-exported so the

@@ -285,6 +285,22 @@ pub struct Job {
     pub snoozes: u32,
     /// Snoozes allowed; a snooze past them counts as a failed attempt.
     pub max_snoozes: u32,
+    /// The latest progress its handler reported
+    /// ([`JobContext::progress`](crate::JobContext::progress)), if any.
+    /// Kept after the job ends; one reported before
+    /// [`taken_at`](Self::taken_at) came from an earlier attempt.
+    pub progress: Option<Progress>,
+}
+
+/// How far a job has come, as its handler reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// 0 to 100.
+    pub percent: u32,
+    /// What the handler said, e.g. "row 4,000 of 10,000".
+    pub message: String,
+    /// When the server took the report.
+    pub reported_at: Option<SystemTime>,
 }
 
 impl Job {
@@ -334,6 +350,11 @@ impl Job {
             group: self.group.unwrap_or_default(),
             snoozes: self.snoozes,
             max_snoozes: self.max_snoozes,
+            progress: self.progress.map(|p| pb::Progress {
+                percent: p.percent,
+                message: p.message,
+                reported_at: p.reported_at.map(Into::into),
+            }),
             ..Default::default()
         }
     }
@@ -364,6 +385,11 @@ impl From<pb::Job> for Job {
             group: non_empty(j.group),
             snoozes: j.snoozes,
             max_snoozes: j.max_snoozes,
+            progress: j.progress.map(|p| Progress {
+                percent: p.percent,
+                message: p.message,
+                reported_at: time(p.reported_at),
+            }),
         }
     }
 }

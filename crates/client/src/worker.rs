@@ -461,12 +461,14 @@ fn start(shared: &Arc<Shared>, leased: pb::LeasedJob, tasks: &mut JoinSet<()>) {
         .checked_add(granted)
         .unwrap_or_else(|| SystemTime::now() + shared.cfg.lease);
     let deadline = Arc::new(Mutex::new(expires));
+    let unsent = Arc::new(Mutex::new(None));
     let cancel = shared.job_cancel_token();
     let stale = shared.book().insert(
         job.id.clone(),
         leased.lease_id.clone(),
         cancel.clone(),
         Arc::clone(&deadline),
+        Arc::clone(&unsent),
     );
     if let Some(stale) = stale {
         warn!(job.id = %job.id, "job leased again; cancelling the run under its old lease");
@@ -476,7 +478,7 @@ fn start(shared: &Arc<Shared>, leased: pb::LeasedJob, tasks: &mut JoinSet<()>) {
         job,
         leased.lease_id,
         Arc::clone(&shared.cfg.worker_id),
-        deadline,
+        (deadline, unsent),
         cancel,
         shared.drain_token(),
     );

@@ -166,6 +166,10 @@ pub struct Config {
     #[arg(long, env = "JOBQ_MAX_RESULT_BYTES", default_value_t = 1024 * 1024)]
     pub max_result_bytes: usize,
 
+    /// Longest progress message a heartbeat may report with a lease.
+    #[arg(long, env = "JOBQ_MAX_PROGRESS_MESSAGE_BYTES", default_value_t = 256)]
+    pub max_progress_message_bytes: usize,
+
     /// Longest enqueue `delay`, Fail `retry_delay` or Fail `snooze`.
     #[arg(long, env = "JOBQ_MAX_DELAY", default_value = "365days", value_parser = humantime::parse_duration)]
     pub max_delay: Duration,
@@ -613,6 +617,7 @@ impl Config {
             .max_payload
             .saturating_add(self.max_metadata_bytes)
             .saturating_add(self.max_result_bytes)
+            .saturating_add(self.max_progress_message_bytes)
             .saturating_add(REPLY_HEADROOM);
         if needed > self.max_message_bytes {
             return Err(format!(

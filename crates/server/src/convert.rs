@@ -100,6 +100,11 @@ impl From<Job> for pb::Job {
             group: job.group.unwrap_or_default(),
             snoozes: job.snoozes,
             max_snoozes: job.max_snoozes,
+            progress: job.progress.map(|p| pb::Progress {
+                percent: p.percent,
+                message: p.message,
+                reported_at: Some(timestamp(p.reported_at)),
+            }),
         }
     }
 }
@@ -231,6 +236,7 @@ mod tests {
             last_error: Some("lease expired".into()),
             history: vec![],
             result: None,
+            progress: None,
             group: Some("tenant-7".into()),
             snoozes: 2,
             max_snoozes: 5,

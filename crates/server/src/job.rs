@@ -263,6 +263,32 @@ pub struct Job {
     /// loads of a change), and never part of a record's encoding.
     #[serde(skip)]
     pub result: Option<Vec<u8>>,
+    /// The latest progress its worker reported with a heartbeat. Kept
+    /// apart from a sled record (the `progress` tree; in PostgreSQL's
+    /// `extra` column), so never part of a record's encoding; `None` in
+    /// the loads of a change, which never clear it.
+    #[serde(skip)]
+    pub progress: Option<Progress>,
+}
+
+/// A running job's progress, as its worker reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// 0 to 100.
+    pub percent: u32,
+    /// What the worker says, at most `--max-progress-message-bytes`.
+    pub message: String,
+    /// When the report was applied.
+    pub reported_at: SystemTime,
+}
+
+/// A progress report as a heartbeat carries it, before it is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// 0 to 100.
+    pub percent: u32,
+    /// What the worker says.
+    pub message: String,
 }
 
 /// The snoozes a job may take when its enqueue does not say

@@ -7,7 +7,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Metadata, NewJob, Outcome, Status};
+use crate::job::{
+    Attempt, Job, JobId, Lease, LeaseId, Metadata, NewJob, Outcome, Progress, Report, Status,
+};
 
 /// Most attempts a job's history keeps (the most recent ones). A job can
 /// be retried by an operator any number of times; without a bound its
@@ -85,12 +87,15 @@ pub enum Event {
         /// How long until the job is due again.
         delay: Duration,
     },
-    /// The lease holder extends its lease (a heartbeat).
+    /// The lease holder extends its lease (a heartbeat), and may report
+    /// how far the job has come.
     Extend {
         /// The lease presented.
         lease_id: LeaseId,
         /// New lease length from now; `None` = the lease's own duration.
         extend_by: Option<Duration>,
+        /// The job's progress, kept as its latest (stamped `now`).
+        progress: Option<Report>,
     },
     /// The server takes the lease back: it expired, its stream ended, or an
     /// operator revoked it. The run counts as an attempt.
@@ -249,6 +254,7 @@ pub fn create(id: JobId, new: NewJob, now: SystemTime) -> Job {
         snoozes: 0,
         max_snoozes: new.max_snoozes,
         result: None,
+        progress: None,
     }
 }
 
@@ -343,6 +349,7 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
         Event::Extend {
             lease_id,
             extend_by,
+            progress,
         } => {
             let (expires_at, duration) = held_lease(&job, lease_id, "extend")?;
             if expires_at <= now {
@@ -353,6 +360,13 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
             }
             if let Some(lease) = job.lease.as_mut() {
                 lease.expires_at = now + extend_by.unwrap_or(duration);
+            }
+            if let Some(Report { percent, message }) = progress {
+                job.progress = Some(Progress {
+                    percent,
+                    message,
+                    reported_at: now,
+                });
             }
             Ok(job)
         }

@@ -432,19 +432,20 @@ impl<S: Store> JobQueue for JobQueueService<S> {
         let req = req.into_inner();
         let (worker_id, draining) = (req.worker_id.clone(), req.draining);
         let token = validate::stream_token(&req.stream_token)?.to_owned();
-        let (leases, extend_by) = validate::heartbeat(req, &self.config)?;
+        let (leases, progress, extend_by) = validate::heartbeat(req, &self.config)?;
         // A lease of a job the token may not see is reported lost, in its
         // place in the request, as one of a job that does not exist is; it
         // is neither extended nor touched here.
         let hidden = auth::hidden_leases(&*self.store, &who, &leases).await?;
-        let visible: Vec<(JobId, LeaseId)> = leases
+        let (visible, progress): (Vec<(JobId, LeaseId)>, Vec<_>) = leases
             .iter()
-            .filter(|lease| !hidden.contains(lease))
-            .copied()
-            .collect();
+            .zip(progress)
+            .filter(|(lease, _)| !hidden.contains(lease))
+            .map(|(lease, report)| (*lease, report))
+            .unzip();
         let mut results = self
             .store
-            .extend(&visible, extend_by, self.now())
+            .extend(&visible, &progress, extend_by, self.now())
             .await?
             .into_iter();
         let lost: Vec<(JobId, LeaseId)> = leases
@@ -469,6 +470,7 @@ impl<S: Store> JobQueue for JobQueueService<S> {
             .map(|(job, lease)| pb::LeaseRef {
                 job_id: job.to_string(),
                 lease_id: lease.to_string(),
+                progress: None,
             })
             .collect();
         Ok(Response::new(pb::HeartbeatResponse { lost }))

@@ -13,8 +13,8 @@ use crate::{
     config::{duration_text, Config},
     error::{Error, Result},
     job::{
-        JobId, KeyScope, LeaseId, NewJob, Status, Uniqueness, DEFAULT_MAX_SNOOZES, PRIORITY_MAX,
-        PRIORITY_MIN,
+        JobId, KeyScope, LeaseId, NewJob, Report, Status, Uniqueness, DEFAULT_MAX_SNOOZES,
+        PRIORITY_MAX, PRIORITY_MIN,
     },
     store::{FailReport, ListFilter},
 };
@@ -542,14 +542,15 @@ fn cut_error(mut error: String, limit: usize) -> String {
 /// A (job, lease) pair named by a heartbeat.
 pub type LeaseRef = (JobId, LeaseId);
 
+/// A heartbeat, checked: its leases, the progress reported with each (in
+/// the same order), and how far to extend them.
+pub type Beats = (Vec<LeaseRef>, Vec<Option<Report>>, Option<Duration>);
+
 /// A Heartbeat: who, which leases (at most [`jobq::MAX_HEARTBEAT_LEASES`],
 /// the per-call limit clients chunk by; not `--max-capacity`, which bounds
-/// one stream, while a worker's leases may span streams), and how far to
-/// extend them.
-pub fn heartbeat(
-    req: pb::HeartbeatRequest,
-    config: &Config,
-) -> Result<(Vec<LeaseRef>, Option<Duration>)> {
+/// one stream, while a worker's leases may span streams), the progress
+/// reported with each, and how far to extend them.
+pub fn heartbeat(req: pb::HeartbeatRequest, config: &Config) -> Result<Beats> {
     name("worker_id", &req.worker_id)?;
     if req.leases.len() > jobq::MAX_HEARTBEAT_LEASES {
         return Err(invalid(format!(
@@ -569,11 +570,38 @@ pub fn heartbeat(
             ))
         })
         .collect::<Result<Vec<_>>>()?;
+    let progress = req
+        .leases
+        .into_iter()
+        .map(|l| l.progress.map(|p| report(p, config)).transpose())
+        .collect::<Result<Vec<_>>>()?;
     let extend_by = match req.extend_by {
         None => None,
         some => Some(lease("extend_by", some, config)?),
     };
-    Ok((leases, extend_by))
+    Ok((leases, progress, extend_by))
+}
+
+/// A progress report: a percent of at most 100 and a message of at most
+/// `--max-progress-message-bytes`.
+fn report(p: pb::Progress, config: &Config) -> Result<Report> {
+    if p.percent > 100 {
+        return Err(invalid(format!(
+            "leases[].progress.percent is {}; it is 0 to 100",
+            p.percent
+        )));
+    }
+    if p.message.len() > config.max_progress_message_bytes {
+        return Err(invalid(format!(
+            "leases[].progress.message is {} bytes; the limit is {} (--max-progress-message-bytes)",
+            p.message.len(),
+            config.max_progress_message_bytes
+        )));
+    }
+    Ok(Report {
+        percent: p.percent,
+        message: p.message,
+    })
 }
 
 /// A status filter: UNSPECIFIED means any.

@@ -4,7 +4,7 @@
 //! A watcher reads its jobs, sends each state it has not sent yet, and
 //! waits for the next change. States that follow each other faster than
 //! it reads may reach it as the latest one only; a lease's deadline moved
-//! by a heartbeat is not a change. Changes made through this server wake it at
+//! by a heartbeat is not a change, the progress a heartbeat reports is. Changes made through this server wake it at
 //! once: the store tells every [`Observer`] of each change it applies, and
 //! [`Watches`] wakes the watchers of the changed job. On a store shared by
 //! several servers, changes made through the others are seen by reading
@@ -199,8 +199,8 @@ fn state(mut job: Job) -> pb::Job {
 /// What a watcher compares to tell a change from the state it sent: the
 /// status, the attempts and how they ended, when it runs (a replace moves
 /// it), its lease (a new take), its error and result, whether it still has
-/// its key (another enqueue may take it over); not the lease's deadline,
-/// which every heartbeat moves.
+/// its key (another enqueue may take it over), its latest progress report;
+/// not the lease's deadline, which every heartbeat moves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
     status: Status,
@@ -212,6 +212,7 @@ struct Seen {
     last_error: Option<String>,
     result: bool,
     keyed: bool,
+    progress: Option<SystemTime>,
 }
 
 impl Seen {
@@ -226,6 +227,7 @@ impl Seen {
             last_error: job.last_error.clone(),
             result: job.result.is_some(),
             keyed: job.key.is_some(),
+            progress: job.progress.as_ref().map(|p| p.reported_at),
         }
     }
 }

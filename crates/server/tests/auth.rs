@@ -199,7 +199,11 @@ async fn call(c: &mut Cli, rpc: Rpc, queue: &str, token: Option<&str>) -> Code {
         }
         Rpc::Heartbeat => {
             let (job_id, lease_id) = leased(c, queue, taker).await;
-            let lease = pb::LeaseRef { job_id, lease_id };
+            let lease = pb::LeaseRef {
+                job_id,
+                lease_id,
+                progress: None,
+            };
             let beat = pb::HeartbeatRequest {
                 worker_id: "w".into(),
                 leases: vec![lease.clone()],
@@ -426,6 +430,7 @@ async fn a_lease_belongs_to_the_token_that_took_it() {
     let lease = pb::LeaseRef {
         job_id: job_id.clone(),
         lease_id: lease_id.clone(),
+        progress: None,
     };
     // Another token with the same role and queues knows the ids: still no.
     let other = Some("consumer2");
@@ -749,6 +754,7 @@ async fn a_job_or_schedule_of_a_queue_the_token_cannot_read_looks_missing() {
             let lease = pb::LeaseRef {
                 job_id: id.clone(),
                 lease_id: lease_id.clone(),
+                progress: None,
             };
             let got = match rpc {
                 "GetJob as reader" => answer(

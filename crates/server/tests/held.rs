@@ -85,6 +85,7 @@ async fn a_declaration_with_a_wrong_job_does_not_take_another_streams_lease() {
     let bogus = pb::LeaseRef {
         job_id: "99999".into(),
         lease_id: first.lease_id.clone(),
+        progress: None,
     };
     let _b = open(&mut c, "in.other", vec![bogus]).await;
     ack(&mut c, &first).await;
@@ -110,10 +111,12 @@ async fn a_lease_declared_twice_counts_once() {
         pb::LeaseRef {
             job_id,
             lease_id: first.lease_id.clone(),
+            progress: None,
         },
         pb::LeaseRef {
             job_id: "99999".into(),
             lease_id: first.lease_id.clone(),
+            progress: None,
         },
     ];
     let mut again = open(&mut c, "in.twice", held).await;
@@ -143,6 +146,7 @@ async fn a_heartbeat_with_a_wrong_job_frees_no_slot() {
                 leases: vec![pb::LeaseRef {
                     job_id: "99999".into(),
                     lease_id: first.lease_id.clone(),
+                    progress: None,
                 }],
                 ..Default::default()
             },

@@ -86,6 +86,7 @@ async fn a_dropped_stream_frees_its_quota_slot_before_the_disconnect_grace() {
     let held = pb::LeaseRef {
         job_id: leased.job.as_ref().unwrap().id.clone(),
         lease_id: leased.lease_id.clone(),
+        progress: None,
     };
     let mut reopened = None;
     for _ in 0..500 {
@@ -384,4 +385,88 @@ async fn a_result_over_max_result_bytes_is_refused_and_the_job_stays_running() {
     let done = get(&mut c).await;
     assert_eq!(done.status, pb::JobStatus::Done as i32);
     assert_eq!(done.result, vec![2; 1024]);
+}
+
+#[tokio::test]
+async fn a_bad_progress_report_is_refused_and_extends_nothing() {
+    let server = TestServer::with(|c| c.max_progress_message_bytes = 16).await;
+    let mut c = server.client().await;
+    c.enqueue(req(
+        pb::EnqueueRequest {
+            queue: "in.progress".into(),
+            kind: "k".into(),
+            ..Default::default()
+        },
+        Some("producer"),
+    ))
+    .await
+    .unwrap();
+    let leased = c
+        .dequeue(req(
+            pb::DequeueRequest {
+                queues: vec!["in.progress".into()],
+                worker_id: "w".into(),
+                ..Default::default()
+            },
+            Some("consumer"),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .leased
+        .expect("a job");
+    let job_id = leased.job.as_ref().unwrap().id.clone();
+    let before = leased.lease_expires_at.unwrap();
+    let beat = |percent: u32, message: &str| {
+        req(
+            pb::HeartbeatRequest {
+                worker_id: "w".into(),
+                leases: vec![pb::LeaseRef {
+                    job_id: job_id.clone(),
+                    lease_id: leased.lease_id.clone(),
+                    progress: Some(pb::Progress {
+                        percent,
+                        message: message.into(),
+                        reported_at: None,
+                    }),
+                }],
+                ..Default::default()
+            },
+            Some("consumer"),
+        )
+    };
+    let get = |c: &mut common::Cli| {
+        let job_id = job_id.clone();
+        let mut c = c.clone();
+        async move {
+            c.get_job(req(pb::GetJobRequest { id: job_id }, Some("admin")))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    for (percent, message) in [(101, "too far"), (50, "seventeen bytes!!")] {
+        let refused = c.heartbeat(beat(percent, message)).await;
+        assert_eq!(
+            code(refused),
+            Code::InvalidArgument,
+            "{percent} {message:?}"
+        );
+        let job = get(&mut c).await;
+        assert_eq!(job.progress, None, "nothing kept");
+        assert_eq!(job.lease_expires_at, Some(before), "nothing extended");
+    }
+    let lost = c
+        .heartbeat(beat(100, "sixteen bytes!!!"))
+        .await
+        .expect("at the limits")
+        .into_inner()
+        .lost;
+    assert!(lost.is_empty());
+    let progress = get(&mut c).await.progress.expect("kept");
+    assert_eq!(
+        (progress.percent, progress.message.as_str()),
+        (100, "sixteen bytes!!!")
+    );
+    assert!(progress.reported_at.is_some());
 }

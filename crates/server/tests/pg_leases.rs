@@ -259,7 +259,7 @@ async fn a_drained_pool_does_not_stop_the_servers_heartbeat() {
         .map(|_| {
             let store = Arc::clone(&store);
             let held = [(leased.job.id, leased.lease_id)];
-            tokio::spawn(async move { store.extend(&held, None, SystemTime::now()).await })
+            tokio::spawn(async move { store.extend(&held, &[], None, SystemTime::now()).await })
         })
         .collect();
     let waiting = connect(&url).await;

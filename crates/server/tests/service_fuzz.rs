@@ -768,6 +768,8 @@ enum Op {
         pad: Option<bool>,
         extend_by: Option<prost_types::Duration>,
         draining: bool,
+        /// A report (percent, message bytes) on the first lease.
+        progress: Option<(u32, usize)>,
     },
     GetJob(IdGen),
     ListJobs {
@@ -899,8 +901,9 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (any::<usize>(), prop_oneof![Just(None), Just(secs(0, 0))], any::<bool>(), prop_oneof![3 => Just(None), 1 => Just(secs(0, 0))])
             .prop_map(|(i, retry_delay, fatal, snooze)| Op::Fail { target: LeaseRefGen::Held(i), error: "boom".into(), retry_delay, fatal, snooze }),
         2 => id().prop_map(Op::Retry),
-        2 => (name(), prop::collection::vec(lease_ref(), 0..4), prop_oneof![8 => Just(None), 1 => Just(Some(false)), 1 => Just(Some(true))], duration(), any::<bool>())
-            .prop_map(|(worker, leases, pad, extend_by, draining)| Op::Heartbeat { worker, leases, pad, extend_by, draining }),
+        2 => (name(), prop::collection::vec(lease_ref(), 0..4), prop_oneof![8 => Just(None), 1 => Just(Some(false)), 1 => Just(Some(true))], duration(), any::<bool>(),
+              prop::option::of((prop_oneof![3 => 0..=100u32, 1 => 101..200u32], prop_oneof![3 => 0..=256usize, 1 => 257..300usize])))
+            .prop_map(|(worker, leases, pad, extend_by, draining, progress)| Op::Heartbeat { worker, leases, pad, extend_by, draining, progress }),
         2 => id().prop_map(Op::GetJob),
         2 => (opt_name(), status(), opt_name(), page_size(), prop::option::of(id()))
             .prop_map(|(queue, status, key, page_size, page_token)| Op::ListJobs { queue, status, key, page_size, page_token }),
@@ -1099,7 +1102,14 @@ impl Harness {
             LeaseRefGen::Lits(job, lease) => (self.id(job), lease.clone()),
         };
         let v = all([id_v(&job_id), id_v(&lease_id)]);
-        (pb::LeaseRef { job_id, lease_id }, v)
+        (
+            pb::LeaseRef {
+                job_id,
+                lease_id,
+                progress: None,
+            },
+            v,
+        )
     }
 
     fn leased(&mut self, l: &pb::LeasedJob) -> Checked {
@@ -1402,9 +1412,19 @@ impl Harness {
                 pad,
                 extend_by,
                 draining,
+                progress,
             } => {
                 let mut refs: Vec<(pb::LeaseRef, V)> =
                     leases.iter().map(|g| self.lease_ref(g)).collect();
+                let mut report_v = V::Valid;
+                if let (Some((percent, bytes)), Some((first, _))) = (progress, refs.first_mut()) {
+                    first.progress = Some(pb::Progress {
+                        percent: *percent,
+                        message: "é".repeat(bytes / 2) + &"x".repeat(bytes % 2),
+                        reported_at: None,
+                    });
+                    report_v = bad_if(*percent > 100 || *bytes > LIMITS.max_progress_message_bytes);
+                }
                 if let Some(over) = pad {
                     let n = jobq::MAX_HEARTBEAT_LEASES + usize::from(*over);
                     let filler = self.lease_ref(&LeaseRefGen::Held(0));
@@ -1414,6 +1434,7 @@ impl Harness {
                     name_v(worker),
                     bad_if(refs.len() > jobq::MAX_HEARTBEAT_LEASES),
                     dur_v(extend_by, DurKind::Lease),
+                    report_v,
                 ]
                 .into_iter()
                 .chain(refs.iter().map(|(_, v)| *v)));

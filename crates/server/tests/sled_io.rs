@@ -178,7 +178,7 @@ async fn take_and_heartbeat_bytes(payload: usize) -> (u64, u64) {
     let before = bytes_written();
     for _ in 0..BEATS {
         let extended = store
-            .extend(&leases, None, SystemTime::now())
+            .extend(&leases, &[], None, SystemTime::now())
             .await
             .unwrap();
         assert!(extended.iter().all(Result::is_ok));

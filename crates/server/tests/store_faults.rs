@@ -135,7 +135,7 @@ async fn every_way_a_lease_ends_is_published_once() {
     store.enqueue(new_job(None), t0).await.unwrap();
     let f = take().await.unwrap().unwrap();
     store
-        .extend(&[(f.job.id, f.lease_id)], None, t0)
+        .extend(&[(f.job.id, f.lease_id)], &[], None, t0)
         .await
         .unwrap();
     let seen = seen.lock().unwrap().clone();
@@ -276,7 +276,7 @@ async fn a_heartbeat_whose_leases_are_all_refused_waits_for_durability() {
     let (store, job, leased, ack) = acked_not_yet_durable(&dir).await;
     let rounds = store.flush_rounds();
     let results = store
-        .extend(&[(job.id, leased.lease_id)], None, SystemTime::now())
+        .extend(&[(job.id, leased.lease_id)], &[], None, SystemTime::now())
         .await
         .unwrap();
     assert!(results[0].is_err(), "{results:?}");
@@ -456,6 +456,7 @@ async fn a_lease_that_ran_out_during_a_restart_gets_a_grace() {
     let held = store
         .extend(
             &[(job.id, lease)],
+            &[],
             None,
             restart + Duration::from_millis(500),
         )

@@ -100,6 +100,7 @@ fn lease_ref(leased: &pb::LeasedJob) -> pb::LeaseRef {
     pb::LeaseRef {
         job_id: leased.job.as_ref().unwrap().id.clone(),
         lease_id: leased.lease_id.clone(),
+        progress: None,
     }
 }
 

@@ -1,5 +1,5 @@
 //! WatchJob against a real server: the current state first, then each
-//! change, the result with the final state, then the end of the stream;
+//! change (a progress report among them), the result with the final state, then the end of the stream;
 //! the read role on the job's queue; bounded ids and streams.
 
 mod common;
@@ -82,6 +82,7 @@ async fn a_watcher_sees_each_state_then_the_result_then_the_end() {
             leases: vec![pb::LeaseRef {
                 job_id: id.clone(),
                 lease_id: leased.lease_id.clone(),
+                progress: None,
             }],
             ..Default::default()
         },
@@ -89,6 +90,32 @@ async fn a_watcher_sees_each_state_then_the_result_then_the_end() {
     ))
     .await
     .unwrap();
+    // One that reports progress is.
+    c.heartbeat(req(
+        pb::HeartbeatRequest {
+            worker_id: "w".into(),
+            leases: vec![pb::LeaseRef {
+                job_id: id.clone(),
+                lease_id: leased.lease_id.clone(),
+                progress: Some(pb::Progress {
+                    percent: 60,
+                    message: "rendered".into(),
+                    reported_at: None,
+                }),
+            }],
+            ..Default::default()
+        },
+        Some("consumer"),
+    ))
+    .await
+    .unwrap();
+    let reported = next(&mut states).await.expect("the progress");
+    assert_eq!(reported.status, pb::JobStatus::Running as i32);
+    let progress = reported.progress.expect("progress");
+    assert_eq!(
+        (progress.percent, progress.message.as_str()),
+        (60, "rendered")
+    );
     c.ack(req(
         pb::AckRequest {
             job_id: id.clone(),
@@ -102,6 +129,7 @@ async fn a_watcher_sees_each_state_then_the_result_then_the_end() {
     let done = next(&mut states).await.expect("DONE");
     assert_eq!(done.status, pb::JobStatus::Done as i32);
     assert_eq!(done.result, br#"{"message_id":"<4711@mail>"}"#);
+    assert_eq!(done.progress.expect("kept").percent, 60);
     assert!(
         next(&mut states).await.is_none(),
         "the stream ends after a final state"

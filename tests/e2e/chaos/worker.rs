@@ -50,6 +50,7 @@ impl WorkerState {
             .map(|(job, (lease, _))| pb::LeaseRef {
                 job_id: job.clone(),
                 lease_id: lease.clone(),
+                progress: None,
             })
             .collect()
     }

@@ -189,6 +189,7 @@ fn the_transition_table() {
             Event::Extend {
                 lease_id: LeaseId(7),
                 extend_by: None,
+                progress: None,
             },
             Ok(Running),
         ),
@@ -197,6 +198,7 @@ fn the_transition_table() {
             Event::Extend {
                 lease_id: LeaseId(6),
                 extend_by: None,
+                progress: None,
             },
             Err("stale"),
         ),
@@ -205,6 +207,7 @@ fn the_transition_table() {
             Event::Extend {
                 lease_id: LeaseId(7),
                 extend_by: None,
+                progress: None,
             },
             Err("stale"),
         ),
@@ -643,6 +646,7 @@ fn a_stale_lease_cannot_complete_a_job_leased_again() {
         Event::Extend {
             lease_id: LeaseId(7),
             extend_by: None,
+            progress: None,
         },
     ] {
         assert!(matches!(
@@ -673,6 +677,7 @@ fn extend_moves_the_deadline_but_not_past_expiry() {
         Event::Extend {
             lease_id: LeaseId(7),
             extend_by: Some(Duration::from_secs(5)),
+            progress: None,
         },
         t(20),
     )
@@ -683,6 +688,7 @@ fn extend_moves_the_deadline_but_not_past_expiry() {
         Event::Extend {
             lease_id: LeaseId(7),
             extend_by: None,
+            progress: None,
         },
         t(30),
     );
@@ -847,6 +853,7 @@ fn cancel_of_a_running_job_revokes_its_attempt_and_fences_its_lease() {
         Event::Extend {
             lease_id: LeaseId(7),
             extend_by: None,
+            progress: None,
         },
     ] {
         let err = apply(job.clone(), late, t(6)).expect_err("late");
@@ -894,4 +901,46 @@ fn a_job_keeps_its_priority_through_every_transition() {
     assert_eq!(reclaimed.status, Status::Failed);
     let retried = apply(reclaimed, Event::Retry, t(300)).expect("retry");
     assert_eq!((retried.status, retried.priority), (Status::Pending, -42));
+}
+
+/// A heartbeat's report becomes the job's latest progress, stamped when it
+/// was applied; one without a report keeps the last; a refused heartbeat
+/// (a stale lease) keeps nothing; later events leave it as it was.
+#[test]
+fn a_heartbeat_keeps_its_progress_report_as_the_jobs_latest() {
+    let beat = |job: Job, lease: u64, progress: Option<(u32, &str)>, now| {
+        apply(
+            job,
+            Event::Extend {
+                lease_id: LeaseId(lease),
+                extend_by: None,
+                progress: progress.map(|(percent, message)| crate::job::Report {
+                    percent,
+                    message: message.into(),
+                }),
+            },
+            now,
+        )
+    };
+    let job = take(new_job(3), 7, t(1)).unwrap();
+    let job = beat(job, 7, Some((40, "row 4,000")), t(2)).unwrap();
+    let expected = Some(crate::job::Progress {
+        percent: 40,
+        message: "row 4,000".into(),
+        reported_at: t(2),
+    });
+    assert_eq!(job.progress, expected);
+    let job = beat(job, 7, None, t(3)).unwrap();
+    assert_eq!(job.progress, expected);
+    assert!(beat(job.clone(), 6, Some((90, "stale")), t(4)).is_err());
+    let done = apply(
+        job,
+        Event::Ack {
+            lease_id: LeaseId(7),
+            result: None,
+        },
+        t(5),
+    )
+    .unwrap();
+    assert_eq!(done.progress, expected);
 }

@@ -20,7 +20,7 @@ use super::{
 use crate::{
     config::{DEFAULT_MAX_PAUSED_QUEUES, DEFAULT_MAX_QUEUE_POLICIES},
     error::{Error, Result},
-    job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
+    job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Report, Status},
     liveness::Liveness,
     machine::{Backoff, Event},
     policy::QueuePolicy,
@@ -586,6 +586,7 @@ impl<B: Backend> Store for Jobs<B> {
     async fn extend(
         &self,
         leases: &[(JobId, LeaseId)],
+        progress: &[Option<Report>],
         extend_by: Option<Duration>,
         now: SystemTime,
     ) -> Result<Vec<Extended>> {
@@ -595,12 +596,14 @@ impl<B: Backend> Store for Jobs<B> {
         }
         let events = leases
             .iter()
-            .map(|&(id, lease_id)| {
+            .enumerate()
+            .map(|(i, &(id, lease_id))| {
                 (
                     id,
                     Event::Extend {
                         lease_id,
                         extend_by,
+                        progress: progress.get(i).cloned().flatten(),
                     },
                 )
             })

@@ -30,7 +30,7 @@ pub use jobs::Jobs;
 
 use crate::{
     error::Result,
-    job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Status},
+    job::{Job, JobId, LeaseId, Leased, NewJob, Outcome, Report, Status},
     liveness::Liveness,
     policy::QueuePolicy,
     schedule::Schedule,
@@ -289,10 +289,13 @@ pub trait Store: Send + Sync + 'static {
     fn policy(&self, queue: &str) -> impl Future<Output = Result<QueuePolicy>> + Send;
 
     /// Extends each held lease; one result per lease, in order (an error
-    /// means the lease is lost or unknown). Durable on return.
+    /// means the lease is lost or unknown). `progress[i]`, where there is
+    /// one, is the progress reported with `leases[i]`, kept by the same
+    /// write. Durable on return.
     fn extend(
         &self,
         leases: &[(JobId, LeaseId)],
+        progress: &[Option<Report>],
         extend_by: Option<Duration>,
         now: SystemTime,
     ) -> impl Future<Output = Result<Vec<Extended>>> + Send;

@@ -104,6 +104,12 @@ pub async fn page<S: Store>(
                 tr { th { "leased to" } td { (lease.worker_id) " until " (layout::time(lease.expires_at))
                     " (" (layout::span(lease.expires_at.duration_since(now).unwrap_or_default())) " left)" } }
             }
+            @if let Some(p) = &job.progress {
+                tr { th { "progress" } td #progress {
+                    progress max="100" value=(p.percent) { (p.percent) "%" } " " (p.percent) "% "
+                    (p.message) span.muted { " · " (layout::time(p.reported_at)) }
+                } }
+            }
             tr { th { "finished" } td { (layout::maybe_time(job.finished_at)) } }
             tr { th { "last error" } td.error { (job.last_error.as_deref().unwrap_or("—")) } }
         }

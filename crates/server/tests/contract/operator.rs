@@ -61,7 +61,7 @@ async fn cancel_revokes_a_running_lease_and_fences_its_holder() {
         Code::Aborted
     );
     let extended = store
-        .extend(&[(job.id, leased.lease_id)], None, at(6))
+        .extend(&[(job.id, leased.lease_id)], &[], None, at(6))
         .await
         .unwrap();
     assert_eq!(code(extended.into_iter().next().unwrap()), Code::Aborted);

@@ -416,7 +416,7 @@ async fn a_stale_lease_is_aborted() {
         Code::Aborted
     );
     let extended = store
-        .extend(&[(job.id, stale), (JobId(999_999), stale)], None, at(201))
+        .extend(&[(job.id, stale), (JobId(999_999), stale)], &[], None, at(201))
         .await
         .unwrap();
     assert_eq!(extended.len(), 2);
@@ -453,7 +453,7 @@ async fn extend_moves_the_deadline_and_reclaim_ends_the_lease() {
     );
     let held = [(a.id, la.lease_id), (b.id, lb.lease_id)];
     let extended = store
-        .extend(&held, Some(Duration::from_millis(500)), at(50))
+        .extend(&held, &[], Some(Duration::from_millis(500)), at(50))
         .await
         .unwrap();
     assert!(extended.iter().all(|e| e
@@ -466,13 +466,13 @@ async fn extend_moves_the_deadline_and_reclaim_ends_the_lease() {
         .is_empty());
     // A heartbeat with a short extension moves the earliest deadline up.
     store
-        .extend(&held[..1], Some(Duration::from_millis(5)), at(60))
+        .extend(&held[..1], &[], Some(Duration::from_millis(5)), at(60))
         .await
         .unwrap();
     assert!(lease_changes.has_changed().unwrap());
     assert_eq!(store.next_lease_expiry().await.unwrap(), Some(at(65)));
     // An expired lease cannot be extended.
-    let late = store.extend(&held[..1], None, at(65)).await.unwrap();
+    let late = store.extend(&held[..1], &[], None, at(65)).await.unwrap();
     assert_eq!(
         late[0].as_ref().map_err(|e| e.code()).unwrap_err(),
         Code::Aborted
@@ -997,7 +997,7 @@ async fn out_of_range_times_are_invalid_not_panics() {
     let leased = take(&store, "q", at(0)).await.unwrap();
     let held = [(leased.job.id, leased.lease_id)];
     assert_eq!(
-        code(store.extend(&held, Some(Duration::MAX), at(1)).await),
+        code(store.extend(&held, &[], Some(Duration::MAX), at(1)).await),
         Code::InvalidArgument
     );
     let forever = report(leased.lease_id, Some(Duration::MAX));
@@ -1514,7 +1514,7 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                 })
                 .collect();
             let extend_by = by_ms.map(Duration::from_millis);
-            let got = store.extend(&leases, extend_by, t).await.unwrap();
+            let got = store.extend(&leases, &[], extend_by, t).await.unwrap();
             assert_eq!(got.len(), leases.len());
             for (got, &(id, lease_id)) in got.into_iter().zip(&leases) {
                 same(
@@ -1525,6 +1525,7 @@ async fn step(store: &TestStore, model: &mut Model, now: &mut u64, op: Op) {
                             Event::Extend {
                                 lease_id,
                                 extend_by,
+                                progress: None,
                             },
                             t,
                         )
@@ -1726,4 +1727,5 @@ proptest! {
 include!("keys.rs");
 include!("operator.rs");
 include!("policies.rs");
+include!("progress.rs");
 include!("schedules.rs");

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::{types::ToSql, Row};
 
 use super::error::PgError;
-use crate::job::{Attempt, Job, JobId, Lease, LeaseId, Outcome, Status, DEFAULT_MAX_SNOOZES};
+use crate::job::{
+    Attempt, Job, JobId, Lease, LeaseId, Outcome, Progress, Status, DEFAULT_MAX_SNOOZES,
+};
 
 /// The columns of a job, in the order of [`JobRow::params`] (`$1`…`$20`).
 pub const COLUMNS: &str = "id, queue, kind, payload, key, status, attempts, max_attempts, \
@@ -60,6 +62,10 @@ struct Extra {
         skip_serializing_if = "is_default_max_snoozes"
     )]
     max_snoozes: u32,
+    /// `Job.progress`: the latest report, which a heartbeat writes with the
+    /// lease it extends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    progress: Option<StoredProgress>,
 }
 
 impl Default for Extra {
@@ -69,6 +75,41 @@ impl Default for Extra {
             lease_owner: None,
             snoozes: 0,
             max_snoozes: DEFAULT_MAX_SNOOZES,
+            progress: None,
+        }
+    }
+}
+
+/// `Job.progress` in the `extra` column: its stamp in microseconds since
+/// the epoch, as the database keeps time.
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredProgress {
+    percent: u32,
+    message: String,
+    reported_at_us: i64,
+}
+
+impl From<&Progress> for StoredProgress {
+    fn from(p: &Progress) -> StoredProgress {
+        let us = p
+            .reported_at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        StoredProgress {
+            percent: p.percent,
+            message: p.message.clone(),
+            reported_at_us: us,
+        }
+    }
+}
+
+impl From<StoredProgress> for Progress {
+    fn from(p: StoredProgress) -> Progress {
+        let us = u64::try_from(p.reported_at_us).unwrap_or(0);
+        Progress {
+            percent: p.percent,
+            message: p.message,
+            reported_at: UNIX_EPOCH + Duration::from_micros(us),
         }
     }
 }
@@ -199,6 +240,7 @@ impl JobRow {
                 lease_owner: job.lease.as_ref().and_then(|l| l.owner.clone()),
                 snoozes: job.snoozes,
                 max_snoozes: job.max_snoozes,
+                progress: job.progress.as_ref().map(StoredProgress::from),
             })
             .unwrap_or(serde_json::Value::Null),
             priority: job.priority,
@@ -295,6 +337,7 @@ pub fn job_of(row: &Row) -> Result<Job, PgError> {
         lease_owner,
         snoozes,
         max_snoozes,
+        progress,
     } = serde_json::from_value(extra)
         .map_err(|e| PgError::Schema(format!("unreadable extra column: {e}")))?;
     let lease_id: Option<i64> = row.try_get(10)?;
@@ -336,6 +379,7 @@ pub fn job_of(row: &Row) -> Result<Job, PgError> {
         snoozes,
         max_snoozes,
         result: None,
+        progress: progress.map(Progress::from),
     })
 }
 

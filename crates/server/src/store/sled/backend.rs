@@ -137,6 +137,7 @@ impl Backend for Sled {
             let mut index = self.lock();
             let (job, payload) = self.load_record(id)?;
             machine::deletable(&job)?;
+            self.remove_progress([id])?;
             self.write(vec![(record_key(id), None)])?;
             // Whatever the record said: a replace a crash cut short may
             // have left a payload in the tree (removing none is a look-up).
@@ -193,11 +194,14 @@ impl Backend for Sled {
     async fn get(&self, id: JobId) -> Result<Job> {
         let mut job = self.load_full(id).await?;
         self.fill_result(&mut job)?;
+        self.fill_progress(&mut job)?;
         Ok(job)
     }
 
     async fn peek(&self, id: JobId) -> Result<Job> {
-        self.load(id)
+        let mut job = self.load(id)?;
+        self.fill_progress(&mut job)?;
+        Ok(job)
     }
 
     async fn list(&self, filter: ListFilter) -> Result<Page> {

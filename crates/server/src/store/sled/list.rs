@@ -28,6 +28,7 @@ impl Sled {
             let jobs = match id.filter(|id| id.0 >= start) {
                 Some(id) => match self.load_record(id) {
                     Ok((mut job, payload)) if matches(&job) => {
+                        self.fill_progress(&mut job)?;
                         if filter.omit_payload {
                             job.payload = Vec::new();
                             vec![job]
@@ -90,7 +91,13 @@ impl Sled {
             if !matches(&job) {
                 continue;
             }
-            let mut size = value.len();
+            self.fill_progress(&mut job)?;
+            // A progress report's message and its stamp.
+            let mut size = value.len().saturating_add(
+                job.progress
+                    .as_ref()
+                    .map_or(0, |p| p.message.len().saturating_add(PROGRESS_FIELDS)),
+            );
             if filter.omit_payload {
                 size = size.saturating_sub(job.payload.len());
                 job.payload = Vec::new();
@@ -125,6 +132,10 @@ impl Sled {
         Ok(Page { jobs, next })
     }
 }
+
+/// What a progress report weighs on a page besides its message: its
+/// percent and stamp, encoded.
+const PROGRESS_FIELDS: usize = 24;
 
 /// Which of the index's id sets a listing walks.
 enum Select<'f> {

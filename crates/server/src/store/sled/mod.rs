@@ -57,6 +57,7 @@ mod list;
 mod open;
 mod payload;
 mod payload_files;
+mod progress;
 mod record;
 mod result;
 mod schedules;
@@ -143,6 +144,8 @@ pub struct Sled {
     files: PayloadFiles,
     /// Results of DONE jobs by job id ([`result`]).
     results: sled::Tree,
+    /// Jobs' latest progress by job id ([`progress`]).
+    progress: sled::Tree,
     /// Paused queues: the queue name as key, an empty value.
     paused_tree: sled::Tree,
     /// Queue policies: the queue name as key, the policy in postcard.

@@ -94,6 +94,7 @@ impl Sled {
             );
         }
         let results = db.open_tree("results").map_err(SledError::from)?;
+        let progress = db.open_tree("progress").map_err(SledError::from)?;
         let paused_tree = db.open_tree("paused").map_err(SledError::from)?;
         for record in paused_tree.iter() {
             let (key, _) = record.map_err(SledError::from)?;
@@ -127,6 +128,7 @@ impl Sled {
             payloads,
             files,
             results,
+            progress,
             paused_tree,
             policies_tree,
             schedules_tree,

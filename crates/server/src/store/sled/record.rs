@@ -243,6 +243,7 @@ impl From<JobV4> for Job {
             snoozes: 0,
             max_snoozes: DEFAULT_MAX_SNOOZES,
             result: None,
+            progress: None,
         }
     }
 }
@@ -309,6 +310,7 @@ impl From<JobV2> for Job {
             snoozes: 0,
             max_snoozes: DEFAULT_MAX_SNOOZES,
             result: None,
+            progress: None,
         }
     }
 }
@@ -373,6 +375,7 @@ impl From<JobV1> for Job {
             snoozes: 0,
             max_snoozes: DEFAULT_MAX_SNOOZES,
             result: None,
+            progress: None,
         }
     }
 }

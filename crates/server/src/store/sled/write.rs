@@ -116,6 +116,14 @@ impl Sled {
                     None => self.clear_result(*id)?,
                 }
             }
+            // Reported by this call (the loads never carry it).
+            if let Some(progress) = new
+                .progress
+                .as_ref()
+                .filter(|p| first.progress.as_ref() != Some(*p))
+            {
+                self.put_progress(*id, progress)?;
+            }
             writes.push((record_key(*id), Some(encode(new, placed)?)));
         }
         self.write(writes)?;
@@ -394,6 +402,7 @@ impl Sled {
                 Err(e) => return Err(e),
             }
         }
+        self.remove_progress(gone.iter().map(|job| job.id))?;
         self.write(writes)?;
         self.remove_payloads(apart)?;
         self.remove_results(gone.iter().map(|job| job.id))?;
