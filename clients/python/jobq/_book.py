@@ -62,22 +62,27 @@ class Book:
         with self._lock:
             return sorted((j, e.ctx.lease_id) for j, e in self._jobs.items())
 
-    def reports(self) -> Dict[str, Tuple[int, str]]:
-        """The progress reports no heartbeat has carried yet, by job id."""
+    def beats(self) -> Tuple[List[LeaseRef], Dict[str, Tuple[int, str]]]:
+        """snapshot(), and the progress reports of those leases that no
+        heartbeat has carried yet, by job id: one look at the book."""
         with self._lock:
-            entries = list(self._jobs.items())
-        out: Dict[str, Tuple[int, str]] = {}
-        for j, e in entries:
-            r = e.ctx._report()
+            entries = sorted((j, e.ctx) for j, e in self._jobs.items())
+        leases = [(j, ctx.lease_id) for j, ctx in entries]
+        reports: Dict[str, Tuple[int, str]] = {}
+        for j, ctx in entries:
+            r = ctx._report()
             if r is not None:
-                out[j] = r
-        return out
+                reports[j] = r
+        return leases, reports
 
-    def reported(self, sent: Dict[str, Tuple[int, str]]) -> None:
-        """The reports ``sent`` were carried (or refused): forgotten, unless
-        their handlers reported again."""
+    def reported(self, sent: Sequence[LeaseRef], reports: Dict[str, Tuple[int, str]]) -> None:
+        """A heartbeat carried ``reports`` with the leases ``sent``: each is
+        forgotten, unless its handler reported again, or its job was leased
+        again since."""
         with self._lock:
-            entries = [(e.ctx, sent[j]) for j, e in self._jobs.items() if j in sent]
+            entries = [(e.ctx, reports[j]) for j, lid in sent
+                       if j in reports and (e := self._jobs.get(j)) is not None
+                       and e.ctx.lease_id == lid]
         for ctx, r in entries:
             ctx._reported(r)
 

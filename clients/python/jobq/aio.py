@@ -609,32 +609,19 @@ class AsyncWorker:
                 next_beat = time.monotonic() + self.heartbeat_every
 
     async def _beat(self) -> None:
-        sent = self._book.snapshot()
+        sent, reports = self._book.beats()
         if not sent and not self._draining and not self._stream_token:
             return
         sent_at = time.time()
-        reports = self._book.reports()
         try:
-            try:
-                lost = await self.client.heartbeat(
-                    self.worker_id, sent, extend_by=self.lease, draining=self._draining,
-                    stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every),
-                    progress=reports)
-            except JobqError as e:
-                if not (reports and e.code() == grpc.StatusCode.INVALID_ARGUMENT):
-                    raise
-                # A server with a lower --max-progress-message-bytes: the
-                # reports go; the leases are extended at once without them.
-                log.warning("the server refused a progress report (%s); extending without it", e)
-                self._book.reported(reports)
-                reports = {}
-                lost = await self.client.heartbeat(
-                    self.worker_id, sent, extend_by=self.lease, draining=self._draining,
-                    stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every))
+            lost = await self.client.heartbeat(
+                self.worker_id, sent, extend_by=self.lease, draining=self._draining,
+                stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every),
+                progress=reports)
         except JobqError as e:
             log.warning("heartbeat failed (%s); %d leases", e.code(), len(sent))
             return
-        self._book.reported(reports)
+        self._book.reported(sent, reports)
         for ctx in self._book.apply_heartbeat(sent, lost, sent_at + self.lease):
             log.warning("job %s: lease lost; cancelling its handler", ctx.id)
             ctx._cancel("lease lost (heartbeat)")

@@ -142,8 +142,8 @@ class Job:
     snoozes: int = 0
     #: Snoozes allowed; a snooze past them counts as a failed attempt.
     max_snoozes: int = 0
-    #: The latest progress its handler reported, or None. Kept after the
-    #: job ends; one reported before ``taken_at`` came from an earlier run.
+    #: The latest progress its handler reported in the latest attempt, or
+    #: None. Kept after the job ends.
     progress: Optional[Progress] = None
 
     @classmethod

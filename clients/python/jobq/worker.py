@@ -389,38 +389,24 @@ class Worker:
                 next_beat = time.monotonic() + self.heartbeat_every
 
     def _beat(self) -> None:
-        sent = self._book.snapshot()
+        sent, reports = self._book.beats()
         # Sent with no leases too while draining (that is what stops the
         # pushes) and while a stream is open (it says the worker is alive).
         if not sent and not self._draining and not self._stream_token:
             return
         sent_at = time.time()
-        reports = self._book.reports()
         try:
-            try:
-                lost = self.client.heartbeat(
-                    self.worker_id, sent, extend_by=self.lease, draining=self._draining,
-                    stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every),
-                    progress=reports)
-            except grpc.RpcError as e:
-                if not (reports and code_of(e) == grpc.StatusCode.INVALID_ARGUMENT):
-                    raise
-                # A server with a lower --max-progress-message-bytes: the
-                # reports go; the leases are extended at once without them.
-                log.warning("the server refused a progress report (%s); extending without it",
-                            e)
-                self._book.reported(reports)
-                reports = {}
-                lost = self.client.heartbeat(
-                    self.worker_id, sent, extend_by=self.lease, draining=self._draining,
-                    stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every))
+            lost = self.client.heartbeat(
+                self.worker_id, sent, extend_by=self.lease, draining=self._draining,
+                stream_token=self._stream_token, timeout=max(1.0, self.heartbeat_every),
+                progress=reports)
         except grpc.RpcError as e:
             # The leases may well still be valid (a restarting server):
             # handlers keep running until their deadline.
             code = code_of(e)
             log.warning("heartbeat failed (%s); %d leases", code, len(sent))
             return
-        self._book.reported(reports)
+        self._book.reported(sent, reports)
         for ctx in self._book.apply_heartbeat(sent, lost, sent_at + self.lease):
             log.warning("job %s: lease lost; cancelling its handler", ctx.id)
             ctx._cancel("lease lost (heartbeat)")

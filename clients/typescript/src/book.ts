@@ -76,7 +76,7 @@ export class Book {
     return out;
   }
 
-  /** The reports `sent` carried were taken (or refused): forgotten, unless their handlers reported again. */
+  /** The reports `sent` carried were taken: forgotten, unless their handlers reported again. */
   reported(sent: readonly LeaseRefLike[]): void {
     for (const r of sent) {
       const e = this.jobs.get(r.jobId);

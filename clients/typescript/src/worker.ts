@@ -498,21 +498,7 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
     };
     let lost;
     try {
-      try {
-        lost = await this.client.heartbeat(this.workerId, sent, options);
-      } catch (err) {
-        const e = JobqError.from(err);
-        if (e.code !== "INVALID_ARGUMENT" || !sent.some((r) => r.progress !== undefined)) throw err;
-        // A server with a lower --max-progress-message-bytes: the reports
-        // go; the leases are extended at once without them.
-        this.log.warn(`the server refused a progress report (${e.message}); extending without it`);
-        this.book.reported(sent);
-        lost = await this.client.heartbeat(
-          this.workerId,
-          sent.map((r) => ({ jobId: r.jobId, leaseId: r.leaseId })),
-          options,
-        );
-      }
+      lost = await this.client.heartbeat(this.workerId, sent, options);
     } catch (err) {
       // The leases may well still be valid (a restarting server): handlers
       // keep running until their deadline.

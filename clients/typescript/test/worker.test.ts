@@ -195,7 +195,7 @@ test("result: what a handler resolves to is stored by its ack; one over --max-re
   assert.equal(failed.result.length, 0);
 });
 
-test("progress: ctx.progress() reaches the producer with the heartbeats; a refused report is dropped, the lease still extended", async () => {
+test("progress: ctx.progress() reaches the producer with the heartbeats; a server with a lower limit cuts the message", async () => {
   let release!: () => void;
   const released = new Promise<void>((resolve) => (release = resolve));
   const { job } = await client.enqueue("progress", "k", {});
@@ -241,17 +241,8 @@ test("progress: ctx.progress() reaches the producer with the heartbeats; a refus
         leaseMs: 3_000,
       },
       async () => {
-        await waitFor(async () => (await status(wordy.id, sc)) === JobStatus.RUNNING, 20_000, "the take");
-        const first = (await sc.getJob(wordy.id)).leaseExpiresAt;
-        const ms = (t: typeof first) => (t === undefined ? 0 : Number(t.seconds) * 1000 + t.nanos / 1e6);
-        await waitFor(
-          async () => ms((await sc.getJob(wordy.id)).leaseExpiresAt) > ms(first),
-          20_000,
-          "a heartbeat that extends the lease without the refused report",
-        );
-        const got = await sc.getJob(wordy.id);
-        assert.equal(got.progress, undefined);
-        assert.equal(got.attempts, 0);
+        await waitFor(async () => (await sc.getJob(wordy.id)).progress !== undefined, 20_000, "the cut report");
+        assert.equal((await sc.getJob(wordy.id)).progress?.message, "a mes…");
         go();
         await waitFor(async () => (await status(wordy.id, sc)) === JobStatus.DONE, 20_000, "the ack");
       },

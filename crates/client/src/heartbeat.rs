@@ -52,31 +52,12 @@ pub(crate) async fn beat(shared: &Shared) {
     }
 }
 
-async fn beat_some(shared: &Shared, mut sent: Vec<jobq::pb::LeaseRef>, draining: bool) {
-    if let Err(refused) = beat_once(shared, &sent, draining).await {
-        // A server with a lower --max-progress-message-bytes: the
-        // progress goes, the leases are extended at once without it.
-        warn!(cause = %refused, "the server refused a progress report; extending without it");
-        shared.book().drop_progress(&sent);
-        for r in &mut sent {
-            r.progress = None;
-        }
-        let _ = beat_once(shared, &sent, draining).await;
-    }
-}
-
-/// One heartbeat call; `Err` when the server refused progress it carried
-/// as invalid (the call extended nothing then).
-async fn beat_once(
-    shared: &Shared,
-    sent: &[jobq::pb::LeaseRef],
-    draining: bool,
-) -> Result<(), crate::Error> {
+async fn beat_some(shared: &Shared, sent: Vec<jobq::pb::LeaseRef>, draining: bool) {
     let cfg = &shared.cfg;
     let sent_at = SystemTime::now();
     let call = cfg.client.heartbeat_with(
         cfg.worker_id.to_string(),
-        sent.to_vec(),
+        sent.clone(),
         Some(cfg.lease),
         draining,
         shared.stream_token(),
@@ -86,7 +67,7 @@ async fn beat_once(
         Ok(Ok(lost)) => {
             let cancelled = shared
                 .book()
-                .apply_heartbeat(sent, &lost, sent_at + cfg.lease);
+                .apply_heartbeat(&sent, &lost, sent_at + cfg.lease);
             for (r, token) in cancelled {
                 warn!(job.id = %r.job_id, lease.id = %r.lease_id, "lease lost; cancelling its handler");
                 cfg.metrics.lease_lost(Lost::Heartbeat);
@@ -99,16 +80,9 @@ async fn beat_once(
                 "heartbeat"
             );
         }
-        Ok(Err(err))
-            if err.code() == Some(tonic::Code::InvalidArgument)
-                && sent.iter().any(|r| r.progress.is_some()) =>
-        {
-            return Err(err);
-        }
         // The leases may well still be valid (the server is restarting, or a
         // packet was lost): keep the handlers running and try next tick.
         Ok(Err(err)) => warn!(cause = %err, leases = sent.len(), "heartbeat failed"),
         Err(_) => warn!(leases = sent.len(), "heartbeat timed out"),
     }
-    Ok(())
 }

@@ -124,7 +124,10 @@ impl InFlight {
             }
         }
         for r in sent {
-            if lost.contains(r) {
+            if lost
+                .iter()
+                .any(|l| l.job_id == r.job_id && l.lease_id == r.lease_id)
+            {
                 // Lost but settling: its ack's reply decides, and the
                 // deadline must not pretend the server still holds it.
                 continue;
@@ -143,23 +146,6 @@ impl InFlight {
             }
         }
         cancelled
-    }
-
-    /// Forgets the progress `sent` carried (the server refused it): the
-    /// next heartbeat goes without it, unless its handler reports again.
-    pub(crate) fn drop_progress(&self, sent: &[pb::LeaseRef]) {
-        for r in sent.iter().filter(|r| r.progress.is_some()) {
-            if let Some(e) = self
-                .jobs
-                .get(&r.job_id)
-                .filter(|e| e.lease_id == r.lease_id)
-            {
-                let mut unsent = e.progress.lock().unwrap_or_else(|p| p.into_inner());
-                if *unsent == r.progress {
-                    *unsent = None;
-                }
-            }
-        }
     }
 
     /// Handles a `revoked` event: if the book holds that lease, it leaves

@@ -285,10 +285,9 @@ pub struct Job {
     pub snoozes: u32,
     /// Snoozes allowed; a snooze past them counts as a failed attempt.
     pub max_snoozes: u32,
-    /// The latest progress its handler reported
-    /// ([`JobContext::progress`](crate::JobContext::progress)), if any.
-    /// Kept after the job ends; one reported before
-    /// [`taken_at`](Self::taken_at) came from an earlier attempt.
+    /// The latest progress its handler reported in the job's latest
+    /// attempt ([`JobContext::progress`](crate::JobContext::progress)), if
+    /// any. Kept after the job ends.
     pub progress: Option<Progress>,
 }
 

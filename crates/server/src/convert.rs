@@ -69,6 +69,11 @@ impl From<Attempt> for pb::Attempt {
 
 impl From<Job> for pb::Job {
     fn from(job: Job) -> Self {
+        let progress = job.progress_now().map(|p| pb::Progress {
+            percent: p.percent,
+            message: p.message.clone(),
+            reported_at: Some(timestamp(p.reported_at)),
+        });
         let (taken_at, lease_expires_at, worker_id) = match job.lease {
             Some(lease) => (
                 Some(timestamp(lease.taken_at)),
@@ -100,11 +105,7 @@ impl From<Job> for pb::Job {
             group: job.group.unwrap_or_default(),
             snoozes: job.snoozes,
             max_snoozes: job.max_snoozes,
-            progress: job.progress.map(|p| pb::Progress {
-                percent: p.percent,
-                message: p.message,
-                reported_at: Some(timestamp(p.reported_at)),
-            }),
+            progress,
         }
     }
 }
@@ -125,6 +126,8 @@ pub fn enqueue_outcome(e: &crate::store::Enqueued) -> pb::EnqueueOutcome {
 pub fn receipt(mut job: Job) -> pb::Job {
     job.payload = Vec::new();
     job.result = None;
+    // Not read by every store's write path: a reply never shows it.
+    job.progress = None;
     let keep = job.history.len().saturating_sub(1);
     job.history.drain(..keep);
     job.into()
@@ -136,6 +139,7 @@ pub fn receipt(mut job: Job) -> pb::Job {
 pub fn enqueue_receipt(mut job: Job) -> pb::Job {
     job.payload = Vec::new();
     job.history = Vec::new();
+    job.progress = None;
     job.into()
 }
 
@@ -157,7 +161,9 @@ pub fn schedule(s: Schedule, now: SystemTime) -> pb::Schedule {
 }
 
 impl From<Leased> for pb::LeasedJob {
-    fn from(l: Leased) -> Self {
+    fn from(mut l: Leased) -> Self {
+        // A new attempt has none yet.
+        l.job.progress = None;
         pb::LeasedJob {
             lease_id: l.lease_id.to_string(),
             lease_expires_at: Some(timestamp(l.expires_at)),

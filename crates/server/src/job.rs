@@ -263,10 +263,11 @@ pub struct Job {
     /// loads of a change), and never part of a record's encoding.
     #[serde(skip)]
     pub result: Option<Vec<u8>>,
-    /// The latest progress its worker reported with a heartbeat. Kept
-    /// apart from a sled record (the `progress` tree; in PostgreSQL's
-    /// `extra` column), so never part of a record's encoding; `None` in
-    /// the loads of a change, which never clear it.
+    /// The latest progress a worker reported with a heartbeat, under
+    /// whichever lease: [`Job::progress_now`] is the one to show. Kept
+    /// apart from a sled record (the `progress` tree), so never part of a
+    /// record's encoding, and `None` in sled's loads of a change, which
+    /// never clear it; in PostgreSQL's `extra` column, loaded with the row.
     #[serde(skip)]
     pub progress: Option<Progress>,
 }
@@ -280,6 +281,8 @@ pub struct Progress {
     pub message: String,
     /// When the report was applied.
     pub reported_at: SystemTime,
+    /// The lease it was reported under.
+    pub lease_id: LeaseId,
 }
 
 /// A progress report as a heartbeat carries it, before it is applied.
@@ -305,6 +308,14 @@ pub const PRIORITY_MAX: i32 = 100;
 pub type Metadata = std::collections::BTreeMap<String, String>;
 
 impl Job {
+    /// The progress of its latest attempt: reported under that attempt's
+    /// lease (a new attempt starts without one; a finished job keeps its
+    /// last attempt's).
+    pub fn progress_now(&self) -> Option<&Progress> {
+        let latest = self.history.last()?.lease_id;
+        self.progress.as_ref().filter(|p| p.lease_id == latest)
+    }
+
     /// The lease's id, if the job is RUNNING.
     pub fn lease_id(&self) -> Option<LeaseId> {
         self.lease.as_ref().map(|l| l.id)

@@ -366,6 +366,7 @@ pub fn apply(mut job: Job, event: Event, now: SystemTime) -> Result<Job, Transit
                     percent,
                     message,
                     reported_at: now,
+                    lease_id,
                 });
             }
             Ok(job)

@@ -227,7 +227,7 @@ impl Seen {
             last_error: job.last_error.clone(),
             result: job.result.is_some(),
             keyed: job.key.is_some(),
-            progress: job.progress.as_ref().map(|p| p.reported_at),
+            progress: job.progress_now().map(|p| p.reported_at),
         }
     }
 }

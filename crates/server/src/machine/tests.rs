@@ -928,6 +928,7 @@ fn a_heartbeat_keeps_its_progress_report_as_the_jobs_latest() {
         percent: 40,
         message: "row 4,000".into(),
         reported_at: t(2),
+        lease_id: LeaseId(7),
     });
     assert_eq!(job.progress, expected);
     let job = beat(job, 7, None, t(3)).unwrap();

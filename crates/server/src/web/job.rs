@@ -104,7 +104,7 @@ pub async fn page<S: Store>(
                 tr { th { "leased to" } td { (lease.worker_id) " until " (layout::time(lease.expires_at))
                     " (" (layout::span(lease.expires_at.duration_since(now).unwrap_or_default())) " left)" } }
             }
-            @if let Some(p) = &job.progress {
+            @if let Some(p) = job.progress_now() {
                 tr { th { "progress" } td #progress {
                     progress max="100" value=(p.percent) { (p.percent) "%" } " " (p.percent) "% "
                     (p.message) span.muted { " · " (layout::time(p.reported_at)) }

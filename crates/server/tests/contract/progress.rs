@@ -1,7 +1,8 @@
 // Progress (docs/src/results.md, "Progress"): a heartbeat's report is kept
 // with its job by the write that extends the lease, read back by gets and
-// lists, kept after the job ends and across a restart, and deleted with
-// the job. Included by `suite.rs`.
+// lists, kept after the job ends and across a restart, shown for the
+// attempt that reported it only, and deleted with the job. Included by
+// `suite.rs`.
 
 fn progress(percent: u32, message: &str) -> Option<jobq_server::job::Report> {
     Some(jobq_server::job::Report {
@@ -11,8 +12,7 @@ fn progress(percent: u32, message: &str) -> Option<jobq_server::job::Report> {
 }
 
 fn progress_of(job: &Job) -> Option<(u32, &str, SystemTime)> {
-    job.progress
-        .as_ref()
+    job.progress_now()
         .map(|p| (p.percent, p.message.as_str(), p.reported_at))
 }
 
@@ -60,24 +60,34 @@ async fn a_heartbeats_progress_is_kept_with_its_job_until_the_job_is_deleted() {
         );
         // Kept after the job is DONE.
         store.ack(first.id, leased.lease_id, at(7)).await.unwrap();
-        // The second job reports, fails, and is taken again: the report
-        // from the first attempt stays, stamped before the new lease.
+        // The second job reports, fails, and is taken again: the new
+        // attempt has no progress until it reports.
         let leased = take(&store, "q", at(8)).await.expect("due");
         assert_eq!(leased.job.id, second.id);
         store
             .extend(&[(second.id, leased.lease_id)], &[progress(10, "")], None, at(9))
             .await
             .unwrap();
+        assert_eq!(
+            progress_of(&store.get(second.id).await.unwrap()),
+            Some((10, "", at(9)))
+        );
         store
             .fail(second.id, report(leased.lease_id, Some(Duration::ZERO)), at(10))
             .await
             .unwrap();
         let again = take(&store, "q", at(11)).await.expect("due again");
         assert_eq!(again.job.id, second.id);
-        let job = store.get(second.id).await.unwrap();
-        assert_eq!(progress_of(&job), Some((10, "", at(9))));
-        assert!(job.lease.as_ref().unwrap().taken_at > at(9));
-        store.ack(second.id, again.lease_id, at(12)).await.unwrap();
+        assert_eq!(progress_of(&store.get(second.id).await.unwrap()), None);
+        store
+            .extend(&[(second.id, again.lease_id)], &[progress(70, "again")], None, at(12))
+            .await
+            .unwrap();
+        store.ack(second.id, again.lease_id, at(13)).await.unwrap();
+        assert_eq!(
+            progress_of(&store.get(second.id).await.unwrap()),
+            Some((70, "again", at(12)))
+        );
         (first.id, second.id)
     };
     // Durable with the heartbeat, across a restart.

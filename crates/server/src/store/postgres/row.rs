@@ -87,6 +87,8 @@ struct StoredProgress {
     percent: u32,
     message: String,
     reported_at_us: i64,
+    /// The lease it was reported under, by its bits (as `lease_id` is).
+    lease_id: i64,
 }
 
 impl From<&Progress> for StoredProgress {
@@ -99,6 +101,7 @@ impl From<&Progress> for StoredProgress {
             percent: p.percent,
             message: p.message.clone(),
             reported_at_us: us,
+            lease_id: to_db(p.lease_id.0),
         }
     }
 }
@@ -110,6 +113,7 @@ impl From<StoredProgress> for Progress {
             percent: p.percent,
             message: p.message,
             reported_at: UNIX_EPOCH + Duration::from_micros(us),
+            lease_id: LeaseId(from_db(p.lease_id)),
         }
     }
 }
