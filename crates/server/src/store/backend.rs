@@ -5,7 +5,9 @@
 
 use std::{future::Future, time::SystemTime};
 
-use super::{events::Remote, rules::Retention, Enqueued, ListFilter, Page, QueueStats};
+use super::{
+    cluster::Cluster, events::Remote, rules::Retention, Enqueued, ListFilter, Page, QueueStats,
+};
 use crate::{
     error::Result,
     job::{Job, JobId, LeaseId, NewJob},
@@ -224,69 +226,22 @@ pub trait Backend: Send + Sync + 'static {
         self.durable()
     }
 
-    /// Whether other servers share this engine (PostgreSQL). A shared
-    /// engine keeps running while one server restarts, so a restart grants
-    /// no lease grace, and it tells [`Remote`] about the others' changes.
-    fn shared(&self) -> bool {
-        false
-    }
-
-    /// Called once by [`super::Jobs::new`]: where a shared engine passes on
-    /// other servers' events.
+    /// Called once by [`super::Jobs::new`]: where the engine passes on
+    /// the events it learns of outside a call (a shared engine: the other
+    /// servers' changes).
     fn attach(&self, remote: Remote) {
         let _ = remote;
     }
 
-    /// Keeps this server registered as alive (a shared engine's heartbeat).
-    fn heartbeat(&self) -> impl Future<Output = Result<()>> + Send {
-        std::future::ready(Ok(()))
-    }
+    /// What this engine does as one of several servers sharing it; an
+    /// engine of its own says [`Alone`](super::cluster::Alone).
+    type Cluster: Cluster;
 
-    /// Reclaims, as worker disconnected, the stream leases of servers
-    /// that stopped heartbeating (their streams are gone with them), each
-    /// only while it still belongs to such a server, checked under the
-    /// job's lock (a worker may have reconnected elsewhere and declared
-    /// it). Returns the changes made; the caller publishes them. A shared
-    /// engine also ends the dead servers' own sessions with it.
-    fn reclaim_orphaned(
-        &self,
-        now: SystemTime,
-    ) -> impl Future<Output = Result<Vec<Change>>> + Send {
-        let _ = now;
-        std::future::ready(Ok(Vec::new()))
-    }
-
-    /// This server's Lease stream took over these leases (a worker
-    /// reconnected and declared them): a shared engine records this server
-    /// as their holder, so they are not reclaimed as orphans of the server
-    /// that held them before.
-    fn adopt(&self, leases: &[(JobId, LeaseId)]) -> impl Future<Output = Result<()>> + Send {
-        let _ = leases;
-        std::future::ready(Ok(()))
-    }
-
-    /// Whether another server's Lease stream holds this lease now (a
-    /// worker reconnected there and declared it): the stream here that
-    /// ended must then not reclaim it. Never, for an engine of its own.
-    fn held_elsewhere(
-        &self,
-        id: JobId,
-        lease: LeaseId,
-    ) -> impl Future<Output = Result<bool>> + Send {
-        let _ = (id, lease);
-        std::future::ready(Ok(false))
-    }
-
-    /// This server stops (gracefully): its stream leases become plain
-    /// leases that only expire, and it leaves the registry.
-    fn leave(&self) -> impl Future<Output = Result<()>> + Send {
-        std::future::ready(Ok(()))
-    }
-
-    /// A refused reclaim of a lease that another server had reclaimed
-    /// first (harmless: fencing refused it); counted by shared engines.
-    fn fenced_reclaims(&self) -> u64 {
-        0
+    /// The cluster this server shares the engine with (PostgreSQL); `None`
+    /// for an engine of its own. A shared engine keeps running while one
+    /// server restarts, so a restart grants no lease grace.
+    fn cluster(&self) -> Option<&Self::Cluster> {
+        None
     }
 
     /// The time by the clock this engine's decisions are made on, for the
@@ -296,11 +251,5 @@ pub trait Backend: Send + Sync + 'static {
     /// shares (never ahead of it, so nothing is due early).
     fn now(&self) -> SystemTime {
         SystemTime::now()
-    }
-
-    /// How full a shared engine's notification queue is, from 0 to 1
-    /// (`None`: it has none).
-    fn notification_queue_usage(&self) -> impl Future<Output = Result<Option<f64>>> + Send {
-        std::future::ready(Ok(None))
     }
 }

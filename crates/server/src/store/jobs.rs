@@ -13,6 +13,7 @@ use tracing::error;
 
 use super::{
     backend::{Backend, Change},
+    cluster::Cluster,
     events::{Fact, LeaseEnded, Listener, Observer, Remote, Signals},
     rules::{self, Retention},
     Enqueued, Extended, FailReport, ListFilter, Page, QueueStats, Store,
@@ -273,9 +274,9 @@ impl<B: Backend> Jobs<B> {
     }
 
     /// How many reclaims were refused because another server had reclaimed
-    /// the lease first (see [`Backend::fenced_reclaims`]).
+    /// the lease first (see [`Cluster::fenced_reclaims`]).
     pub fn fenced_reclaims(&self) -> u64 {
-        self.backend.fenced_reclaims()
+        self.backend.cluster().map_or(0, Cluster::fenced_reclaims)
     }
 
     /// The engine underneath.
@@ -644,7 +645,10 @@ impl<B: Backend> Store for Jobs<B> {
         // adopted the lease (its connection here was half-open): reclaiming
         // it would make that worker's ack fail and run the job again.
         if outcome == Outcome::WorkerDisconnected
-            && self.backend.held_elsewhere(id, lease_id).await?
+            && match self.backend.cluster() {
+                Some(cluster) => cluster.held_elsewhere(id, lease_id).await?,
+                None => false,
+            }
         {
             return Err(Error::Transition(
                 crate::machine::TransitionError::StaleLease { id, lease_id },
@@ -709,7 +713,7 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn restart_grace(&self, grace: Option<Duration>, now: SystemTime) -> Result<usize> {
         self.check()?;
-        if self.backend.shared() {
+        if self.backend.cluster().is_some() {
             // The other servers kept running (and reaping): this server's
             // restart paused no lease.
             return Ok(0);
@@ -864,29 +868,38 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn heartbeat(&self) -> Result<()> {
         self.check()?;
-        self.backend.heartbeat().await
+        match self.backend.cluster() {
+            Some(cluster) => cluster.heartbeat().await,
+            None => Ok(()),
+        }
     }
 
     async fn reclaim_orphaned(&self, now: SystemTime) -> Result<Vec<(Job, LeaseId)>> {
         self.check()?;
-        let changed = self.written(self.backend.reclaim_orphaned(now).await)?;
+        let Some(cluster) = self.backend.cluster() else {
+            return Ok(Vec::new());
+        };
+        let changed = self.written(cluster.reclaim_orphaned(now).await)?;
         self.reclaimed(changed).await
     }
 
     async fn adopt(&self, leases: &[(JobId, LeaseId)]) -> Result<()> {
         self.check()?;
-        if leases.is_empty() {
-            return Ok(());
+        match self.backend.cluster() {
+            Some(cluster) if !leases.is_empty() => cluster.adopt(leases).await,
+            _ => Ok(()),
         }
-        self.backend.adopt(leases).await
     }
 
     async fn leave(&self) -> Result<()> {
-        self.backend.leave().await
+        match self.backend.cluster() {
+            Some(cluster) => cluster.leave().await,
+            None => Ok(()),
+        }
     }
 
     fn shared(&self) -> bool {
-        self.backend.shared()
+        self.backend.cluster().is_some()
     }
 
     fn now(&self) -> SystemTime {
@@ -895,7 +908,10 @@ impl<B: Backend> Store for Jobs<B> {
 
     async fn notification_queue_usage(&self) -> Result<Option<f64>> {
         self.check()?;
-        self.backend.notification_queue_usage().await
+        match self.backend.cluster() {
+            Some(cluster) => cluster.notification_queue_usage().await,
+            None => Ok(None),
+        }
     }
 
     async fn get(&self, id: JobId) -> Result<Job> {

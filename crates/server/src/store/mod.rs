@@ -5,7 +5,11 @@
 //!   know which store they run on.
 //! - [`Backend`] is what a storage engine provides: load, apply, write and
 //!   reindex in one step ([`Backend::apply`]), pick the next due job, make
-//!   writes durable, and answer queries. Implementations: [`sled::Sled`].
+//!   writes durable, and answer queries. Implementations: [`sled::Sled`],
+//!   [`postgres::Pg`].
+//! - [`Cluster`] is what an engine shared by several servers adds: the
+//!   servers' registry, the leases of servers that died, the other
+//!   servers' events. Only PostgreSQL has one; sled's is [`Alone`].
 //! - [`Jobs`] joins them: it implements [`Store`] over any backend and owns
 //!   every rule that does not depend on the engine ([`rules`]): the backoff
 //!   jitter draw, time-overflow checks, key de-duplication within a batch,
@@ -13,6 +17,7 @@
 //!   durable", the lease-ended events ([`events`]) and fail-stop.
 
 mod backend;
+mod cluster;
 pub mod events;
 mod jobs;
 pub mod postgres;
@@ -25,6 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use backend::{Backend, Change};
+pub use cluster::{Alone, Cluster};
 pub use events::{Fact, LeaseEnded, Listener, Observer, Remote};
 pub use jobs::Jobs;
 

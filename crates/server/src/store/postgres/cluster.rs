@@ -12,16 +12,23 @@
 //! A server that shuts down gracefully keeps its streams' leases valid
 //! (a shutdown is no worker death): it clears their server id, so they
 //! only expire, and leaves the registry.
+//!
+//! [`Pg`]'s [`Cluster`] is made of these, with the other servers' events
+//! ([`listen`]).
+
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::{Duration, SystemTime},
+};
 
 use tokio_postgres::types::ToSql;
 
-use std::time::SystemTime;
-
-use super::{error::PgError, listen, queries, row, tx::Open, write, Pg};
+use super::{error::PgError, listen, operator, queries, row, tx::Open, write, Pg};
 use crate::{
+    error::Result,
     job::{JobId, LeaseId, Outcome, Status},
     machine::Event,
-    store::{Change, LeaseEnded},
+    store::{Change, Cluster, LeaseEnded},
 };
 
 /// Most orphaned leases reclaimed in one transaction.
@@ -274,4 +281,75 @@ pub async fn leave(pg: &Pg) -> Result<(), PgError> {
         .await?;
     tx.commit().await?;
     Ok(())
+}
+
+impl Cluster for Pg {
+    async fn heartbeat(&self) -> Result<()> {
+        let silent = heartbeat(self).await?;
+        if silent > self.silent.swap(silent, Ordering::Relaxed) {
+            // A server went silent: the wake-ups it had committed but not
+            // sent yet are lost with it (see [`listen`]), so every waiter
+            // looks again.
+            if let Some(remote) = self.remote.get() {
+                remote.due();
+            }
+        }
+        // Policies set through other servers, for this server's wake-ups
+        // and waits: best effort, off the heartbeat's own connection and
+        // clock (takes read the table itself, and refresh the copy too).
+        let core = Arc::clone(&self.core);
+        tokio::spawn(async move {
+            if let Err(err) = operator::policies(&core).await {
+                tracing::debug!(cause = %err, "reading the queue policies failed; trying at the next heartbeat");
+            }
+        });
+        // Other servers' leases do not re-arm this server's reaper; the
+        // heartbeat does, so a lease whose server died is still reaped.
+        if let Some(remote) = self.remote.get() {
+            remote.rearm();
+        }
+        Ok(())
+    }
+
+    async fn reclaim_orphaned(&self, now: SystemTime) -> Result<Vec<Change>> {
+        Ok(reclaim_orphaned(self, now).await?)
+    }
+
+    async fn adopt(&self, leases: &[(JobId, LeaseId)]) -> Result<()> {
+        Ok(adopt(self, leases).await?)
+    }
+
+    async fn held_elsewhere(&self, id: JobId, lease: LeaseId) -> Result<bool> {
+        Ok(held_elsewhere(self, id, lease).await?)
+    }
+
+    async fn leave(&self) -> Result<()> {
+        // The wake-ups of what this server committed go out before it
+        // leaves (a bounded wait: a broken LISTEN connection would hold
+        // them until it reconnects).
+        let (done, sent) = tokio::sync::oneshot::channel();
+        if self.outbox.send(listen::Outgoing::Flush(done)).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), sent).await;
+        }
+        Ok(leave(self).await?)
+    }
+
+    fn fenced_reclaims(&self) -> u64 {
+        self.doubles.load(Ordering::Relaxed)
+    }
+
+    async fn notification_queue_usage(&self) -> Result<Option<f64>> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT pg_notification_queue_usage()")
+            .await
+            .map_err(PgError::from)?;
+        let usage: f64 = client
+            .query_one(&stmt, &[])
+            .await
+            .map_err(PgError::from)?
+            .try_get(0)
+            .map_err(PgError::from)?;
+        Ok(Some(usage))
+    }
 }

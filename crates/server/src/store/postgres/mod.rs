@@ -557,6 +557,29 @@ impl Core {
 }
 
 impl Backend for Pg {
+    type Cluster = Pg;
+
+    fn cluster(&self) -> Option<&Pg> {
+        Some(self)
+    }
+
+    fn attach(&self, remote: Remote) {
+        let _ = self.remote.set(remote.clone());
+        let Some(inbox) = self.inbox.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        let task = tokio::spawn(listen::run(
+            self.listen_config.clone(),
+            self.notify_config.clone(),
+            self.me.clone(),
+            remote,
+            inbox,
+        ));
+        *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        let folder = tokio::spawn(queries::fold_counts_forever(Arc::downgrade(&self.core)));
+        *self.folder.lock().unwrap_or_else(|p| p.into_inner()) = Some(folder.abort_handle());
+    }
+
     /// Every insert is a network round trip (or a wait for a group-commit
     /// lane): run to the end even if the caller gives up.
     fn insert_waits(&self, _batch: &[NewJob]) -> bool {
@@ -719,81 +742,6 @@ impl Backend for Pg {
         std::future::ready(Ok(()))
     }
 
-    fn shared(&self) -> bool {
-        true
-    }
-
-    fn attach(&self, remote: Remote) {
-        let _ = self.remote.set(remote.clone());
-        let Some(inbox) = self.inbox.lock().unwrap_or_else(|p| p.into_inner()).take() else {
-            return;
-        };
-        let task = tokio::spawn(listen::run(
-            self.listen_config.clone(),
-            self.notify_config.clone(),
-            self.me.clone(),
-            remote,
-            inbox,
-        ));
-        *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
-        let folder = tokio::spawn(queries::fold_counts_forever(Arc::downgrade(&self.core)));
-        *self.folder.lock().unwrap_or_else(|p| p.into_inner()) = Some(folder.abort_handle());
-    }
-
-    async fn heartbeat(&self) -> Result<()> {
-        let silent = cluster::heartbeat(self).await?;
-        if silent > self.silent.swap(silent, Ordering::Relaxed) {
-            // A server went silent: the wake-ups it had committed but not
-            // sent yet are lost with it (see [`listen`]), so every waiter
-            // looks again.
-            if let Some(remote) = self.remote.get() {
-                remote.due();
-            }
-        }
-        // Policies set through other servers, for this server's wake-ups
-        // and waits: best effort, off the heartbeat's own connection and
-        // clock (takes read the table itself, and refresh the copy too).
-        let core = Arc::clone(&self.core);
-        tokio::spawn(async move {
-            if let Err(err) = operator::policies(&core).await {
-                tracing::debug!(cause = %err, "reading the queue policies failed; trying at the next heartbeat");
-            }
-        });
-        // Other servers' leases do not re-arm this server's reaper; the
-        // heartbeat does, so a lease whose server died is still reaped.
-        if let Some(remote) = self.remote.get() {
-            remote.rearm();
-        }
-        Ok(())
-    }
-
-    async fn reclaim_orphaned(&self, now: SystemTime) -> Result<Vec<Change>> {
-        Ok(cluster::reclaim_orphaned(self, now).await?)
-    }
-
-    async fn adopt(&self, leases: &[(JobId, LeaseId)]) -> Result<()> {
-        Ok(cluster::adopt(self, leases).await?)
-    }
-
-    async fn held_elsewhere(&self, id: JobId, lease: LeaseId) -> Result<bool> {
-        Ok(cluster::held_elsewhere(self, id, lease).await?)
-    }
-
-    async fn leave(&self) -> Result<()> {
-        // The wake-ups of what this server committed go out before it
-        // leaves (a bounded wait: a broken LISTEN connection would hold
-        // them until it reconnects).
-        let (done, sent) = tokio::sync::oneshot::channel();
-        if self.outbox.send(listen::Outgoing::Flush(done)).is_ok() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), sent).await;
-        }
-        Ok(cluster::leave(self).await?)
-    }
-
-    fn fenced_reclaims(&self) -> u64 {
-        self.doubles.load(Ordering::Relaxed)
-    }
-
     /// The database's clock as of the last heartbeat, moved on by this
     /// process's monotonic clock (see [`clock`]); the caller's clock in
     /// tests that replay time.
@@ -802,21 +750,6 @@ impl Backend for Pg {
             Clock::Database => self.db_clock.now().unwrap_or_else(SystemTime::now),
             Clock::Caller => SystemTime::now(),
         }
-    }
-
-    async fn notification_queue_usage(&self) -> Result<Option<f64>> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("SELECT pg_notification_queue_usage()")
-            .await
-            .map_err(PgError::from)?;
-        let usage: f64 = client
-            .query_one(&stmt, &[])
-            .await
-            .map_err(PgError::from)?
-            .try_get(0)
-            .map_err(PgError::from)?;
-        Ok(Some(usage))
     }
 }
 

@@ -10,10 +10,14 @@ use crate::{
     machine::{self, Event},
     policy::QueuePolicy,
     schedule::Schedule,
-    store::{rules::Retention, Backend, Change, Enqueued, ListFilter, Page, QueueStats, Remote},
+    store::{
+        rules::Retention, Alone, Backend, Change, Enqueued, ListFilter, Page, QueueStats, Remote,
+    },
 };
 
 impl Backend for Sled {
+    type Cluster = Alone;
+
     fn insert_waits(&self, batch: &[NewJob]) -> bool {
         batch.iter().any(|new| self.files.wants(new.payload.len()))
     }
