@@ -75,6 +75,16 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A transition the status machine refused (a stale lease, a wrong
+    /// status, no such job): its answer reads the store's state rather
+    /// than changing it.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Error::Transition(_) | Error::NotFound(_) | Error::ScheduleNotFound(_)
+        )
+    }
+
     /// The gRPC code this error maps to.
     pub fn code(&self) -> Code {
         match self {

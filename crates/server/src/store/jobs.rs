@@ -323,7 +323,7 @@ impl<B: Backend> Jobs<B> {
         let work = async move {
             let change = match this.one(id, event, now).await {
                 Ok(change) => change,
-                Err(refused) if is_refusal(&refused) => {
+                Err(refused) if refused.is_refusal() => {
                     // The state that refused it may not be durable yet (a
                     // first Retry or Ack applied, its reply lost, its round
                     // still running): a refusal that reads "already done"
@@ -441,14 +441,6 @@ async fn to_the_end<T: Send + 'static>(
     }
 }
 
-/// A transition the status machine refused (stale lease, wrong status, no
-/// such job): the answer reads the store's state rather than changing it.
-fn is_refusal(err: &Error) -> bool {
-    matches!(
-        err.code(),
-        tonic::Code::FailedPrecondition | tonic::Code::Aborted | tonic::Code::NotFound
-    )
-}
 
 /// A changed job as [`Store`] returns it: without its payload.
 fn without_payload(mut job: Job) -> Job {
