@@ -163,7 +163,8 @@ class Client:
         - ``key_scope``, ``on_conflict``, ``unique_for`` (with a ``key``):
           ``key_scope="active"`` holds the key only while a job with it is
           PENDING or RUNNING; ``on_conflict="replace"`` gives a PENDING
-          job with the key this payload, metadata and delay (debounce);
+          job with the key this payload, metadata and delay (debounce), and
+          makes a RUNNING one a successor that takes the key over;
           ``unique_for`` (seconds or ``timedelta``) holds the key that long
           after its job's enqueue (throttle). ``outcome`` on the result
           says CREATED, EXISTING or REPLACED.

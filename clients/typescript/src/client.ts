@@ -81,7 +81,7 @@ export interface EnqueueOptions {
   maxSnoozes?: number;
   /** With a key: "active" holds it only while a job with it is PENDING or RUNNING ("unique until finished"); default "retained". */
   keyScope?: "retained" | "active";
-  /** With a key: a PENDING job with it takes this payload, metadata and delay (debounce); a RUNNING one is left alone. */
+  /** With a key: a PENDING job with it takes this payload, metadata and delay (debounce); a RUNNING one gets a successor, a new job that takes the key over. */
   replace?: boolean;
   /** With a key: held this long after its job's enqueue, whatever its state (throttle). */
   uniqueForMs?: number;

@@ -65,7 +65,8 @@ pub struct Args {
     key_scope: Option<String>,
 
     /// Debounce: a PENDING job with the key takes this payload and
-    /// metadata, and is due after --delay (a RUNNING one is left alone).
+    /// metadata, and is due after --delay (a RUNNING one gets a successor,
+    /// a new job that takes the key over).
     #[arg(long, requires = "key")]
     replace: bool,
 

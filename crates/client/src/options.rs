@@ -66,8 +66,9 @@ impl EnqueueOptions {
     /// Debounce: a PENDING job that holds the key takes this enqueue's
     /// payload and metadata and is due after its delay
     /// ([`EnqueueOutcome::Replaced`](crate::EnqueueOutcome::Replaced)); a
-    /// RUNNING or finished one is returned unchanged. Needs a
-    /// [`key`](Self::key).
+    /// RUNNING one gets a successor, a new job that takes the key over
+    /// ([`EnqueueOutcome::Created`](crate::EnqueueOutcome::Created)); a
+    /// finished one is returned unchanged. Needs a [`key`](Self::key).
     pub fn replace(mut self) -> Self {
         self.replace = true;
         self

@@ -441,7 +441,6 @@ async fn to_the_end<T: Send + 'static>(
     }
 }
 
-
 /// A changed job as [`Store`] returns it: without its payload.
 fn without_payload(mut job: Job) -> Job {
     job.payload = Vec::new();

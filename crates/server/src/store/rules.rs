@@ -189,7 +189,9 @@ impl KeyConflict {
 /// (docs/src/shaping.md, "Uniqueness"): it holds the key while retained
 /// (or, with [`KeyScope::Active`], while PENDING or RUNNING) and, with
 /// `unique_for`, until that long after its enqueue. A holder is replaced
-/// only when PENDING: a RUNNING one's worker has its payload already.
+/// only when PENDING; a RUNNING one's worker has its payload already, so a
+/// replacing enqueue makes a successor, which takes the key over (the
+/// running job goes on without it).
 pub fn key_conflict(unique: &Uniqueness, holder: &Job, now: SystemTime) -> KeyConflict {
     let active = matches!(holder.status, Status::Pending | Status::Running);
     let in_scope = unique.scope == KeyScope::Retained || active;
@@ -200,11 +202,12 @@ pub fn key_conflict(unique: &Uniqueness, holder: &Job, now: SystemTime) -> KeyCo
             .is_none_or(|end| now < end)
     });
     if !(in_scope && in_window) {
-        KeyConflict::TakeOver
-    } else if unique.replace && holder.status == Status::Pending {
-        KeyConflict::Replace
-    } else {
-        KeyConflict::Keep
+        return KeyConflict::TakeOver;
+    }
+    match (unique.replace, holder.status) {
+        (true, Status::Pending) => KeyConflict::Replace,
+        (true, Status::Running) => KeyConflict::TakeOver,
+        _ => KeyConflict::Keep,
     }
 }
 
@@ -412,9 +415,14 @@ mod tests {
                 110,
                 TakeOver,
             ),
-            // Replace: a PENDING holder only.
+            // Replace: a PENDING holder; a RUNNING one gets a successor.
             (rules(KeyScope::Retained, true, None), Pending, 999, Replace),
-            (rules(KeyScope::Retained, true, None), Running, 999, Keep),
+            (
+                rules(KeyScope::Retained, true, None),
+                Running,
+                999,
+                TakeOver,
+            ),
             (rules(KeyScope::Retained, true, None), Done, 999, Keep),
             (rules(KeyScope::Active, true, None), Done, 999, TakeOver),
             (

@@ -101,7 +101,7 @@ async fn a_key_with_a_window_is_held_that_long_after_its_enqueue() {
 }
 
 #[tokio::test]
-async fn a_replace_debounces_a_pending_job_and_keeps_a_running_one() {
+async fn a_replace_debounces_a_pending_job_and_follows_a_running_one() {
     let dir = guard().await;
     let store = reopen(&dir).await;
     let first = store
@@ -144,8 +144,9 @@ async fn a_replace_debounces_a_pending_job_and_keeps_a_running_one() {
     let leased = take(&store, "q", at(700)).await.expect("due");
     assert_eq!(leased.job.id, first.job.id);
     assert_eq!(leased.job.payload, b"v3");
-    // RUNNING: its worker has the payload; the enqueue returns it unchanged.
-    let kept = store
+    // RUNNING: its worker has the payload; the enqueue makes a successor,
+    // which takes the key over, and the running job goes on without it.
+    let successor = store
         .enqueue(
             NewJob {
                 payload: b"v4".to_vec(),
@@ -155,17 +156,38 @@ async fn a_replace_debounces_a_pending_job_and_keeps_a_running_one() {
         )
         .await
         .unwrap();
-    assert_eq!((kept.created, kept.replaced), (false, false));
-    assert_eq!(kept.job.status, Status::Running);
-    assert_eq!(store.get(first.job.id).await.unwrap().payload, b"v3");
-    // Unless the key is only held while active and the job has finished.
+    assert_eq!((successor.created, successor.replaced), (true, false));
+    assert_ne!(successor.job.id, first.job.id);
+    assert_eq!(successor.job.key.as_deref(), Some("reindex-9"));
+    let running = store.get(first.job.id).await.unwrap();
+    assert_eq!((running.status, running.key, running.payload), (Status::Running, None, b"v3".to_vec()));
+    // The next edit debounces the successor, not the running job.
+    let again = store
+        .enqueue(
+            NewJob {
+                payload: b"v5".to_vec(),
+                ..keyed("reindex-9", replacing())
+            },
+            at(850),
+        )
+        .await
+        .unwrap();
+    assert_eq!((again.replaced, again.job.id), (true, successor.job.id));
     store.ack(first.job.id, leased.lease_id, at(900)).await.unwrap();
+    drop(store);
+    let store = reopen(&dir).await;
+    let next = take(&store, "q", at(1_000)).await.expect("the successor");
+    assert_eq!((next.job.id, next.job.payload), (successor.job.id, b"v5".to_vec()));
+    store.ack(next.job.id, next.lease_id, at(1_001)).await.unwrap();
+    // A finished job keeps a retained key; only an active scope frees it.
+    let kept = store.enqueue(keyed("reindex-9", replacing()), at(1_100)).await.unwrap();
+    assert_eq!((kept.created, kept.replaced), (false, false));
     let both = Uniqueness {
         scope: KeyScope::Active,
         replace: true,
         unique_for: None,
     };
-    let fresh_one = store.enqueue(keyed("reindex-9", both), at(1_000)).await.unwrap();
+    let fresh_one = store.enqueue(keyed("reindex-9", both), at(1_200)).await.unwrap();
     assert!(fresh_one.created);
 }
 
@@ -274,4 +296,38 @@ async fn concurrent_enqueues_that_take_a_key_over_make_one_job() {
     let new = got.iter().find(|e| e.created).unwrap().job.id;
     assert!(got.iter().all(|e| e.job.id == new));
     assert_eq!(with_key(&*store, "export-7").await, [new]);
+}
+
+/// A debounce's successor of a RUNNING job waits for it under a sequence
+/// (the key as the group, `group_max_running 1`): the edit made while the
+/// job ran runs once it has ended, not beside it.
+#[tokio::test]
+async fn a_successor_in_a_sequence_waits_for_the_running_job() {
+    let (_dir, store) = fresh().await;
+    store
+        .set_policy(
+            "q",
+            QueuePolicy {
+                max_running: 0,
+                group_max_running: 1,
+                rate: None,
+                group_rate: None,
+            },
+        )
+        .await
+        .unwrap();
+    let edit = |payload: &[u8]| NewJob {
+        payload: payload.to_vec(),
+        group: Some("doc-9".into()),
+        ..keyed("doc-9", replacing())
+    };
+    let first = store.enqueue(edit(b"v1"), at(0)).await.unwrap();
+    let leased = take(&store, "q", at(1)).await.expect("due");
+    assert_eq!(leased.job.id, first.job.id);
+    let successor = store.enqueue(edit(b"v2"), at(2)).await.unwrap();
+    assert!(successor.created);
+    assert!(take(&store, "q", at(3)).await.is_none(), "held behind the running job");
+    store.ack(first.job.id, leased.lease_id, at(4)).await.unwrap();
+    let next = take(&store, "q", at(5)).await.expect("its turn");
+    assert_eq!((next.job.id, next.job.payload), (successor.job.id, b"v2".to_vec()));
 }
