@@ -75,6 +75,7 @@ use std::{
 pub use error::SledError;
 use flusher::Flusher;
 use index::Index;
+pub use open::SledOptions;
 use payload_files::PayloadFiles;
 use record::Payload;
 
@@ -194,10 +195,12 @@ impl Jobs<Sled> {
     /// # Errors
     /// See [`Sled::open`].
     pub fn open(config: &Config) -> Result<SledStore> {
-        Ok(Jobs::new(Sled::open(config)?, config.backoff())
-            .deliver_before_durable(config.deliver_before_fsync)
-            .max_paused_queues(config.max_paused_queues)
-            .max_queue_policies(config.max_queue_policies))
+        Ok(
+            Jobs::new(Sled::open(&SledOptions::of(config))?, config.backoff())
+                .deliver_before_durable(config.deliver_before_fsync)
+                .max_paused_queues(config.max_paused_queues)
+                .max_queue_policies(config.max_queue_policies),
+        )
     }
 
     /// How many group-commit rounds (flush + fsync) have run; for tests and

@@ -18,24 +18,52 @@ use super::{
     SAVED_TOKEN_KEY, SAVED_TOKEN_TAG,
 };
 use crate::{
-    config::Config,
+    config::{Config, FaultSync},
     error::{Error, Result},
 };
 
+/// What the sled engine is opened with: its own settings, not the whole
+/// server configuration.
+#[derive(Debug, Clone)]
+pub struct SledOptions {
+    /// The data folder (`--data`).
+    pub data: std::path::PathBuf,
+    /// sled's page cache (`--cache-bytes`).
+    pub cache_bytes: u64,
+    /// The smallest payload kept in a file of its own
+    /// (`--payload-file-bytes`).
+    pub payload_file_bytes: u64,
+    /// Injected fsync faults (tests only).
+    pub fault: Option<FaultSync>,
+}
+
+impl SledOptions {
+    /// The engine's settings from the server's configuration.
+    pub fn of(config: &Config) -> SledOptions {
+        SledOptions {
+            data: config.data.clone(),
+            cache_bytes: config.cache_bytes,
+            payload_file_bytes: config.payload_file_bytes,
+            fault: config.fault_sync(),
+        }
+    }
+}
+
 impl Sled {
-    /// Opens (or creates) the database in `config.data` and rebuilds the
+    /// Opens (or creates) the database in `options.data` and rebuilds the
     /// in-memory indexes from the records.
     ///
     /// # Errors
     /// [`Error::Storage`] if sled cannot open the folder, [`Error::Corrupt`]
     /// if a record does not decode or the flusher cannot start.
-    pub fn open(config: &Config) -> Result<Sled> {
-        std::fs::create_dir_all(&config.data)
-            .map_err(|e| Error::Corrupt(format!("cannot create {}: {e}", config.data.display())))?;
+    pub fn open(options: &SledOptions) -> Result<Sled> {
+        std::fs::create_dir_all(&options.data).map_err(|e| {
+            Error::Corrupt(format!("cannot create {}: {e}", options.data.display()))
+        })?;
         let open = || {
             sled::Config::new()
-                .path(&config.data)
-                .cache_capacity(config.cache_bytes)
+                .path(&options.data)
+                .cache_capacity(options.cache_bytes)
                 // Our flusher makes every acknowledged write durable; sled's
                 // own periodic fsync would only compete with it.
                 .flush_every_ms(None)
@@ -45,9 +73,9 @@ impl Sled {
         };
         let mut db = reopen(open)?;
         let mut jobs = db.open_tree("jobs").map_err(SledError::from)?;
-        let saved_file = config.data.join(SAVED_FILE);
+        let saved_file = options.data.join(SAVED_FILE);
         let started = Instant::now();
-        let (mut index, rebuilt) = match take_saved(&db, &jobs, &config.data, &saved_file)? {
+        let (mut index, rebuilt) = match take_saved(&db, &jobs, &options.data, &saved_file)? {
             Some(index) => (index, Rebuilt::FromSaved),
             None => {
                 let mut index = scan(&jobs)?;
@@ -68,10 +96,10 @@ impl Sled {
         let payloads = db.open_tree("payloads").map_err(SledError::from)?;
         payloads.fill_leaves_to(PAYLOAD_LEAF_BYTES);
         // A payload small enough for the record stays in it.
-        let file_min = usize::try_from(config.payload_file_bytes)
+        let file_min = usize::try_from(options.payload_file_bytes)
             .unwrap_or(usize::MAX)
             .max(record::INLINE_MAX + 1);
-        let files = PayloadFiles::open(&config.data, file_min)?;
+        let files = PayloadFiles::open(&options.data, file_min)?;
         // A file is its job's while the job's record says so: not after an
         // enqueue a crash cut short, nor after a replace put the job's new
         // payload in its record.
@@ -120,7 +148,7 @@ impl Sled {
                 "removed schedule payloads of writes cut short by a crash"
             );
         }
-        let flusher = Flusher::start(db.clone(), &config.data, config.fault_sync())?;
+        let flusher = Flusher::start(db.clone(), &options.data, options.fault)?;
         Ok(Sled {
             flusher,
             db,
