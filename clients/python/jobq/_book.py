@@ -44,6 +44,16 @@ class Book:
             if e is not None and e.ctx.lease_id == ctx.lease_id:
                 e.settling = True
 
+    def claim(self, ctx: JobContext) -> bool:
+        """Marks the lease settling for a give-back, unless its ack or fail
+        is on its way already (or it left the book): True when claimed."""
+        with self._lock:
+            e = self._jobs.get(ctx.id)
+            if e is None or e.ctx.lease_id != ctx.lease_id or e.settling:
+                return False
+            e.settling = True
+            return True
+
     def remove(self, ctx: JobContext) -> bool:
         """Forgets the job, but only under the lease it ran with."""
         with self._lock:

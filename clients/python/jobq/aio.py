@@ -20,7 +20,7 @@ from jobq import _common as c
 from jobq._book import Book
 from jobq._common import Seconds, StatusLike
 from jobq._trace import call_headers, job_span
-from jobq.context import AsyncJobContext
+from jobq.context import AsyncJobContext, BaseJobContext
 from jobq.errors import (DeadlineExceeded, Fatal, JobFailed, JobLost, JobqError, Retry, Snooze,
                          WaitTimeout, code_of, from_rpc_error)
 from jobq.models import (EnqueueOutcome, EnqueueResult, Enqueued, Job, LeasedJob, NewJob,
@@ -29,8 +29,8 @@ from jobq.models import (EnqueueOutcome, EnqueueResult, Enqueued, Job, LeasedJob
                          Schedule)
 from jobq.v1 import jobq_pb2 as pb
 from jobq.v1 import jobq_pb2_grpc as pb_grpc
-from jobq.worker import (ABORT_GRACE, DRAIN_SETTLE, Queues, check_callables,
-                         default_worker_id, handler_for)
+from jobq.worker import (ABORT_GRACE, DRAIN_SETTLE, GIVE_BACK_TIMEOUT, GIVEN_BACK, Queues,
+                         check_callables, default_worker_id, handler_for)
 
 log = logging.getLogger("jobq")
 
@@ -626,6 +626,17 @@ class AsyncWorker:
             log.warning("job %s: lease lost; cancelling its handler", ctx.id)
             ctx._cancel("lease lost (heartbeat)")
 
+    async def _give_back(self, ctx: BaseJobContext) -> None:
+        """As Worker._give_back: the job back at once, no attempt spent."""
+        try:
+            await self.client.fail(ctx.id, ctx.lease_id, GIVEN_BACK, snooze=0,
+                                   timeout=GIVE_BACK_TIMEOUT)
+            log.info("job %s: given back at the drain deadline; no attempt spent", ctx.id)
+        except JobqError as e:
+            log.warning("job %s: could not give it back (%s); the server will reclaim it",
+                        ctx.id, e.code())
+        self._book.remove(ctx)
+
     async def _drain(self) -> None:
         self._draining = True
         log.info("shutting down; draining %d in flight", len(self._book))
@@ -639,8 +650,11 @@ class AsyncWorker:
             if self._hard_stop or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.02)
+        given_back = not self._hard_stop
         self._hard_stop = True
         for ctx in self._book.contexts():
             ctx._cancel("worker stopping: drain deadline passed")
+            if given_back and self._book.claim(ctx):
+                await self._give_back(ctx)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=ABORT_GRACE)

@@ -21,7 +21,7 @@ from jobq._common import Seconds
 from jobq._trace import job_span
 from jobq.errors import Fatal, JobLost, Retry, Snooze, code_of, from_rpc_error
 from jobq.client import Client
-from jobq.context import JobContext
+from jobq.context import BaseJobContext, JobContext
 from jobq.v1 import jobq_pb2 as pb
 
 log = logging.getLogger("jobq")
@@ -38,6 +38,12 @@ Queues = Union[List[str], Tuple[str, ...]]
 DRAIN_SETTLE = 0.1
 #: How long handlers get to end after the drain deadline cancelled them.
 ABORT_GRACE = 1.0
+
+#: How long a give-back at the drain deadline may wait for its answer.
+GIVE_BACK_TIMEOUT = 2.0
+
+#: The error of a give-back: a snooze, so no attempt is spent.
+GIVEN_BACK = "given back: the worker's drain deadline passed"
 #: How often the deadline watch looks at the leases.
 _TICK = 0.05
 
@@ -426,14 +432,31 @@ class Worker:
             if self._hard_stop.is_set() or time.monotonic() >= deadline:
                 break
             time.sleep(0.02)
-        log.warning("drain deadline passed with %d in flight; cancelling their handlers, "
-                    "the server will reclaim their jobs", len(self._book))
+        given_back = not self._hard_stop.is_set()
+        log.warning("drain deadline passed with %d in flight; cancelling their handlers%s",
+                    len(self._book), ", then giving their jobs back" if given_back else "")
         self._hard_stop.set()
         for ctx in self._book.contexts():
             ctx._cancel("worker stopping: drain deadline passed")
+            if given_back and self._book.claim(ctx):
+                self._give_back(ctx)
         end = time.monotonic() + ABORT_GRACE
         while len(self._book) and time.monotonic() < end:
             time.sleep(0.02)
+
+    def _give_back(self, ctx: BaseJobContext) -> None:
+        """Puts a job the drain deadline cut off back at once (a snooze of
+        zero): due for another worker without spending an attempt. One try;
+        if it does not get through, the server reclaims the job when the
+        stream closes (which does spend one)."""
+        try:
+            self.client.fail(ctx.id, ctx.lease_id, GIVEN_BACK, snooze=0,
+                             timeout=GIVE_BACK_TIMEOUT)
+            log.info("job %s: given back at the drain deadline; no attempt spent", ctx.id)
+        except grpc.RpcError as e:
+            log.warning("job %s: could not give it back (%s); the server will reclaim it",
+                        ctx.id, code_of(e))
+        self._book.remove(ctx)
 
     def _install_signals(self) -> List[Tuple[int, Any]]:
         if threading.current_thread() is not threading.main_thread():

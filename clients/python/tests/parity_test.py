@@ -37,7 +37,8 @@ import grpc
 import grpc.aio
 
 from harness import EXAMPLES, Server, lines, outcomes, run_tests, start_worker, wait_for
-from jobq import AsyncJobContext, Client, InvalidArgument, JobContext, JobLost, Worker, pb
+from jobq import (AsyncJobContext, Client, InvalidArgument, JobContext, JobLost, Status, Worker,
+                  pb)
 from jobq.aio import AsyncClient, AsyncWorker
 
 
@@ -449,10 +450,11 @@ async def _status(aio: AsyncClient, job_id: str) -> int:
         return -1
 
 
-def drain_deadline_does_not_ack(tmp, client, addr):
-    """A handler still running at the drain deadline is told to stop; when
-    it returns, the job is neither acked nor failed (the server reclaims it
-    when its lease ends), as in the Rust worker."""
+def drain_deadline_gives_the_job_back(tmp, client, addr):
+    """A handler still running at the drain deadline is told to stop, and
+    its job is given back at once (a snooze of zero): PENDING again, no
+    attempt spent, its history saying SNOOZED, as in the Rust worker; and
+    the handler's return afterwards acks nothing. The same for asyncio."""
     job, _ = client.enqueue("drain-deadline", "k", b"")
     started = threading.Event()
 
@@ -467,15 +469,32 @@ def drain_deadline_does_not_ack(tmp, client, addr):
     worker.stop()
     thread.join(30)
     assert not thread.is_alive(), "the worker did not stop"
-    # Not settled: still running under the lease (its attempt open, no
-    # outcome yet), or already reclaimed because the worker's stream
-    # closed; never acked or failed.
     j = client.get_job(job.id)
-    assert (pb.JobStatus.Name(j.status), outcomes(j)) in (
-        ("JOB_STATUS_RUNNING", ["ATTEMPT_OUTCOME_UNSPECIFIED"]),
-        ("JOB_STATUS_PENDING", ["ATTEMPT_OUTCOME_WORKER_DISCONNECTED"]),
-    ), (pb.JobStatus.Name(j.status), outcomes(j))
+    assert (pb.JobStatus.Name(j.status), outcomes(j), j.attempts, j.snoozes) == (
+        "JOB_STATUS_PENDING", ["ATTEMPT_OUTCOME_SNOOZED"], 0, 1), j
+    assert "drain deadline" in j.history[-1].error, j.history[-1].error
     client.cancel_job(job.id, "test over")
+
+    async def main() -> None:
+        async with AsyncClient("http://" + addr) as aio:
+            job, _ = await aio.enqueue("drain-deadline-aio", "k")
+            began = asyncio.Event()
+
+            async def handler(ctx: AsyncJobContext) -> None:
+                began.set()
+                await ctx.cancelled.wait()
+
+            worker = AsyncWorker(aio, ["drain-deadline-aio"], handler, lease=30,
+                                 drain_timeout=0.5)
+            running = asyncio.create_task(worker.run(handle_signals=False))
+            await asyncio.wait_for(began.wait(), 15)
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            got = await aio.get_job(job.id)
+            assert (got.status, got.attempts, got.snoozes) == (Status.PENDING, 0, 1), got
+            await aio.cancel_job(job.id, "test over")
+
+    asyncio.run(main())
 
 
 def odd_handler_errors_fail_the_job(tmp, client, addr):
@@ -618,7 +637,7 @@ def settings_no_job_could_survive_are_refused(tmp, client, addr):
     assert outcome[0].code() == grpc.StatusCode.INVALID_ARGUMENT, outcome
 
 
-TESTS = [attempt_is_one_based, drain_deadline_does_not_ack, unknown_kind_is_retryable, wrong_arguments_are_refused,
+TESTS = [attempt_is_one_based, drain_deadline_gives_the_job_back, unknown_kind_is_retryable, wrong_arguments_are_refused,
          odd_handler_errors_fail_the_job, settings_no_job_could_survive_are_refused,
          jobq_server_env, cancel_revokes_the_running_handler, ack_survives_a_server_restart,
          lease_deadline_stops_the_handler, sigint_drains, sigterm_drains,

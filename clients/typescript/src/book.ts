@@ -31,6 +31,14 @@ export class Book {
     if (e !== undefined && e.ctx.leaseId === ctx.leaseId) e.settling = true;
   }
 
+  /** Marks the lease settling for a give-back, unless its ack or fail is on its way (or it left the book): true when claimed. */
+  claim(ctx: JobContext): boolean {
+    const e = this.jobs.get(ctx.id);
+    if (e === undefined || e.ctx.leaseId !== ctx.leaseId || e.settling) return false;
+    e.settling = true;
+    return true;
+  }
+
   /** Forgets the job, but only under the lease it ran with. */
   remove(ctx: JobContext): boolean {
     if (!this.holds(ctx)) return false;

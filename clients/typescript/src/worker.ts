@@ -16,6 +16,8 @@ import { inJobSpan } from "./trace.js";
 const DRAIN_SETTLE_MS = 100;
 /** How long handlers get to end after the drain deadline aborted them. */
 const ABORT_GRACE_MS = 1000;
+/** How long a give-back at the drain deadline may wait for its answer. */
+const GIVE_BACK_TIMEOUT_MS = 2000;
 /** How often the worker looks at lease deadlines and whether a heartbeat is due. */
 const TICK_MS = 50;
 
@@ -531,13 +533,39 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
       if (this.hardStop || Date.now() >= deadline) break;
       await sleep(20);
     }
+    const giveBack = !this.hardStop;
     this.log.warn(
-      `drain deadline passed with ${this.book.size} in flight; cancelling their handlers, the server will reclaim their jobs`,
+      `drain deadline passed with ${this.book.size} in flight; cancelling their handlers${giveBack ? ", then giving their jobs back" : ""}`,
     );
     this.hardStop = true;
-    for (const ctx of this.book.contexts()) ctx.cancel("worker stopping: drain deadline passed");
+    const givenBack: Promise<void>[] = [];
+    for (const ctx of this.book.contexts()) {
+      const claimed = giveBack && this.book.claim(ctx);
+      ctx.cancel("worker stopping: drain deadline passed");
+      if (claimed) givenBack.push(this.giveBack(ctx));
+    }
+    await Promise.all(givenBack);
     const end = Date.now() + ABORT_GRACE_MS;
     while (this.book.size > 0 && Date.now() < end) await sleep(20);
+  }
+
+  /**
+   * Puts a job the drain deadline cut off back at once (a snooze of zero):
+   * due for another worker without spending an attempt. One try; if it does
+   * not get through, the server reclaims the job when the stream closes
+   * (which does spend one).
+   */
+  private async giveBack(ctx: JobContext): Promise<void> {
+    try {
+      await this.client.fail(ctx.id, ctx.leaseId, "given back: the worker's drain deadline passed", {
+        snoozeMs: 0,
+        timeoutMs: GIVE_BACK_TIMEOUT_MS,
+      });
+      this.log.info(`job ${ctx.id}: given back at the drain deadline; no attempt spent`);
+    } catch (err) {
+      this.log.warn(`job ${ctx.id}: could not give it back (${JobqError.from(err).code}); the server will reclaim it`);
+    }
+    this.book.remove(ctx);
   }
 
   private installSignals(): () => void {
