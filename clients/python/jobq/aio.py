@@ -497,6 +497,8 @@ class AsyncWorker:
                     if not ctx.is_cancelled():
                         raise
         if not self._book.holds(ctx) or (ctx.is_cancelled() and self._hard_stop):
+            # Cut off by the drain deadline: the drain gives the job back.
+            ctx._cut_off = ctx.is_cancelled() and self._hard_stop
             log.warning("job %s: %s; not acking", ctx.id, ctx.cancel_reason or "lease lost")
             self._book.remove(ctx)
             return
@@ -539,15 +541,18 @@ class AsyncWorker:
 
     async def _settle(self, ctx: AsyncJobContext, error: Optional[BaseException]) -> None:
         backoff = c.Backoff()
-        first = True
+        first, claimed = True, False
         retry_delay = error.after if isinstance(error, Retry) else None
         snooze = error.after if isinstance(error, Snooze) else None
         while True:
             if not first and (ctx.is_cancelled() or self._hard_stop):
                 self._book.remove(ctx)
                 return
+            if not claimed:
+                if not self._book.claim(ctx):
+                    return  # the drain deadline passed meanwhile and gives it back
+                claimed = True
             retry, first = not first, False
-            self._book.settling(ctx)
             timeout = max(1.0, min(self.client.timeout, ctx.lease_deadline() - time.time()))
             try:
                 if error is None:
@@ -652,9 +657,13 @@ class AsyncWorker:
             await asyncio.sleep(0.02)
         given_back = not self._hard_stop
         self._hard_stop = True
-        for ctx in self._book.contexts():
+        cut = self._book.contexts()
+        for ctx in cut:
             ctx._cancel("worker stopping: drain deadline passed")
-            if given_back and self._book.claim(ctx):
-                await self._give_back(ctx)
+        # The handlers wind down first; one that finished before it was told
+        # to stop is acked as usual.
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=ABORT_GRACE)
+        if given_back:
+            back = [ctx for ctx in cut if ctx._cut_off or self._book.claim(ctx)]
+            await asyncio.gather(*(self._give_back(ctx) for ctx in back))

@@ -53,6 +53,9 @@ class BaseJobContext:
         self._result = b""
         # The latest progress report no heartbeat has carried yet.
         self._unsent: Optional[Tuple[int, str]] = None
+        # Its handler returned after the drain deadline told it to stop:
+        # the drain gives the job back.
+        self._cut_off = False
 
     @property
     def id(self) -> str:

@@ -278,7 +278,8 @@ class Worker:
         if not self._book.holds(ctx) or (ctx.is_cancelled() and self._hard_stop.is_set()):
             # Revoked, reported lost, or past its deadline: someone else may
             # hold the job now. Cancelled at the drain deadline: the handler
-            # did not finish, so the server reclaims the job (as in Rust).
+            # did not finish, and the drain gives the job back (as in Rust).
+            ctx._cut_off = ctx.is_cancelled() and self._hard_stop.is_set()
             log.warning("job %s: %s; not acking", ctx.id, ctx.cancel_reason or "lease lost")
             self._book.remove(ctx)
             return
@@ -317,7 +318,7 @@ class Worker:
         server answers: ABORTED (lease lost) is final. The hard stop ends
         the retries."""
         backoff = c.Backoff()
-        first = True
+        first, claimed = True, False
         retry_delay = error.after if isinstance(error, Retry) else None
         snooze = error.after if isinstance(error, Snooze) else None
         while True:
@@ -326,8 +327,12 @@ class Worker:
                             ctx.id)
                 self._book.remove(ctx)
                 return
+            if not claimed:
+                if not self._book.claim(ctx):
+                    # The drain deadline passed meanwhile and gives it back.
+                    return
+                claimed = True
             retry, first = not first, False
-            self._book.settling(ctx)
             left = ctx.lease_deadline() - time.time()
             timeout = max(1.0, min(self.client.timeout, left))
             try:
@@ -436,13 +441,26 @@ class Worker:
         log.warning("drain deadline passed with %d in flight; cancelling their handlers%s",
                     len(self._book), ", then giving their jobs back" if given_back else "")
         self._hard_stop.set()
-        for ctx in self._book.contexts():
+        cut = self._book.contexts()
+        for ctx in cut:
             ctx._cancel("worker stopping: drain deadline passed")
-            if given_back and self._book.claim(ctx):
-                self._give_back(ctx)
+        # The handlers wind down first; one that finished before it was told
+        # to stop is acked as usual.
         end = time.monotonic() + ABORT_GRACE
         while len(self._book) and time.monotonic() < end:
             time.sleep(0.02)
+        if not given_back:
+            return
+        # Given back, all at once: the cut-off ones, and those still running
+        # (their ack or fail, if any, is not on its way: claimed).
+        back = [ctx for ctx in cut if ctx._cut_off or self._book.claim(ctx)]
+        threads = [threading.Thread(target=self._give_back, args=(ctx,), daemon=True)
+                   for ctx in back]
+        for t in threads:
+            t.start()
+        until = time.monotonic() + GIVE_BACK_TIMEOUT + 0.5
+        for t in threads:
+            t.join(max(0.0, until - time.monotonic()))
 
     def _give_back(self, ctx: BaseJobContext) -> None:
         """Puts a job the drain deadline cut off back at once (a snooze of

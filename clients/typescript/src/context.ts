@@ -29,6 +29,8 @@ export class JobContext<T = unknown> {
   private deadline: number;
   private decoded: { value: T } | undefined;
   private unsent: ProgressReport | undefined;
+  /** @internal The drain deadline cut its handler off: the drain gives the job back. */
+  cutOff = false;
 
   /** @internal The worker makes these. */
   constructor(job: Job, leaseId: string, workerId: string, leaseDeadlineMs: number) {

@@ -153,6 +153,8 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
 
   private readonly book = new Book();
   private readonly slots: Slots;
+  /** Handlers running now (a cut-off one until it really returns). */
+  private handling = 0;
   private readonly running = new Set<Promise<void>>();
   private readonly stopping = new AbortController();
   private hardStop = false;
@@ -345,18 +347,23 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
       this.book.remove(ctx);
       return;
     }
+    this.handling++;
     const handled = this.execute(ctx);
     // The slot is free when the handler really ends, even one that ignores
     // its signal: capacity is never exceeded.
-    void handled.finally(() => this.slots.release());
+    void handled.finally(() => {
+      this.handling--;
+      this.slots.release();
+    });
     const aborted = new Promise<"aborted">((resolve) => {
       if (ctx.signal.aborted) resolve("aborted");
       ctx.signal.addEventListener("abort", () => resolve("aborted"), { once: true });
     });
     const outcome = await Promise.race([handled, aborted]);
     if (outcome === "aborted" || !this.book.holds(ctx)) {
-      // Revoked, reported lost, past its deadline, or the drain deadline
-      // passed: someone else may hold the job now, or the server reclaims it.
+      // Revoked, reported lost or past its deadline: someone else may hold
+      // the job now. Cut off by the drain deadline: the drain gives it back.
+      ctx.cutOff = outcome === "aborted" && this.hardStop;
       this.log.warn(`job ${ctx.id}: ${ctx.cancelReason || "lease lost"}; not acking`);
       this.book.remove(ctx);
       return;
@@ -538,15 +545,14 @@ export class Worker<Kinds extends KindMap = AnyKinds> {
       `drain deadline passed with ${this.book.size} in flight; cancelling their handlers${giveBack ? ", then giving their jobs back" : ""}`,
     );
     this.hardStop = true;
-    const givenBack: Promise<void>[] = [];
-    for (const ctx of this.book.contexts()) {
-      const claimed = giveBack && this.book.claim(ctx);
-      ctx.cancel("worker stopping: drain deadline passed");
-      if (claimed) givenBack.push(this.giveBack(ctx));
-    }
-    await Promise.all(givenBack);
+    const cut = this.book.contexts();
+    for (const ctx of cut) ctx.cancel("worker stopping: drain deadline passed");
+    // The handlers wind down first; one whose ack was on its way is left to it.
     const end = Date.now() + ABORT_GRACE_MS;
-    while (this.book.size > 0 && Date.now() < end) await sleep(20);
+    while (this.handling > 0 && Date.now() < end) await sleep(20);
+    if (!giveBack) return;
+    // Given back, all at once: the cut-off ones, and those still running.
+    await Promise.all(cut.filter((ctx) => ctx.cutOff || this.book.claim(ctx)).map((ctx) => this.giveBack(ctx)));
   }
 
   /**

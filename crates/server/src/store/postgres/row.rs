@@ -88,6 +88,7 @@ struct StoredProgress {
     message: String,
     reported_at_us: i64,
     /// The lease it was reported under, by its bits (as `lease_id` is).
+    #[serde(default)]
     lease_id: i64,
 }
 

@@ -24,16 +24,22 @@ impl Sled {
         Ok(())
     }
 
-    /// Reads a job's latest progress in, if it has reported any.
+    /// Reads a job's latest progress in, if it has reported any. A report
+    /// that does not decode is none (logged): it never makes its job
+    /// unreadable.
     pub(super) fn fill_progress(&self, job: &mut Job) -> Result<()> {
         job.progress = match self
             .progress
             .get(record_key(job.id))
             .map_err(SledError::from)?
         {
-            Some(bytes) => Some(postcard::from_bytes(&bytes).map_err(|e| {
-                Error::Corrupt(format!("undecodable progress of job {}: {e}", job.id))
-            })?),
+            Some(bytes) => match postcard::from_bytes(&bytes) {
+                Ok(progress) => Some(progress),
+                Err(e) => {
+                    tracing::warn!(job.id = %job.id, cause = %e, "undecodable progress report; shown as none");
+                    None
+                }
+            },
             None => None,
         };
         Ok(())

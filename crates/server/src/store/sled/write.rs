@@ -148,9 +148,11 @@ impl Sled {
                 .iter()
                 .map(|new| {
                     // (A job whose key is held only while active or for a
-                    // window may take the key over: it gets an id.)
-                    let may_take_over =
-                        new.unique.scope == KeyScope::Active || new.unique.unique_for.is_some();
+                    // window, or a replace that may meet a RUNNING holder,
+                    // may take the key over: it gets an id.)
+                    let may_take_over = new.unique.scope == KeyScope::Active
+                        || new.unique.unique_for.is_some()
+                        || new.unique.replace;
                     !may_take_over
                         && new
                             .key
