@@ -328,13 +328,11 @@ async fn undecodable_requests_are_invalid_argument() {
     assert!(stats.queues.is_empty(), "nothing was enqueued");
 }
 
-#[tokio::test]
-async fn a_result_over_max_result_bytes_is_refused_and_the_job_stays_running() {
-    let server = TestServer::with(|c| c.max_result_bytes = 1024).await;
-    let mut c = server.client().await;
+/// Enqueues one job in `queue` and takes it: its id and lease.
+async fn one_running(c: &mut common::Cli, queue: &str) -> (String, pb::LeasedJob) {
     c.enqueue(req(
         pb::EnqueueRequest {
-            queue: "in.results".into(),
+            queue: queue.into(),
             kind: "k".into(),
             ..Default::default()
         },
@@ -345,7 +343,7 @@ async fn a_result_over_max_result_bytes_is_refused_and_the_job_stays_running() {
     let leased = c
         .dequeue(req(
             pb::DequeueRequest {
-                queues: vec!["in.results".into()],
+                queues: vec![queue.into()],
                 worker_id: "w".into(),
                 ..Default::default()
             },
@@ -356,7 +354,21 @@ async fn a_result_over_max_result_bytes_is_refused_and_the_job_stays_running() {
         .into_inner()
         .leased
         .expect("a job");
-    let job_id = leased.job.as_ref().unwrap().id.clone();
+    (leased.job.as_ref().unwrap().id.clone(), leased)
+}
+
+async fn get_job(c: &mut common::Cli, id: &str) -> pb::Job {
+    c.get_job(req(pb::GetJobRequest { id: id.into() }, Some("admin")))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test]
+async fn a_result_over_max_result_bytes_is_refused_and_the_job_stays_running() {
+    let server = TestServer::with(|c| c.max_result_bytes = 1024).await;
+    let mut c = server.client().await;
+    let (job_id, leased) = one_running(&mut c, "in.results").await;
     let ack = |result: Vec<u8>| {
         req(
             pb::AckRequest {
@@ -369,20 +381,10 @@ async fn a_result_over_max_result_bytes_is_refused_and_the_job_stays_running() {
     };
     let refused = c.ack(ack(vec![1; 1025])).await;
     assert_eq!(code(refused), Code::InvalidArgument);
-    let get = |c: &mut common::Cli| {
-        let job_id = job_id.clone();
-        let mut c = c.clone();
-        async move {
-            c.get_job(req(pb::GetJobRequest { id: job_id }, Some("admin")))
-                .await
-                .unwrap()
-                .into_inner()
-        }
-    };
-    let still = get(&mut c).await;
+    let still = get_job(&mut c, &job_id).await;
     assert_eq!(still.status, pb::JobStatus::Running as i32, "not acked");
     c.ack(ack(vec![2; 1024])).await.expect("at the limit");
-    let done = get(&mut c).await;
+    let done = get_job(&mut c, &job_id).await;
     assert_eq!(done.status, pb::JobStatus::Done as i32);
     assert_eq!(done.result, vec![2; 1024]);
 }
@@ -391,31 +393,7 @@ async fn a_result_over_max_result_bytes_is_refused_and_the_job_stays_running() {
 async fn a_progress_over_100_percent_is_refused_and_a_long_message_is_cut() {
     let server = TestServer::with(|c| c.max_progress_message_bytes = 16).await;
     let mut c = server.client().await;
-    c.enqueue(req(
-        pb::EnqueueRequest {
-            queue: "in.progress".into(),
-            kind: "k".into(),
-            ..Default::default()
-        },
-        Some("producer"),
-    ))
-    .await
-    .unwrap();
-    let leased = c
-        .dequeue(req(
-            pb::DequeueRequest {
-                queues: vec!["in.progress".into()],
-                worker_id: "w".into(),
-                ..Default::default()
-            },
-            Some("consumer"),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .leased
-        .expect("a job");
-    let job_id = leased.job.as_ref().unwrap().id.clone();
+    let (job_id, leased) = one_running(&mut c, "in.progress").await;
     let before = leased.lease_expires_at.unwrap();
     let beat = |percent: u32, message: &str| {
         req(
@@ -435,19 +413,9 @@ async fn a_progress_over_100_percent_is_refused_and_a_long_message_is_cut() {
             Some("consumer"),
         )
     };
-    let get = |c: &mut common::Cli| {
-        let job_id = job_id.clone();
-        let mut c = c.clone();
-        async move {
-            c.get_job(req(pb::GetJobRequest { id: job_id }, Some("admin")))
-                .await
-                .unwrap()
-                .into_inner()
-        }
-    };
     let refused = c.heartbeat(beat(101, "too far")).await;
     assert_eq!(code(refused), Code::InvalidArgument);
-    let job = get(&mut c).await;
+    let job = get_job(&mut c, &job_id).await;
     assert_eq!(job.progress, None, "nothing kept");
     assert_eq!(job.lease_expires_at, Some(before), "nothing extended");
     // Words for people, as a Fail's error: cut (on a character boundary,
@@ -459,7 +427,7 @@ async fn a_progress_over_100_percent_is_refused_and_a_long_message_is_cut() {
         .into_inner()
         .lost;
     assert!(lost.is_empty());
-    let progress = get(&mut c).await.progress.expect("kept");
+    let progress = get_job(&mut c, &job_id).await.progress.expect("kept");
     assert_eq!(progress.percent, 100);
     assert_eq!(progress.message, "ab\u{fffd}défghij…");
     assert!(progress.message.len() <= 16);
