@@ -172,6 +172,16 @@ fn record_key(id: JobId) -> [u8; 8] {
     id.0.to_be_bytes()
 }
 
+/// Removes the entries of `ids` from a tree kept beside the records
+/// (payloads, results, progress); removing one that is not there is a
+/// look-up.
+fn remove_keyed(tree: &sled::Tree, ids: impl IntoIterator<Item = JobId>) -> Result<()> {
+    for id in ids {
+        tree.remove(record_key(id)).map_err(SledError::from)?;
+    }
+    Ok(())
+}
+
 fn encode(job: &mut Job, payload: Payload) -> Result<Vec<u8>> {
     record::encode(job, payload)
         .map_err(|e| Error::Corrupt(format!("cannot encode job {}: {e}", job.id)))

@@ -4,7 +4,7 @@
 
 use std::fs::File;
 
-use super::{record::Payload, record_key, Sled, SledError};
+use super::{record::Payload, record_key, remove_keyed, Sled, SledError};
 use crate::{
     error::{Error, Result},
     job::{Job, JobId},
@@ -137,12 +137,7 @@ impl Sled {
 
     /// Removes the payloads of jobs whose records are gone.
     pub(super) fn remove_payloads(&self, ids: impl IntoIterator<Item = JobId>) -> Result<()> {
-        for id in ids {
-            self.payloads
-                .remove(record_key(id))
-                .map_err(SledError::from)?;
-        }
-        Ok(())
+        remove_keyed(&self.payloads, ids)
     }
 
     /// Removes the payload files of removed records once the removals are

@@ -7,7 +7,7 @@
 //! the two leaves a job without its progress, never progress without a
 //! job).
 
-use super::{record_key, Sled, SledError};
+use super::{record_key, remove_keyed, Sled, SledError};
 use crate::{
     error::{Error, Result},
     job::{Job, JobId, Progress},
@@ -47,11 +47,6 @@ impl Sled {
 
     /// Removes the progress of jobs whose records go next.
     pub(super) fn remove_progress(&self, ids: impl IntoIterator<Item = JobId>) -> Result<()> {
-        for id in ids {
-            self.progress
-                .remove(record_key(id))
-                .map_err(SledError::from)?;
-        }
-        Ok(())
+        remove_keyed(&self.progress, ids)
     }
 }

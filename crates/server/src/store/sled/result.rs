@@ -8,7 +8,7 @@
 //! the job's next ack replaces or removes it, and its deletion removes
 //! it.
 
-use super::{record_key, Sled, SledError};
+use super::{record_key, remove_keyed, Sled, SledError};
 use crate::{
     error::Result,
     job::{Job, JobId, Status},
@@ -53,11 +53,6 @@ impl Sled {
 
     /// Removes the results of jobs whose records are gone.
     pub(super) fn remove_results(&self, ids: impl IntoIterator<Item = JobId>) -> Result<()> {
-        for id in ids {
-            self.results
-                .remove(record_key(id))
-                .map_err(SledError::from)?;
-        }
-        Ok(())
+        remove_keyed(&self.results, ids)
     }
 }
